@@ -1,0 +1,65 @@
+"""Device neutrality in one place: CUDA and MUSA are reached through ``torch.get_device_module``.
+
+Nothing else in MATE names ``torch.cuda`` or ``torch.musa`` directly, so one code path serves NVIDIA and
+Moore Threads GPUs (torch_musa registers the ``"musa"`` device type with the same module interface).
+"""
+
+from __future__ import annotations
+
+import torch
+
+ACCELERATOR_TYPES = ("cuda", "musa")
+
+
+def is_accelerator(device: torch.device) -> bool:
+    return device.type in ACCELERATOR_TYPES
+
+
+def device_module(device: torch.device | str):
+    """``torch.cuda`` or ``torch.musa`` for a device."""
+    return torch.get_device_module(torch.device(device))
+
+
+def default_accelerator() -> torch.device | None:
+    """The current accelerator device when one is usable, else None (checked without initialising a context
+    on machines that have none)."""
+    for kind in ACCELERATOR_TYPES:
+        mod = getattr(torch, kind, None)
+        try:
+            if mod is not None and mod.is_available():
+                return torch.device(kind, mod.current_device())
+        except Exception:  # a half-installed torch_musa reports through exceptions
+            continue
+    return None
+
+
+def is_capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a graph."""
+    if not is_accelerator(device):
+        return False
+    return bool(device_module(device).is_current_stream_capturing())
+
+
+def graph_class(device: torch.device):
+    """``torch.cuda.CUDAGraph`` / ``torch.musa.MUSAGraph``."""
+    mod = device_module(device)
+    return getattr(mod, "CUDAGraph", None) or getattr(mod, "MUSAGraph")
+
+
+def graph_context(device: torch.device):
+    """``torch.cuda.graph`` / ``torch.musa.graph``."""
+    return device_module(device).graph
+
+
+def synchronize(device: torch.device) -> None:
+    if is_accelerator(device):
+        device_module(device).synchronize(device)
+
+
+def tilelang_target(device: torch.device):
+    """The TileLang target for a device: sm_90a needs the dict form (warp specialisation and wgmma)."""
+    if device.type == "musa":
+        return "musa"
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
+    return {"kind": "cuda", "arch": arch}

@@ -1,0 +1,236 @@
+"""The one normalisation point of ``ssd_combined_fwd_varlen`` (packed variable-length SSD prefill).
+
+Canonical form (T packed tokens, H heads, P head dim, N state size, G groups, ``nchunks`` chunks, ``batch``
+sequences): ``x, z, out [T, H, P]``, ``dt [T, H]`` (raw, before bias/softplus/limit), ``A [H]`` fp32,
+``B, C [T, G, N]``, ``D [H, P]`` (a per-head ``[H]`` D appears as a stride-0 broadcast), ``dt_bias [H]``,
+``initial_states [batch, H, P, N]``.
+
+Chunk rules (one place): chunk ``c`` covers tokens ``[cu_chunk_seqlens[c], cu_chunk_seqlens[c+1])`` and
+belongs to sequence ``seq_idx[c]``; it opens a sequence when ``c == 0`` or ``seq_idx[c] != seq_idx[c-1]``,
+and then enters from ``initial_states[seq_idx[c]]`` (zero without initial states), else from the end
+state of chunk ``c - 1``. ``seq_idx`` is the authority: ``last_chunk_indices`` only picks which chunk-end
+states are returned. A chunk spans at most ``chunk_size`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._errors import bad_arg, unsupported
+from ._ssu_call import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
+
+SSD_CHUNK_SIZES = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class SSDCall:
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    chunk_size: int
+    cu_seqlens: torch.Tensor
+    cu_chunk_seqlens: torch.Tensor
+    last_chunk_indices: torch.Tensor
+    seq_idx: torch.Tensor
+    out: torch.Tensor
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    dt_softplus: bool
+    dt_limit: tuple[float, float]
+    initial_states: torch.Tensor | None
+    return_intermediate_states: bool
+    state_dtype: torch.dtype
+    final_states_out: torch.Tensor | None
+    final_state_indices: torch.Tensor | None
+
+    @property
+    def tokens(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def dim(self) -> int:
+        return self.x.shape[2]
+
+    @property
+    def dstate(self) -> int:
+        return self.B.shape[2]
+
+    @property
+    def groups(self) -> int:
+        return self.B.shape[1]
+
+    @property
+    def nchunks(self) -> int:
+        return self.cu_chunk_seqlens.shape[0] - 1
+
+    @property
+    def batch(self) -> int:
+        return self.cu_seqlens.shape[0] - 1
+
+    @property
+    def D_tied(self) -> bool:
+        return self.D is None or self.D.stride(1) == 0
+
+    @property
+    def has_dt_limit(self) -> bool:
+        return self.dt_limit != (0.0, math.inf)
+
+
+def _tensor(name, t, ndims, dtypes, device):
+    if not isinstance(t, torch.Tensor):
+        bad_arg(name, t, "a torch.Tensor")
+    if t.dim() != ndims:
+        bad_arg(name, t, f"a {ndims}-D tensor")
+    if t.dtype not in dtypes:
+        bad_arg(name, t, f"dtype in ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
+    if device is not None and t.device != device:
+        bad_arg(name, t, f"a tensor on {device} (x's device)")
+
+
+def _shape(name, t, shape):
+    if tuple(t.shape) != tuple(shape):
+        bad_arg(name, t, f"shape {tuple(shape)}")
+
+
+def normalize_ssd(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    chunk_size,
+    cu_seqlens,
+    cu_chunk_seqlens,
+    last_chunk_indices,
+    seq_idx,
+    out=None,
+    D=None,
+    z=None,
+    dt_bias=None,
+    *,
+    dt_softplus=False,
+    dt_limit=(0.0, math.inf),
+    initial_states=None,
+    return_intermediate_states=False,
+    state_dtype=None,
+    checkpoint_token_indices=None,
+    checkpoint_state_slots=None,
+    checkpoint_states=None,
+    final_states_out=None,
+    final_state_indices=None,
+) -> SSDCall:
+    for name, val in (
+        ("checkpoint_token_indices", checkpoint_token_indices),
+        ("checkpoint_state_slots", checkpoint_state_slots),
+        ("checkpoint_states", checkpoint_states),
+    ):
+        if val is not None:
+            unsupported(f"{name} (checkpointed state replay in the SSD prefill)", f"pass {name}=None")
+
+    _tensor("x", x, 3, IO_DTYPES, None)
+    device = x.device
+    T, H, P = x.shape
+    _tensor("dt", dt, 2, PARAM_DTYPES, device)
+    _shape("dt", dt, (T, H))
+    _tensor("A", A, 1, (torch.float32,), device)
+    _shape("A", A, (H,))
+    _tensor("B", B, 3, (x.dtype,), device)
+    G, N = B.shape[1], B.shape[2]
+    if B.shape[0] != T or G < 1 or H % G != 0:
+        bad_arg("B", B, f"[{T}, groups, dstate] with heads ({H}) divisible by groups and x's dtype")
+    _tensor("C", C, 3, (x.dtype,), device)
+    _shape("C", C, B.shape)
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size not in SSD_CHUNK_SIZES:
+        bad_arg("chunk_size", chunk_size, f"one of {SSD_CHUNK_SIZES}")
+
+    _tensor("cu_seqlens", cu_seqlens, 1, INDEX_DTYPES, device)
+    batch = cu_seqlens.shape[0] - 1
+    if batch < 1:
+        bad_arg("cu_seqlens", cu_seqlens, "[batch + 1] cumulative token offsets with batch >= 1")
+    _tensor("cu_chunk_seqlens", cu_chunk_seqlens, 1, INDEX_DTYPES, device)
+    nchunks = cu_chunk_seqlens.shape[0] - 1
+    if nchunks < 1:
+        bad_arg("cu_chunk_seqlens", cu_chunk_seqlens, "[nchunks + 1] cumulative chunk offsets with nchunks >= 1")
+    _tensor("seq_idx", seq_idx, 1, INDEX_DTYPES, device)
+    if seq_idx.shape[0] != nchunks:
+        bad_arg("seq_idx", seq_idx, f"[nchunks] = ({nchunks},): the sequence owning each chunk (per chunk, not per token)")
+    _tensor("last_chunk_indices", last_chunk_indices, 1, INDEX_DTYPES, device)
+    _shape("last_chunk_indices", last_chunk_indices, (batch,))
+
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    else:
+        _tensor("out", out, 3, (x.dtype,), device)
+        _shape("out", out, x.shape)
+    Dh = None
+    if D is not None:
+        _tensor("D", D, D.dim() if isinstance(D, torch.Tensor) and D.dim() in (1, 2) else 1, PARAM_DTYPES, device)
+        if D.dim() == 1:
+            _shape("D", D, (H,))
+            Dh = D.unsqueeze(1).expand(H, P)
+        else:
+            _shape("D", D, (H, P))
+            Dh = D
+    if z is not None:
+        _tensor("z", z, 3, (x.dtype,), device)
+        _shape("z", z, x.shape)
+    if dt_bias is not None:
+        _tensor("dt_bias", dt_bias, 1, PARAM_DTYPES, device)
+        _shape("dt_bias", dt_bias, (H,))
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        bad_arg("dt_limit", dt_limit, "a (min, max) pair of floats")
+    if not lo <= hi:
+        bad_arg("dt_limit", dt_limit, "min <= max")
+    if initial_states is not None:
+        _tensor("initial_states", initial_states, 4, STATE_DTYPES, device)
+        _shape("initial_states", initial_states, (batch, H, P, N))
+    if state_dtype is None:
+        state_dtype = initial_states.dtype if initial_states is not None else C.dtype
+    if state_dtype not in STATE_DTYPES:
+        bad_arg("state_dtype", state_dtype, "float32, bfloat16 or float16")
+    if final_states_out is not None or final_state_indices is not None:
+        if final_states_out is None or final_state_indices is None:
+            bad_arg("final_states_out", final_states_out, "given together with final_state_indices")
+        if return_intermediate_states:
+            bad_arg("return_intermediate_states", True, "False when final_states_out is given")
+        _tensor("final_states_out", final_states_out, 4, STATE_DTYPES, device)
+        if tuple(final_states_out.shape[1:]) != (H, P, N):
+            bad_arg("final_states_out", final_states_out, f"[slots, {H}, {P}, {N}]")
+        _tensor("final_state_indices", final_state_indices, 1, INDEX_DTYPES, device)
+        _shape("final_state_indices", final_state_indices, (batch,))
+
+    return SSDCall(
+        x=x,
+        dt=dt,
+        A=A,
+        B=B,
+        C=C,
+        chunk_size=chunk_size,
+        cu_seqlens=cu_seqlens,
+        cu_chunk_seqlens=cu_chunk_seqlens,
+        last_chunk_indices=last_chunk_indices,
+        seq_idx=seq_idx,
+        out=out,
+        D=Dh,
+        z=z,
+        dt_bias=dt_bias,
+        dt_softplus=bool(dt_softplus),
+        dt_limit=(lo, hi),
+        initial_states=initial_states,
+        return_intermediate_states=bool(return_intermediate_states),
+        state_dtype=state_dtype,
+        final_states_out=final_states_out,
+        final_state_indices=final_state_indices,
+    )

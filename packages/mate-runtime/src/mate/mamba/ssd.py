@@ -1,0 +1,153 @@
+"""``ssd_combined_fwd_varlen``: packed variable-length SSD prefill, and its prewarm."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._backends import resolve_backend
+from .._errors import bad_arg
+from ._ssd_call import SSD_CHUNK_SIZES, SSDCall, normalize_ssd
+from ._ssu_call import IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
+
+
+def ssd_combined_fwd_varlen(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    cu_seqlens: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+    last_chunk_indices: torch.Tensor,
+    seq_idx: torch.Tensor,
+    out: torch.Tensor | None = None,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    *,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, math.inf),
+    initial_states: torch.Tensor | None = None,
+    return_intermediate_states: bool = False,
+    state_dtype: torch.dtype | None = None,
+    checkpoint_token_indices: torch.Tensor | None = None,
+    checkpoint_state_slots: torch.Tensor | None = None,
+    checkpoint_states: torch.Tensor | None = None,
+    final_states_out: torch.Tensor | None = None,
+    final_state_indices: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor | None:
+    """Packed variable-length SSD prefill (the five chunked stages) over a flattened batch.
+
+    Shapes (T tokens, H heads, P dim, N dstate, G groups dividing H):
+
+    - ``x``: ``[T, H, P]``; ``dt``: ``[T, H]`` raw; ``A``: ``[H]`` fp32; ``B``, ``C``: ``[T, G, N]`` in x's dtype.
+    - ``cu_seqlens``: ``[batch + 1]``; ``cu_chunk_seqlens``: ``[nchunks + 1]``, chunk ``c`` covers tokens
+      ``[cu_chunk_seqlens[c], cu_chunk_seqlens[c+1])``, never two sequences, at most ``chunk_size`` tokens;
+      ``seq_idx``: ``[nchunks]``, the sequence owning each chunk (the authority on where a chunk's
+      entering state comes from); ``last_chunk_indices``: ``[batch]``.
+    - ``out``: ``[T, H, P]`` written in place (allocated when None); ``D``: ``[H]`` or ``[H, P]``;
+      ``z``: ``[T, H, P]`` (``y *= silu(z)``); ``dt_bias``: ``[H]``.
+    - ``dt_limit``: ``(min, max)`` clamp of ``softplus(dt + dt_bias)``; the default floors at zero.
+    - ``initial_states``: ``[batch, H, P, N]``.
+
+    Returns the final states ``[batch, H, P, N]`` (``states[last_chunk_indices]``) or, with
+    ``return_intermediate_states``, every chunk-end state ``[nchunks, H, P, N]``, in ``state_dtype``
+    (default: initial_states' dtype, else C's). Extension (vLLM 0.33): with ``final_states_out [slots, H, P,
+    N]`` and ``final_state_indices [batch]`` the final states are written into the pool and None is
+    returned. ``checkpoint_*`` raise ``NotImplementedError``.
+    """
+    call = normalize_ssd(
+        x,
+        dt,
+        A,
+        B,
+        C,
+        chunk_size,
+        cu_seqlens,
+        cu_chunk_seqlens,
+        last_chunk_indices,
+        seq_idx,
+        out,
+        D,
+        z,
+        dt_bias,
+        dt_softplus=dt_softplus,
+        dt_limit=dt_limit,
+        initial_states=initial_states,
+        return_intermediate_states=return_intermediate_states,
+        state_dtype=state_dtype,
+        checkpoint_token_indices=checkpoint_token_indices,
+        checkpoint_state_slots=checkpoint_state_slots,
+        checkpoint_states=checkpoint_states,
+        final_states_out=final_states_out,
+        final_state_indices=final_state_indices,
+    )
+    return run_ssd(call, backend)
+
+
+def run_ssd(call: SSDCall, backend: str = "auto") -> torch.Tensor | None:
+    chosen = resolve_backend(backend, call.x.device)
+    if chosen == "torch":
+        from . import naive_ssd
+
+        return naive_ssd.ssd_combined_fwd_varlen(call)
+    from .._tilelang import ssd as tl_ssd
+
+    return tl_ssd.ssd_combined_fwd_varlen(call)
+
+
+def prewarm_ssd_combined_fwd_varlen(
+    heads: int,
+    groups: int,
+    dim: int,
+    dstate: int,
+    chunk_size: int,
+    io_dtype: torch.dtype = torch.bfloat16,
+    state_dtype: torch.dtype = torch.bfloat16,
+    dt_dtype: torch.dtype = torch.float32,
+    block_M: int = 32,
+) -> None:
+    """Compile every SSD stage for one configuration, outside any captured graph.
+
+    Token and chunk counts are runtime dimensions. Without a usable TileLang device there is nothing to
+    compile and the call only validates its arguments.
+    """
+    for name, v in (("heads", heads), ("groups", groups), ("dim", dim), ("dstate", dstate), ("block_M", block_M)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            bad_arg(name, v, "a positive int")
+    if heads % groups:
+        bad_arg("groups", groups, f"a divisor of heads ({heads})")
+    if chunk_size not in SSD_CHUNK_SIZES:
+        bad_arg("chunk_size", chunk_size, f"one of {SSD_CHUNK_SIZES}")
+    for name, d, allowed in (
+        ("io_dtype", io_dtype, IO_DTYPES),
+        ("state_dtype", state_dtype, STATE_DTYPES),
+        ("dt_dtype", dt_dtype, PARAM_DTYPES),
+    ):
+        if d not in allowed:
+            bad_arg(name, d, f"one of {tuple(str(a).removeprefix('torch.') for a in allowed)}")
+
+    from .._backends import tilelang_installed
+    from .._device import default_accelerator
+
+    device = default_accelerator()
+    if device is None or not tilelang_installed():
+        return
+    from .._tilelang import ssd as tl_ssd
+
+    tl_ssd.prewarm(
+        device,
+        heads=heads,
+        groups=groups,
+        dim=dim,
+        dstate=dstate,
+        chunk_size=chunk_size,
+        io_dtype=io_dtype,
+        state_dtype=state_dtype,
+        dt_dtype=dt_dtype,
+        block_M=block_M,
+    )

@@ -1,0 +1,180 @@
+"""``selective_state_update``: the Mamba2 decode step, and its prewarm."""
+
+from __future__ import annotations
+
+import torch
+
+from .._backends import resolve_backend
+from .._errors import bad_arg
+from ._ssu_call import INDEX_DTYPES, IO_DTYPES, STATE_DTYPES, SSUCall, normalize_ssu
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    state_batch_indices: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+    state_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    disable_state_update: bool = False,
+    intermediate_states_buffer: torch.Tensor | None = None,
+    intermediate_state_indices: torch.Tensor | None = None,
+    intermediate_state_scales: torch.Tensor | None = None,
+    rand_seed: torch.Tensor | None = None,
+    philox_rounds: int = 10,
+    cache_steps: int = 0,
+    algorithm: str = "auto",
+    dst_state_batch_indices: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Apply decode steps of the Mamba2 recurrence to a slot pool and return ``y``.
+
+    Shapes (H heads, P dim, N dstate, G groups dividing H, S slots, R packed rows):
+
+    - ``state``: ``[S, H, P, N]`` (or ``[S, P, N]`` for H = 1), fp32/bf16/fp16, inner three dims dense,
+      ``stride(0)`` and storage offset free; updated in place.
+    - ``x``: ``[R, H, P]`` (one token per sequence, or packed rows with ``cu_seqlens``) or the dense
+      ``[batch, T, H, P]``; bf16/fp16/fp32; strided row views are fine.
+    - ``dt``: like ``x`` (``[R, H, P]``, a stride-0 last dim is the tied per-head form) or ``[R, H]``.
+    - ``A``: ``[H]`` or ``[H, P, N]`` fp32 (a ``(1, 0, 0)``-strided A is the tied form).
+    - ``B``, ``C``: ``[R, G, N]`` (or ``[batch, T, G, N]``) in x's dtype.
+    - ``D``, ``dt_bias``: None, ``[H]`` or ``[H, P]``; ``z``: like ``x``; ``out``: like ``x``.
+    - ``state_batch_indices`` / ``dst_state_batch_indices``: int32/int64, flat ``[R]`` (entry ``b + t``) or
+      2-D ``[batch, T]`` (entry ``b, t``), addressed by strides.
+    - ``cu_seqlens``: ``[batch + 1]`` row offsets; ``num_accepted_tokens``: ``[batch]``, read slot at
+      ``max(count - 1, 0)``.
+    - ``intermediate_states_buffer``: ``[entries, cache_steps, H, P, N]`` (or flattened), written at
+      ``[idx, t]`` with ``idx = intermediate_state_indices[b]`` (else the read slot); the pool is then not
+      written. Exclusive with ``dst_state_batch_indices``.
+
+    Writes: a destination table or ``num_accepted_tokens`` publishes every token's state (to the read table
+    when no destination is given); otherwise the final state goes back to the read slot. ``pad_slot_id``
+    read slots read as zero and write nothing; sentinel destinations are skipped; ``disable_state_update``
+    leaves the pool bit-identical. ``algorithm`` is accepted for FlashInfer compatibility (MATE chooses its
+    own tiling). ``rand_seed``, ``state_scale`` and ``intermediate_state_scales`` raise
+    ``NotImplementedError``.
+
+    Returns ``out`` (or a new tensor shaped like ``x``).
+    """
+    call = normalize_ssu(
+        state,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        z=z,
+        dt_bias=dt_bias,
+        dt_softplus=dt_softplus,
+        state_batch_indices=state_batch_indices,
+        pad_slot_id=pad_slot_id,
+        state_scale=state_scale,
+        out=out,
+        disable_state_update=disable_state_update,
+        intermediate_states_buffer=intermediate_states_buffer,
+        intermediate_state_indices=intermediate_state_indices,
+        intermediate_state_scales=intermediate_state_scales,
+        rand_seed=rand_seed,
+        philox_rounds=philox_rounds,
+        cache_steps=cache_steps,
+        algorithm=algorithm,
+        dst_state_batch_indices=dst_state_batch_indices,
+        cu_seqlens=cu_seqlens,
+        num_accepted_tokens=num_accepted_tokens,
+    )
+    return run_ssu(call, backend)
+
+
+def run_ssu(call: SSUCall, backend: str = "auto") -> torch.Tensor:
+    """Dispatch a normalised call to a backend (adapters that build their own :class:`SSUCall` enter here)."""
+    chosen = resolve_backend(backend, call.state.device)
+    if chosen == "torch":
+        from . import naive_ssu
+
+        return naive_ssu.selective_state_update(call)
+    from .._tilelang import ssu as tl_ssu
+
+    return tl_ssu.selective_state_update(call)
+
+
+def prewarm_selective_state_update(
+    *,
+    state_dtype: torch.dtype,
+    io_dtype: torch.dtype,
+    batch: int,
+    heads: int,
+    dim: int,
+    dstate: int,
+    groups: int,
+    slot_dtype: torch.dtype,
+    rows_per_cta: int = 4,
+    lanes_per_row: int = 32,
+    packed: bool = False,
+    meta_dtype: torch.dtype = torch.int32,
+    dt_dim: int | None = None,
+) -> None:
+    """Compile the TileLang kernel one serving configuration will use, without launching it.
+
+    Call during warmup, before any graph capture: a first call that would compile while the stream is
+    capturing raises instead of stalling the worker. ``packed`` selects the packed/MTP kernel (a different
+    compilation from the one-token kernel). ``dt_dim=1`` is the tied per-head dt (one value per head,
+    broadcast over dim; the tied A/dt_bias fast path); ``None`` a full ``[rows, heads, dim]`` dt.
+    ``meta_dtype`` is the dtype of ``cu_seqlens`` / ``num_accepted_tokens``. ``batch`` is accepted for the
+    seed's signature but is a runtime dimension (one kernel serves every batch). ``rows_per_cta`` and
+    ``lanes_per_row`` are the seed's tiling hints: MATE's kernels pick their tiling from (dim, dstate, state
+    dtype); the hints are validated and otherwise unused.
+
+    Without a usable TileLang device (no CUDA/MUSA device or TileLang missing), there is nothing to compile
+    and the call only validates its arguments: the reference backend needs no warmup.
+    """
+    for name, dt_, allowed in (
+        ("state_dtype", state_dtype, STATE_DTYPES),
+        ("io_dtype", io_dtype, IO_DTYPES),
+        ("slot_dtype", slot_dtype, INDEX_DTYPES),
+        ("meta_dtype", meta_dtype, INDEX_DTYPES),
+    ):
+        if dt_ not in allowed:
+            bad_arg(name, dt_, f"one of {tuple(str(d).removeprefix('torch.') for d in allowed)}")
+    for name, v in (("batch", batch), ("heads", heads), ("dim", dim), ("dstate", dstate), ("groups", groups)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            bad_arg(name, v, "a positive int")
+    if heads % groups:
+        bad_arg("groups", groups, f"a divisor of heads ({heads})")
+    for name, v in (("rows_per_cta", rows_per_cta), ("lanes_per_row", lanes_per_row)):
+        if not isinstance(v, int) or v < 1:
+            bad_arg(name, v, "a positive int")
+    if dt_dim not in (None, 1):
+        bad_arg("dt_dim", dt_dim, "None (full [rows, heads, dim] dt) or 1 (one dt per head)")
+
+    from .._backends import tilelang_installed
+    from .._device import default_accelerator
+
+    device = default_accelerator()
+    if device is None or not tilelang_installed():
+        return
+    from .._tilelang import ssu as tl_ssu
+
+    tl_ssu.prewarm(
+        device,
+        state_dtype=state_dtype,
+        io_dtype=io_dtype,
+        heads=heads,
+        dim=dim,
+        dstate=dstate,
+        groups=groups,
+        slot_dtype=slot_dtype,
+        packed=packed,
+        meta_dtype=meta_dtype,
+        tie_hdim=dt_dim == 1,
+    )
