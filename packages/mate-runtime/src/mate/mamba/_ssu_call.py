@@ -222,11 +222,14 @@ def normalize_ssu(
     num_accepted_tokens=None,
     retrieve_parent_token=None,
     final_write_to_dst=False,
+    accepted_writes_per_token=True,
 ) -> SSUCall:
     """Validate ``selective_state_update``'s arguments and return the canonical :class:`SSUCall`.
 
-    ``retrieve_parent_token`` and ``final_write_to_dst`` are not part of the public ``mate.mamba`` signature:
-    adapters pass them to reproduce SGLang's EAGLE trees and vLLM's one-final-write rule.
+    ``retrieve_parent_token``, ``final_write_to_dst`` and ``accepted_writes_per_token`` are not part of the
+    public ``mate.mamba`` signature: adapters pass them to reproduce SGLang's EAGLE trees, vLLM's
+    one-final-write rule, and FlashInfer's rule that ``num_accepted_tokens`` without a destination table
+    writes only the final state back to the read slot (``accepted_writes_per_token=False``).
     """
     # ---- capabilities that are valid requests but not implemented (named before anything else)
     if rand_seed is not None:
@@ -399,7 +402,7 @@ def normalize_ssu(
             write_mode = "none"
         elif dst is not None and final_write_to_dst:
             write_mode = "final"
-        elif dst is not None or acc is not None:
+        elif dst is not None or (acc is not None and accepted_writes_per_token):
             write_mode = "per_token"
             if dst is None:
                 dst = src
