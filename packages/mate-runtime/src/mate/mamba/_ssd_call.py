@@ -163,7 +163,9 @@ def normalize_ssd(
         bad_arg("cu_chunk_seqlens", cu_chunk_seqlens, "[nchunks + 1] cumulative chunk offsets with nchunks >= 1")
     _tensor("seq_idx", seq_idx, 1, INDEX_DTYPES, device)
     if seq_idx.shape[0] != nchunks:
-        bad_arg("seq_idx", seq_idx, f"[nchunks] = ({nchunks},): the sequence owning each chunk (per chunk, not per token)")
+        bad_arg(
+            "seq_idx", seq_idx, f"[nchunks] = ({nchunks},): the sequence owning each chunk (per chunk, not per token)"
+        )
     _tensor("last_chunk_indices", last_chunk_indices, 1, INDEX_DTYPES, device)
     _shape("last_chunk_indices", last_chunk_indices, (batch,))
 

@@ -381,7 +381,9 @@ def normalize_ssu(
                 bad_arg("intermediate_states_buffer", buf, "a buffer whose (entry, step) dims flatten to one")
         else:
             if tuple(buf.shape[1:]) != (H, P, N) or cache_steps < 1:
-                bad_arg("intermediate_states_buffer", buf, f"[entries * cache_steps, {H}, {P}, {N}] with cache_steps >= 1")
+                bad_arg(
+                    "intermediate_states_buffer", buf, f"[entries * cache_steps, {H}, {P}, {N}] with cache_steps >= 1"
+                )
             ibuf = buf
         if ibuf.stride(3) != 1 or ibuf.stride(2) != N or ibuf.stride(1) != P * N:
             bad_arg("intermediate_states_buffer", buf, "the inner (heads, dim, dstate) dims dense")
