@@ -1,0 +1,177 @@
+"""The custom ops behind ``mate.mamba``: ``torch.compile(fullgraph=True)`` traces the public functions and the
+compiled result equals eager (state, out and returned tensors); bad calls are rejected while tracing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mate._ops  # noqa: F401  (registers the ops)
+from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
+
+
+def _ssu_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S, H, P, N, G, b = 5, 4, 4, 8, 2, 3
+    return dict(
+        state=torch.randn(S, H, P, N, generator=g),
+        x=torch.randn(b, H, P, generator=g),
+        dt=torch.rand(b, H, generator=g).unsqueeze(-1).expand(b, H, P),
+        A=-torch.rand(H, generator=g),
+        B=torch.randn(b, G, N, generator=g),
+        C=torch.randn(b, G, N, generator=g),
+        D=torch.randn(H, generator=g),
+        z=torch.randn(b, H, P, generator=g),
+        dt_bias=torch.rand(H, generator=g),
+        idx=torch.tensor([3, -1, 0], dtype=torch.int32),
+    )
+
+
+def _decode_step(state, x, dt, A, B, C, D, z, dt_bias, idx):
+    y = selective_state_update(
+        state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=True, state_batch_indices=idx
+    )
+    return y * 2.0 + 1.0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_decode_step_equals_eager(backend):
+    torch._dynamo.reset()
+    a = _ssu_inputs()
+    b = {k: (v.clone() if k == "state" else v) for k, v in a.items()}
+    y_ref = _decode_step(**a)
+    y = torch.compile(_decode_step, fullgraph=True, backend=backend)(**b)
+    assert torch.equal(y, y_ref)
+    assert torch.equal(b["state"], a["state"])  # the in-place state update survives functionalisation
+    assert not torch.equal(b["state"][3], _ssu_inputs()["state"][3])  # ... and did happen
+
+
+def test_compiled_decode_with_caller_out_and_mtp_writes():
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(1)
+    S, H, P, N, rows = 12, 2, 4, 8, 6
+    state = torch.randn(S, H, P, N, generator=g)
+    x = torch.randn(rows, H, P, generator=g)
+    dt = torch.rand(rows, H, P, generator=g)
+    A = -torch.rand(H, generator=g)
+    B = torch.randn(rows, 1, N, generator=g)
+    C = torch.randn(rows, 1, N, generator=g)
+    src = torch.arange(6, dtype=torch.int32).view(2, 3)
+    dst = src + 6
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    acc = torch.tensor([2, 1], dtype=torch.int32)
+
+    def f(state, out):
+        selective_state_update(
+            state, x, dt, A, B, C, None, state_batch_indices=src, dst_state_batch_indices=dst,
+            cu_seqlens=cu, num_accepted_tokens=acc, out=out, pad_slot_id=-1,
+        )  # fmt: skip
+        return out.sum()
+
+    s_ref, o_ref = state.clone(), torch.empty_like(x)
+    r_ref = f(s_ref, o_ref)
+    s, o = state.clone(), torch.empty_like(x)
+    r = torch.compile(f, fullgraph=True, backend="aot_eager")(s, o)
+    assert torch.equal(o, o_ref) and torch.equal(s, s_ref) and torch.equal(r, r_ref)
+
+
+def _ssd_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    H, P, N, G, L = 2, 4, 8, 1, 16
+    lens = [20, 7]
+    T = sum(lens)
+    return dict(
+        x=torch.randn(T, H, P, generator=g),
+        dt=torch.randn(T, H, generator=g),
+        A=-torch.rand(H, generator=g),
+        B=torch.randn(T, G, N, generator=g),
+        C=torch.randn(T, G, N, generator=g),
+        chunk_size=L,
+        cu_seqlens=torch.tensor([0, 20, 27], dtype=torch.int32),
+        cu_chunk_seqlens=torch.tensor([0, 16, 20, 27], dtype=torch.int32),
+        last_chunk_indices=torch.tensor([1, 2], dtype=torch.int32),
+        seq_idx=torch.tensor([0, 0, 1], dtype=torch.int32),
+        D=torch.randn(H, generator=g),
+        dt_bias=torch.rand(H, generator=g),
+        initial_states=torch.randn(2, H, P, N, generator=g),
+    )
+
+
+def _prefill(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, D, dt_bias,
+             initial_states, out):  # fmt: skip
+    states = ssd_combined_fwd_varlen(
+        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, None, dt_bias,
+        dt_softplus=True, initial_states=initial_states,
+    )  # fmt: skip
+    return states * 1.0
+
+
+def test_compiled_prefill_equals_eager():
+    torch._dynamo.reset()
+    a = _ssd_inputs()
+    out_ref = torch.empty_like(a["x"])
+    st_ref = _prefill(**a, out=out_ref)
+    out = torch.empty_like(a["x"])
+    st = torch.compile(_prefill, fullgraph=True, backend="aot_eager")(**a, out=out)
+    assert torch.equal(out, out_ref) and torch.equal(st, st_ref)
+    assert st.shape == (2, 2, 4, 8)
+
+
+def test_compiled_prefill_final_states_out_returns_none():
+    torch._dynamo.reset()
+    a = _ssd_inputs(2)
+    a.pop("initial_states")
+
+    def f(pool, out):
+        r = ssd_combined_fwd_varlen(
+            a["x"], a["dt"], a["A"], a["B"], a["C"], a["chunk_size"], a["cu_seqlens"], a["cu_chunk_seqlens"],
+            a["last_chunk_indices"], a["seq_idx"], out, final_states_out=pool,
+            final_state_indices=torch.tensor([3, 1], dtype=torch.int32),
+        )  # fmt: skip
+        assert r is None
+        return out + 0
+
+    pool_ref, out_ref = torch.zeros(4, 2, 4, 8), torch.empty_like(a["x"])
+    f(pool_ref, out_ref)
+    pool, out = torch.zeros(4, 2, 4, 8), torch.empty_like(a["x"])
+    torch.compile(f, fullgraph=True, backend="aot_eager")(pool, out)
+    assert torch.equal(pool, pool_ref) and torch.equal(out, out_ref)
+    assert pool_ref[3].abs().sum() > 0 and pool_ref[0].abs().sum() == 0
+
+
+def test_bad_call_is_rejected_while_tracing():
+    torch._dynamo.reset()
+    a = _ssu_inputs()
+    a["idx"] = a["idx"].float()  # a float slot table
+    with pytest.raises(Exception, match="state_batch_indices"):
+        torch.compile(_decode_step, fullgraph=True, backend="aot_eager")(**a)
+
+
+def test_unsupported_capability_is_rejected_while_tracing():
+    torch._dynamo.reset()
+    a = _ssu_inputs()
+
+    def f(state, x, dt, A, B, C):
+        return selective_state_update(state, x, dt, A, B, C, None, rand_seed=torch.zeros(1, dtype=torch.int64))
+
+    with pytest.raises(Exception, match="rand_seed"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"])
+
+
+def test_ops_are_registered_with_declared_mutations():
+    schema = str(torch.ops.mate.selective_state_update.default._schema)
+    assert "Tensor(a0!) state" in schema and "Tensor(a13!) out" in schema
+    assert "intermediate_states_buffer" in schema and "-> ()" in schema
+    schema = str(torch.ops.mate.ssd_combined_fwd_varlen.default._schema)
+    assert "Tensor(a10!) out" in schema and "final_states_out" in schema and "-> Tensor" in schema
+
+
+@pytest.mark.slow
+def test_inductor_decode_step_equals_eager():
+    torch._dynamo.reset()
+    a = _ssu_inputs(3)
+    b = {k: (v.clone() if k == "state" else v) for k, v in a.items()}
+    y_ref = _decode_step(**a)
+    y = torch.compile(_decode_step, fullgraph=True)(**b)
+    torch.testing.assert_close(y, y_ref)
+    assert torch.equal(b["state"], a["state"])
