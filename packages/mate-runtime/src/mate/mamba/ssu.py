@@ -66,6 +66,15 @@ def selective_state_update(
 
     Returns ``out`` (or a new tensor shaped like ``x``).
     """
+    if torch.compiler.is_compiling():  # traced: the mate::selective_state_update custom op (mate/_ops.py)
+        from .._ops import ssu_compiled
+
+        return ssu_compiled(
+            state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
+            disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
+            rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
+            backend=backend,
+        )  # fmt: skip
     call = normalize_ssu(
         state,
         x,
