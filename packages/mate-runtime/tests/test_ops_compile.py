@@ -3,10 +3,9 @@ compiled result equals eager (state, out and returned tensors); bad calls are re
 
 from __future__ import annotations
 
+import mate._ops  # noqa: F401  (registers the ops)
 import pytest
 import torch
-
-import mate._ops  # noqa: F401  (registers the ops)
 from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
 
 
