@@ -43,7 +43,7 @@ def is_capturing(device: torch.device) -> bool:
 def graph_class(device: torch.device):
     """``torch.cuda.CUDAGraph`` / ``torch.musa.MUSAGraph``."""
     mod = device_module(device)
-    return getattr(mod, "CUDAGraph", None) or getattr(mod, "MUSAGraph")
+    return getattr(mod, "CUDAGraph", None) or mod.MUSAGraph
 
 
 def graph_context(device: torch.device):
