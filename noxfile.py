@@ -1,0 +1,162 @@
+"""nox sessions of the MATE monorepo: every distribution under packages/ installed together into one environment.
+
+    nox -s tests      CPU tests (-m "not gpu") of every package; extra arguments go to pytest
+    nox -s lint       ruff check + ruff format --check
+    nox -s compile    lower and compile every TileLang kernel configuration for sm_90a with nvcc (no GPU)
+    nox -s build      wheel + sdist of every package into dist/, installed into a fresh venv and imported
+    nox -s demo       `mate demo`: a Mamba2 layer's prefill + decode + MTP, checked against a recurrence
+
+torch is always pinned and installed first: an unpinned `torch` from PyPI is a multi-GB CUDA build, and a
+package installed before it could pull one in as a dependency.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import zipfile
+
+import nox
+
+ROOT = pathlib.Path(__file__).resolve().parent
+PYTHON = "3.11"
+TORCH = "torch==2.13.0"
+TILELANG = "tilelang==0.1.15"
+RUFF = "ruff==0.17.6"
+PYTEST = "pytest>=8"
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests", "lint"]
+nox.options.error_on_missing_interpreters = True
+
+
+def packages() -> list[pathlib.Path]:
+    """Every distribution of the monorepo (adapters included as soon as their pyproject exists)."""
+    return sorted(p.parent for p in ROOT.glob("packages/*/pyproject.toml"))
+
+
+def test_dirs() -> list[pathlib.Path]:
+    return [p / "tests" for p in packages() if any((p / "tests").rglob("test_*.py"))]
+
+
+def constraints(session: nox.Session) -> str:
+    """A pip constraints file holding torch at the pinned version, so no later install can replace it."""
+    path = pathlib.Path(session.create_tmp()) / "torch-constraint.txt"
+    path.write_text(TORCH + "\n")
+    return str(path)
+
+
+def install_torch(session: nox.Session) -> None:
+    session.install(TORCH)
+
+
+def install_packages(session: nox.Session, *, extras: str = "", editable: bool = True) -> None:
+    args: list[str] = ["-c", constraints(session)]
+    for pkg in packages():
+        target = f"{pkg}{extras}" if extras and pkg.name in ("mate-kernels", "mate-runtime") else str(pkg)
+        args += ["-e", target] if editable else [target]
+    session.install(*args)
+
+
+def cuda_env() -> dict[str, str]:
+    """CUDA_HOME/PATH pointing at an nvcc (CUDA 13 at /usr/local/cuda on the CI machines)."""
+    env: dict[str, str] = {}
+    home = os.environ.get("CUDA_HOME")
+    if not home:
+        for candidate in ("/usr/local/cuda", "/usr/local/cuda-13.0"):
+            if os.path.exists(os.path.join(candidate, "bin", "nvcc")):
+                home = candidate
+                break
+    if home:
+        env["CUDA_HOME"] = home
+        env["PATH"] = os.path.join(home, "bin") + os.pathsep + os.environ.get("PATH", "")
+    return env
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """CPU tests of every package, one pytest run per package (tests sit with the package they test)."""
+    install_torch(session)
+    session.install("-c", constraints(session), PYTEST, "numpy")  # numpy: torch warns without it
+    install_packages(session)
+    if any(os.path.exists(a) for a in session.posargs):  # explicit test paths: one run over exactly those
+        session.run("pytest", "-m", "not gpu", *session.posargs)
+        return
+    dirs = test_dirs()
+    if not dirs:
+        session.error("no test_*.py under packages/*/tests")
+    # A -k/-m filter of the caller may leave one package with nothing selected (pytest exit 5); without
+    # posargs every package must run at least one test.
+    codes = [0, 5] if session.posargs else [0]
+    for d in dirs:
+        session.run("pytest", "-m", "not gpu", str(d.relative_to(ROOT)), *session.posargs, success_codes=codes)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install(RUFF)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def compile(session: nox.Session) -> None:
+    """Every kernel configuration of the prewarm grid lowered and compiled for sm_90a (nvcc, no GPU)."""
+    install_torch(session)
+    install_packages(session, extras="[cuda]")
+    session.run("python", "-c", f"import tilelang; assert tilelang.__version__.startswith('{TILELANG[10:]}')")
+    env = cuda_env()
+    if shutil.which("nvcc", path=env.get("PATH")) is None:
+        session.error("nvcc not found: set CUDA_HOME or put CUDA 13's bin/ on PATH")
+    session.run("python", "-m", "mate._tilelang.compile_check", *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON, reuse_venv=False)
+def build(session: nox.Session) -> None:
+    """Wheel + sdist of every package (the wheel built from the sdist), then a fresh venv with only those
+    wheels and torch: every package imports and `mate info` runs."""
+    session.install("build>=1.2", "hatchling>=1.25")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    pkgs = packages()
+    for pkg in pkgs:
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), str(pkg))
+    wheels = sorted(dist.glob("*.whl"))
+    sdists = sorted(dist.glob("*.tar.gz"))
+    if len(wheels) != len(pkgs) or len(sdists) != len(pkgs):
+        session.error(f"expected {len(pkgs)} wheels and sdists, got {[w.name for w in wheels + sdists]}")
+
+    venv = pathlib.Path(session.create_tmp()) / "fresh"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    py = str(venv / "bin" / "python")
+    session.run(py, "-m", "pip", "install", "-q", TORCH, external=True)
+    session.run(py, "-m", "pip", "install", "-q", "-c", constraints(session), *map(str, wheels), external=True)
+
+    modules = ["mate", "mate.mamba", "mate.cli"]
+    for whl in wheels:
+        with zipfile.ZipFile(whl) as zf:
+            tops = {n.split("/", 1)[0] for n in zf.namelist() if "/" in n}
+        modules += sorted(t for t in tops if not t.endswith((".dist-info", ".data")) and t not in modules)
+    session.log(f"importing {modules}")
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n"
+        "    mod = importlib.import_module(m)\n"
+        "    assert mod.__file__ and '/site-packages/' in mod.__file__, (m, mod.__file__)\n"
+        "    print('import', m, 'ok')\n"
+        "assert 'tilelang' not in sys.modules, 'importing the packages pulled in TileLang'\n"
+    )
+    session.run(py, "-c", code, external=True)
+    session.run(str(venv / "bin" / "mate"), "info", external=True)
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """`mate demo` on this machine: the GPU when one is there (needs `pip install 'mate-runtime[cuda]'`),
+    the pure-PyTorch reference otherwise. Extra arguments go to `mate demo`."""
+    install_torch(session)
+    install_packages(session)
+    session.run("mate", "demo", *session.posargs)
