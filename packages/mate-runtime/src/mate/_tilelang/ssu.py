@@ -1,0 +1,333 @@
+"""TileLang launcher for ``selective_state_update``: one normalised :class:`SSUCall` -> one kernel launch.
+
+The call shape alone picks the kernel: one token per sequence without ``cu_seqlens``/``num_accepted_tokens``/
+intermediate buffer runs the one-token kernel, everything else the packed kernel. Both are built by
+``mate_kernels.ssu.ssu_kernel``; optional inputs travel as a bitmask plus small cached dummy tensors, so one
+compiled kernel per (P, N, heads per group, dtypes, tied/untied, alignment) serves every combination of
+D / z / dt_bias / softplus / tables / write modes. No host<->device synchronisation happens here: nothing
+is read back from the device, and every launch goes to the current stream (TileLang's ``tvm_ffi`` backend).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..mamba._ssu_call import SSUCall, finish
+from .cache import CACHE
+from .compile_check import CompileItem
+
+_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32",
+       torch.int64: "int64"}  # fmt: skip
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+PREWARM_HINT = (
+    "mate.mamba.prewarm_selective_state_update(state_dtype=..., io_dtype=..., batch=..., heads=..., dim=..., "
+    "dstate=..., groups=..., slot_dtype=..., packed=..., meta_dtype=..., dt_dim=...)"
+)
+MAX_SEQUENCES = 65535  # the grid's z dimension
+
+_kernels: dict = {}  # static key -> compiled kernel (a copy of the CACHE entries, read without locking)
+_dummies: dict = {}
+
+
+def _kmod():
+    import mate_kernels.ssu as kmod
+
+    return kmod
+
+
+def _vec(state_dtype: torch.dtype, dstate: int) -> int:
+    from mate_kernels.ssu import choose_tiling
+
+    return choose_tiling(1, dstate, _DT[state_dtype]).vec
+
+
+_VEC_CACHE: dict = {}
+
+
+def _vec_of(state_dtype, dstate):
+    v = _VEC_CACHE.get((state_dtype, dstate))
+    if v is None:
+        v = _VEC_CACHE[(state_dtype, dstate)] = _vec(state_dtype, dstate)
+    return v
+
+
+def _dummy(kind: str, device, dtype, shape):
+    key = (kind, device, dtype, shape)
+    t = _dummies.get(key)
+    if t is None:
+        t = _dummies[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return t
+
+
+def _aligned(t: torch.Tensor, vec: int, nbytes: int, dims: int) -> bool:
+    """Whether ``t``'s base is ``nbytes``-aligned and its outer ``dims`` strides are multiples of ``vec``."""
+    if t.data_ptr() % nbytes:
+        return False
+    for d in range(dims):
+        if t.stride(d) % vec:
+            return False
+    return True
+
+
+def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
+         vstate, vio):  # fmt: skip
+    return ("ssu", one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
+            tied, vstate, vio)  # fmt: skip
+
+
+def _builder(key):
+    (_, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
+     vio) = key  # fmt: skip
+
+    def build():
+        return _kmod().ssu_kernel(
+            dim=P,
+            dstate=N,
+            heads_per_group=ratio,
+            state_dtype=_DT[state_dt],
+            io_dtype=_DT[io_dt],
+            dt_dtype=_DT[dt_dt],
+            d_dtype=_DT[d_dt],
+            dt_bias_dtype=_DT[dtb_dt],
+            src_dtype=_DT[src_dt],
+            dst_dtype=_DT[dst_dt],
+            meta_dtype=_DT[meta_dt],
+            ibuf_dtype=_DT[ibuf_dt],
+            tied=tied,
+            one_token=one_token,
+            vector_state=vstate,
+            vector_io=vio,
+        )
+
+    return build
+
+
+def _get(key, device):
+    kern = _kernels.get(key)
+    if kern is None:
+        kern = CACHE.get(key, _builder(key), device, prewarm_hint=PREWARM_HINT, pass_configs=PASS_CONFIGS)
+        _kernels[key] = kern
+    return kern
+
+
+def _row_table(t):
+    if t.stride(-1) != 1:
+        # the kernel reads B/C rows with dense last dim; a strided last dim is rare (never in production)
+        return t.contiguous()
+    return t
+
+
+def selective_state_update(call: SSUCall) -> torch.Tensor:
+    kmod = _kmod()
+    state = call.state
+    dev = state.device
+    nseq = call.nseq
+    if nseq == 0 or call.rows == 0:
+        return finish(call)
+    if nseq > MAX_SEQUENCES:
+        raise NotImplementedError(
+            f"selective_state_update (tilelang): more than {MAX_SEQUENCES} sequences in one call ({nseq})"
+        )
+    H, P, N = state.shape[1], state.shape[2], state.shape[3]
+    mode_name = call.write_mode
+    one_token = (
+        call.seqlen == 1
+        and call.cu_seqlens is None
+        and call.num_accepted is None
+        and call.ibuf is None
+        and call.parent is None
+    )
+    state_dt = state.dtype
+    io_dt = call.x.dtype
+    vec = _vec_of(state_dt, N)
+    esize = state.element_size()
+    vstate = _aligned(state, vec, vec * esize, 2)
+    ibuf = call.ibuf
+    if ibuf is not None and vstate:
+        vstate = _aligned(ibuf, vec, vec * ibuf.element_size(), 2)
+    B = call.B
+    C = call.C
+    if B.stride(2) != 1 or C.stride(2) != 1:
+        B = _row_table(B)
+        C = _row_table(C)
+    isz = B.element_size()
+    vio = _aligned(B, vec, vec * isz, 2) and _aligned(C, vec, vec * isz, 2)
+
+    flags = 0
+    D = call.D
+    if D is not None:
+        flags |= kmod.FLAG_D
+        d_dt = D.dtype
+    else:
+        d_dt = torch.float32
+        D = _dummy("D", dev, d_dt, (1, 1))
+    z = call.z
+    if z is not None:
+        flags |= kmod.FLAG_Z
+    else:
+        z = _dummy("z", dev, io_dt, (1, 1, 1))
+    dtb = call.dt_bias
+    if dtb is not None:
+        flags |= kmod.FLAG_DT_BIAS
+        dtb_dt = dtb.dtype
+    else:
+        dtb_dt = torch.float32
+        dtb = _dummy("dtb", dev, dtb_dt, (1, 1))
+    if call.dt_softplus:
+        flags |= kmod.FLAG_SOFTPLUS
+
+    src = call.src
+    dst = call.dst
+    if src is not None:
+        flags |= kmod.FLAG_SRC
+        src_t, src_sb, src_st, src_dt = src.base, src.stride_b, src.stride_t, src.base.dtype
+    else:
+        src_dt = dst.base.dtype if dst is not None else torch.int32
+        src_t, src_sb, src_st = _dummy("idx", dev, src_dt, (1,)), 0, 0
+    if dst is not None:
+        flags |= kmod.FLAG_DST
+        dst_t, dst_sb, dst_st, dst_dt = dst.base, dst.stride_b, dst.stride_t, dst.base.dtype
+    else:
+        dst_dt = src_dt
+        dst_t, dst_sb, dst_st = _dummy("idx", dev, dst_dt, (1,)), 0, 0
+    if src_t.numel() == 0 or dst_t.numel() == 0:
+        raise ValueError("state_batch_indices / dst_state_batch_indices: an empty slot table with sequences to run")
+
+    mode = {"none": 0, "final": 1, "per_token": 2, "intermediate": 3}[mode_name]
+    tied = call.tie_hdim
+    ratio = H // call.groups
+
+    if one_token:
+        meta_dt = torch.int32
+        ibuf_dt = state_dt
+        key = _key(True, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
+                   tied, vstate, vio)  # fmt: skip
+        kern = _get(key, dev)
+        kern(state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
+             nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
+        return finish(call)
+
+    cu = call.cu_seqlens
+    acc = call.num_accepted
+    iidx = call.ibuf_indices
+    parent = call.parent
+    meta_dt = next((t.dtype for t in (cu, acc, iidx, parent) if t is not None), torch.int32)
+    for name, t in (("cu_seqlens", cu), ("num_accepted_tokens", acc), ("intermediate_state_indices", iidx),
+                    ("retrieve_parent_token", parent)):  # fmt: skip
+        if t is not None and t.dtype != meta_dt:
+            raise NotImplementedError(
+                f"selective_state_update (tilelang): {name} of dtype {t.dtype} mixed with {meta_dt} metadata "
+                "(cu_seqlens / num_accepted_tokens / intermediate_state_indices / retrieve_parent_token must share "
+                "one integer dtype)"
+            )
+    if cu is not None:
+        flags |= kmod.FLAG_CU
+        if cu.stride(0) != 1:
+            cu = cu.contiguous()
+    else:
+        cu = _dummy("meta", dev, meta_dt, (1,))
+    if acc is not None:
+        flags |= kmod.FLAG_ACC
+        if acc.stride(0) != 1:
+            acc = acc.contiguous()
+    else:
+        acc = _dummy("meta", dev, meta_dt, (1,))
+    if iidx is not None:
+        flags |= kmod.FLAG_IIDX
+        if iidx.stride(0) != 1:
+            iidx = iidx.contiguous()
+    else:
+        iidx = _dummy("meta", dev, meta_dt, (1,))
+    if parent is not None:
+        flags |= kmod.FLAG_PARENT
+    else:
+        parent = _dummy("meta", dev, meta_dt, (1, 1))
+    if ibuf is None:
+        ibuf_dt = state_dt
+        ibuf = _dummy("ibuf", dev, state_dt, (1, 1, P, N))
+    else:
+        ibuf_dt = ibuf.dtype
+    key = _key(False, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
+               tied, vstate, vio)  # fmt: skip
+    kern = _get(key, dev)
+    seqlen = call.seqlen if call.seqlen is not None else 0
+    kern(state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t, cu, acc, ibuf, iidx, parent,
+         nseq, seqlen, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode, call.cache_steps)  # fmt: skip
+    return finish(call)
+
+
+# ------------------------------------------------------------------------------------------------ prewarm
+
+
+def prewarm_keys(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim):
+    """The kernel keys one serving configuration calls: the one-token kernel, plus the packed one when
+    ``packed``; dt as fp32 and in the io dtype (both occur in production); D / dt_bias fp32; aligned pools."""
+    ratio = heads // groups
+    keys = []
+    for one_token in (True, False) if packed else (True,):
+        for dt_dt in dict.fromkeys((torch.float32, io_dtype)):
+            keys.append(
+                _key(
+                    one_token,
+                    dim,
+                    dstate,
+                    ratio,
+                    state_dtype,
+                    io_dtype,
+                    dt_dt,
+                    torch.float32,
+                    torch.float32,
+                    slot_dtype,
+                    slot_dtype,
+                    meta_dtype if not one_token else torch.int32,
+                    state_dtype,
+                    tie_hdim,
+                    True,
+                    True,
+                )  # fmt: skip
+            )
+    return keys
+
+
+def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim):
+    """Compile (without launching) every kernel the configuration will call."""
+    for key in prewarm_keys(
+        state_dtype=state_dtype,
+        io_dtype=io_dtype,
+        heads=heads,
+        dim=dim,
+        dstate=dstate,
+        groups=groups,
+        slot_dtype=slot_dtype,
+        packed=packed,
+        meta_dtype=meta_dtype,
+        tie_hdim=tie_hdim,
+    ):
+        _get(key, device)
+
+
+def compile_grid() -> list[CompileItem]:
+    """A representative grid: one-token + packed, bf16/fp32/fp16 state, P 64/80/128, N 128/256, tied/untied."""
+    f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
+    grid = [
+        # (one_token, P, N, ratio, state, io, dt, tied)
+        (True, 64, 128, 16, bf16, bf16, f32, True),
+        (True, 64, 128, 16, f32, bf16, bf16, True),
+        (False, 64, 128, 16, bf16, bf16, f32, True),
+        (False, 64, 128, 16, f32, bf16, f32, True),
+        (True, 128, 256, 24, bf16, bf16, f32, False),
+        (False, 80, 128, 1, f16, f16, f16, False),
+    ]
+    items = []
+    for one_token, P, N, ratio, sdt, iodt, dtdt, tied in grid:
+        key = _key(one_token, P, N, ratio, sdt, iodt, dtdt, f32, f32, i32, i32 if one_token else i64, i32, sdt, tied,
+                   True, True)  # fmt: skip
+        label = (
+            f"{'one_token' if one_token else 'packed'} P{P} N{N} H/G{ratio} state={_DT[sdt]} io={_DT[iodt]} "
+            f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}"
+        )
+        items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
+    return items
+
+
+__all__ = ["selective_state_update", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS"]
