@@ -1,0 +1,330 @@
+"""TileLang kernel factories for the SSD varlen prefill (Mamba2 chunked scan over a packed batch).
+
+Two kernels serve one call:
+
+``ssd_runs_kernel``
+    One CTA reads ``seq_idx`` and ``last_chunk_indices`` on the GPU (no host sync) and writes
+
+    - ``bounds [batch + 1]``: the first chunk of every *run* (a maximal stretch of chunks with one
+      ``seq_idx``, i.e. chunks from an opening chunk up to the next one), padded with ``nchunks``; CTA ``b``
+      of the fused kernel walks chunks ``[bounds[b], bounds[b+1])``. When ``seq_idx`` has more runs than
+      there are sequences, the last CTA walks the surplus runs too (the fused kernel re-opens the state at
+      every opening chunk it meets, so the result stays exact; only the load balance suffers);
+    - ``dest [nchunks]``: the row of the state output that receives the end state of chunk ``c``
+      (``b`` or ``final_state_indices[b]`` where ``last_chunk_indices[b] == c``, else -1).
+
+``ssd_fused_kernel``
+    One CTA per (run, head, P-block) walks its chunks in order, keeping the running fp32 state
+    ``[N, block_P]`` in registers, so chunk states never travel through global memory. Each chunk is
+    processed in tiles of ``block_L`` tokens aligned to the chunk's start (``chunk_size // block_L`` tiles,
+    the tail ones of a short chunk masked). Per tile, the five stages of the contract fuse into:
+
+    1. ``dt' = clamp(softplus(dt + dt_bias), lo, hi)`` (zero past the chunk's end) and the inclusive
+       cumsum ``dA`` of ``A * dt'`` over the tile;
+    2. ``CB = C Bᵀ`` (wgmma), masked causally and scaled: ``S[m, k] = CB[m, k] exp(dA_m - dA_k) dt'_k``;
+    3. ``y = exp(dA_m) C · state + S x`` (two wgmmas into one accumulator), ``+ D x``, ``* silu(z)``,
+       stored for the tile's valid rows only;
+    4. ``state = exp(dA_last) state + Bᵀ (x * exp(dA_last - dA_k) dt'_k)`` (wgmma accumulating in registers);
+    5. at a chunk's end, the state is written out (every chunk with intermediate states, else the chunks
+       that ``dest`` names). A chunk opening a sequence (``c == 0`` or ``seq_idx[c] != seq_idx[c-1]``)
+       starts from ``initial_states[seq_idx[c]]`` or zero.
+
+    Splitting a chunk into tiles is exact algebra (a tile boundary is a state hand-over like a chunk
+    boundary); the contract's per-chunk results (end states) are reported at chunk ends.
+
+Token, chunk and batch counts are ``T.dynamic``. Factories take plain Python values only.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the T.Tensor annotations.
+import math
+
+LOG2E = 1.4426950408889634
+
+
+def fused_smem_bytes(*, dim_block: int, dstate: int, block_L: int, io_bytes: int, num_stages: int) -> int:
+    """Shared memory the fused kernel asks for (to pick a tile that fits 227 KiB)."""
+    per_stage = block_L * (dim_block + 2 * dstate) * io_bytes
+    fixed = (dstate * dim_block + 2 * block_L * dim_block) * io_bytes + 2 * block_L * 4 + 1024
+    return num_stages * per_stage + fixed
+
+
+def ssd_runs_kernel(
+    *,
+    seq_idx_dtype: str = "int32",
+    last_dtype: str = "int32",
+    fsi_dtype: str = "int32",
+    use_final_indices: bool = False,
+    threads: int = 1024,
+):
+    """Run bounds and chunk -> state row map (see the module doc). Inputs ``seq_idx [nchunks]``,
+    ``last_chunk_indices [batch]``, ``final_state_indices [batch]`` (read only with ``use_final_indices``);
+    outputs ``bounds [batch + 1]`` int32 and ``dest [nchunks]`` int32."""
+    import tilelang.language as T
+
+    nchunks = T.dynamic("nchunks")
+    batch = T.dynamic("batch")
+    batch1 = T.dynamic("batch1")
+    fsi_len = T.dynamic("fsi_len")
+
+    @T.prim_func
+    def runs(
+        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
+        last_chunk_indices: T.Tensor((batch,), last_dtype),
+        final_state_indices: T.Tensor((fsi_len,), fsi_dtype),
+        bounds: T.Tensor((batch1,), "int32"),
+        dest: T.Tensor((nchunks,), "int32"),
+    ):
+        with T.Kernel(1, threads=threads) as _bx:
+            flags = T.alloc_shared((threads,), "int32")
+            carry = T.alloc_shared((1,), "int32")
+            tx = T.get_thread_binding()
+            if tx == 0:
+                carry[0] = 0
+            T.sync_threads()
+            for it in T.serial(T.ceildiv(nchunks, threads)):
+                c = it * threads + tx
+                opens = T.if_then_else(
+                    c < nchunks,
+                    T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
+                    0,
+                )
+                flags[tx] = opens
+                if c < nchunks:
+                    dest[c] = -1
+                T.sync_threads()
+                T.cumsum(flags, dim=0)
+                T.sync_threads()
+                if opens == 1:
+                    r = carry[0] + flags[tx] - 1
+                    if r < batch:
+                        bounds[r] = c
+                T.sync_threads()
+                if tx == 0:
+                    carry[0] = carry[0] + flags[threads - 1]
+                T.sync_threads()
+            for it in T.serial(T.ceildiv(batch + 1, threads)):
+                r = it * threads + tx
+                if r == batch or (r < batch and r >= carry[0]):
+                    bounds[r] = nchunks
+            T.sync_threads()
+            for it in T.serial(T.ceildiv(batch, threads)):
+                b = it * threads + tx
+                if b < batch:
+                    lc = T.Cast("int32", last_chunk_indices[b])
+                    if lc >= 0 and lc < nchunks:
+                        if use_final_indices:
+                            dest[lc] = T.Cast("int32", final_state_indices[b])
+                        else:
+                            dest[lc] = b
+
+    return runs
+
+
+def ssd_fused_kernel(
+    *,
+    heads: int,
+    groups: int,
+    dim: int,
+    dstate: int,
+    chunk_size: int,
+    io_dtype: str = "bfloat16",
+    state_dtype: str = "float32",
+    init_dtype: str = "float32",
+    dt_dtype: str = "float32",
+    dt_bias_dtype: str = "float32",
+    D_dtype: str = "float32",
+    cu_dtype: str = "int32",
+    seq_idx_dtype: str = "int32",
+    has_dt_bias: bool = True,
+    dt_softplus: bool = True,
+    dt_min: float = 0.0,
+    dt_max: float = math.inf,
+    has_D: bool = True,
+    D_per_dim: bool = False,
+    has_z: bool = False,
+    has_init: bool = True,
+    intermediate: bool = False,
+    block_P: int = 64,
+    block_L: int = 128,
+    threads: int = 256,
+    num_stages: int = 2,
+):
+    """The fused SSD prefill kernel (see the module doc).
+
+    Arguments in order: ``x [T, H, P]``, ``dt [T, H]``, ``A [H]`` fp32, ``B, C [T, G, N]``,
+    ``cu_chunk_seqlens [nchunks + 1]``, ``seq_idx [nchunks]``, ``bounds [batch + 1]``, ``dest [nchunks]``,
+    ``dt_bias [H]``, ``D [H]`` or ``[H, P]``, ``z [Tz, H, P]``, ``initial_states [Bi, H, P, N]``,
+    ``out [T, H, P]``, ``states_out [S, H, P, N]``. Unused optional inputs are still passed (any tensor of
+    the declared form; a 1-row dummy works) and never read.
+    """
+    import tilelang.language as T
+
+    H, G, P, N, L = heads, groups, dim, dstate, chunk_size
+    if H % G:
+        raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
+    if P % block_P:
+        raise ValueError(f"block_P ({block_P}) must divide dim ({P})")
+    if L % block_L:
+        raise ValueError(f"block_L ({block_L}) must divide chunk_size ({L})")
+    rep = H // G
+    n_pb = P // block_P
+    S = L // block_L
+    BP, BL = block_P, block_L
+    accum = "float32"
+    hi_finite = dt_max != math.inf
+    lo_active = dt_min != -math.inf
+
+    T_ = T.dynamic("T")
+    nchunks = T.dynamic("nchunks")
+    nchunks1 = T.dynamic("nchunks1")
+    batch1 = T.dynamic("batch1")
+    Tz = T.dynamic("Tz")
+    Bi = T.dynamic("Bi")
+    So = T.dynamic("So")
+    D_shape = (H, P) if D_per_dim else (H,)
+    scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
+
+    @T.prim_func
+    def fused(
+        x: T.Tensor((T_, H, P), io_dtype),
+        dt: T.Tensor((T_, H), dt_dtype),
+        A: T.Tensor((H,), "float32"),
+        B: T.Tensor((T_, G, N), io_dtype),
+        C: T.Tensor((T_, G, N), io_dtype),
+        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
+        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
+        bounds: T.Tensor((batch1,), "int32"),
+        dest: T.Tensor((nchunks,), "int32"),
+        dt_bias: T.Tensor((H,), dt_bias_dtype),
+        D: T.Tensor(D_shape, D_dtype),
+        z: T.Tensor((Tz, H, P), io_dtype),
+        initial_states: T.Tensor((Bi, H, P, N), init_dtype),
+        out: T.Tensor((T_, H, P), io_dtype),
+        states_out: T.Tensor((So, H, P, N), state_dtype),
+    ):
+        with T.Kernel(n_pb, H, batch1 - 1, threads=threads) as (pb, h, b):
+            x_s = T.alloc_shared((BL, BP), io_dtype)
+            B_s = T.alloc_shared((BL, N), io_dtype)
+            C_s = T.alloc_shared((BL, N), io_dtype)
+            xw_s = T.alloc_shared((BL, BP), io_dtype)
+            y_s = T.alloc_shared((BL, BP), io_dtype)
+            st_s = T.alloc_shared((N, BP), io_dtype)
+            dt_sh = T.alloc_shared((BL,), accum)
+            dA_sh = T.alloc_shared((BL,), accum)
+            dA_tmp = T.alloc_shared((BL,), accum)
+
+            state = T.alloc_fragment((N, BP), accum)
+            cb = T.alloc_fragment((BL, BL), accum)
+            cb_c = T.alloc_fragment((BL, BL), io_dtype)
+            y = T.alloc_fragment((BL, BP), accum)
+            dt_f = T.alloc_fragment((BL,), accum)
+
+            g = h // rep
+            p0 = pb * BP
+            c_first = bounds[b]
+            n_tiles = (bounds[b + 1] - c_first) * S
+            a_h = A[h]
+
+            T.clear(state)
+            for j in T.Pipelined(n_tiles, num_stages=num_stages):
+                c = c_first + j // S
+                sub = j % S
+                s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
+                n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
+
+                T.copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s)
+                T.copy(B[s0 : s0 + BL, g, 0:N], B_s)
+                T.copy(C[s0 : s0 + BL, g, 0:N], C_s)
+
+                # Stage 1: dt' and the within-tile cumsum of A * dt' (zero past the chunk's end).
+                for i in T.Parallel(BL):
+                    v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+                    if has_dt_bias:
+                        v = v + T.Cast(accum, dt_bias[h])
+                    if dt_softplus:
+                        v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
+                    if hi_finite:
+                        v = T.min(v, T.float32(dt_max))
+                    if lo_active:
+                        v = T.max(v, T.float32(dt_min))
+                    v = T.if_then_else(i < n_valid, v, T.float32(0))
+                    dt_f[i] = v
+                T.copy(dt_f, dt_sh)
+                for i in T.Parallel(BL):
+                    dA_sh[i] = dt_sh[i] * a_h
+                # Inclusive scan (Hillis-Steele, ping-pong in shared memory). T.cumsum is not used: its
+                # CUDA template scans with threads 0-31 only, which are producer threads under warp
+                # specialisation.
+                src_buf, dst_buf = dA_sh, dA_tmp
+                for off in scan_offsets:
+                    for i in T.Parallel(BL):
+                        dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+                    src_buf, dst_buf = dst_buf, src_buf
+                dA_cs = src_buf
+
+                # Entering state: a chunk opening a sequence starts from its initial state (or zero).
+                opens = T.if_then_else(
+                    sub == 0,
+                    T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
+                    0,
+                )
+                if has_init:
+                    sq = T.Cast("int32", seq_idx[c])
+                    for n, p in T.Parallel(N, BP):
+                        state[n, p] = T.if_then_else(
+                            opens == 1, T.Cast(accum, initial_states[sq, h, p0 + p, n]), state[n, p]
+                        )
+                else:
+                    for n, p in T.Parallel(N, BP):
+                        state[n, p] = T.if_then_else(opens == 1, T.float32(0), state[n, p])
+                T.copy(state, st_s)
+
+                # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state.
+                T.gemm(C_s, st_s, y, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                for m, p in T.Parallel(BL, BP):
+                    y[m, p] = y[m, p] * T.exp2(dA_cs[m] * LOG2E)
+
+                # Stage 4: C B^T, then the causal decay mask and dt' weights.
+                T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                for m, k in T.Parallel(BL, BL):
+                    cb_c[m, k] = T.if_then_else(
+                        k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
+                    )
+                # Stage 5: intra-chunk scan.
+                T.gemm(cb_c, x_s, y, policy=T.GemmWarpPolicy.FullRow)
+
+                # Epilogue: D x, silu(z), store the valid rows.
+                for m, p in T.Parallel(BL, BP):
+                    acc = y[m, p]
+                    if has_D:
+                        if D_per_dim:
+                            acc = acc + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
+                        else:
+                            acc = acc + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
+                    if has_z:
+                        zv = T.if_then_else(m < n_valid, T.Cast(accum, z[s0 + m, h, p0 + p]), T.float32(0))
+                        acc = acc * zv / (1.0 + T.exp2(-zv * LOG2E))
+                    y_s[m, p] = acc
+                for m, p in T.Parallel(BL, BP):
+                    if m < n_valid:
+                        out[s0 + m, h, p0 + p] = y_s[m, p]
+
+                # State update: state = exp(dA_last) state + B^T (x * exp(dA_last - dA_k) dt'_k).
+                for k, p in T.Parallel(BL, BP):
+                    xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
+                for n, p in T.Parallel(N, BP):
+                    state[n, p] = state[n, p] * T.exp2(dA_cs[BL - 1] * LOG2E)
+                T.gemm(B_s, xw_s, state, transpose_A=True)
+
+                # Chunk end: report the end state where asked.
+                if sub == S - 1:
+                    if intermediate:
+                        for n, p in T.Parallel(N, BP):
+                            states_out[c, h, p0 + p, n] = state[n, p]
+                    else:
+                        d = dest[c]
+                        if d >= 0:
+                            for n, p in T.Parallel(N, BP):
+                                states_out[d, h, p0 + p, n] = state[n, p]
+
+    return fused
