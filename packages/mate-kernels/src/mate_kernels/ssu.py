@@ -131,7 +131,7 @@ def ssu_kernel(
     f32 = "float32"
     i64 = "int64"
 
-    S, H, G, R_, K = T.dynamic("S, H, G, R, K")
+    S, H, G, R_, K, HI = T.dynamic("S, H, G, R, K, HI")
     s_s0, s_s1, s_i0, s_i1 = T.dynamic("s_s0, s_s1, s_i0, s_i1", i64)
     sx0, sx1, sx2, sd0, sd1, sd2 = T.dynamic("sx0, sx1, sx2, sd0, sd1, sd2")
     sb0, sb1, sc0, sc1, so0, so1, so2 = T.dynamic("sb0, sb1, sc0, sc1, so0, so1, so2")
@@ -154,7 +154,7 @@ def ssu_kernel(
     dst_t = T.Tensor((LD,), dst_dtype)
     cu_t = T.Tensor((LC,), meta_dtype)
     acc_t = T.Tensor((LA,), meta_dtype)
-    ibuf_t = T.StridedTensor((K, H, P, N), (s_i0, s_i1, N, 1), ibuf_dtype)
+    ibuf_t = T.StridedTensor((K, HI, P, N), (s_i0, s_i1, N, 1), ibuf_dtype)  # HI: heads, or 1 for the dummy
     iidx_t = T.Tensor((LI,), meta_dtype)
     par_t = T.StridedTensor((NPAR, TPAR), (sp0, sp1), meta_dtype)
 

@@ -1,0 +1,290 @@
+"""``mate bench ssu``: selective_state_update, MATE against vLLM's Triton kernel and FlashInfer in one run.
+
+Every implementation gets the same tensors (the production forms: x/B/C as row views of one conv-output
+buffer, dt/A/D/dt_bias fp32 tied per head, ``dt_softplus``, no z, int32 slot tables) and is timed by
+CUDA-graph replay over disjoint slot windows (``mate.bench.timing``), so each call reads cold HBM. Bandwidth
+counts state bytes only: read once + written once (MTP: read once + written once per token). The copy
+ceiling is measured in the same run; peers are skipped when they cannot be imported. Before timing, each
+peer's ``y`` on the first window is compared with MATE's (reported as ``y_err``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .report import markdown_table, plot, write_report
+from .shapes import SSU_SHAPES, SSUShape
+from .timing import copy_ceiling_tbps, graph_time_us, host_time_us, windows_for
+
+DT_NAME = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: SSUShape
+    state: torch.dtype
+    batch: int
+    T: int = 1  # tokens per sequence: 1 = one-token decode, >1 = packed MTP (cu_seqlens + num_accepted_tokens)
+
+    @property
+    def op(self) -> str:
+        return "one-token" if self.T == 1 else f"MTP {self.T}"
+
+
+def cases(quick: bool) -> list[Case]:
+    bf16, f32 = torch.bfloat16, torch.float32
+    main = SSU_SHAPES["nemotron-h-8b"]
+    out = []
+    for st in (bf16, f32):
+        for b in (1, 8, 64) if quick else (1, 8, 64, 256, 1024):
+            out.append(Case(main, st, b))
+    for st, bs in ((bf16, (8, 64) if quick else (8, 64, 256)), (f32, (64,) if quick else (8, 64))):
+        for b in bs:
+            out.append(Case(main, st, b, T=6))
+    if not quick:
+        for name in ("nemotron-h-8b-tp8", "falcon-h1-7b", "p80", "mamba2-2.7b"):
+            for b in (1, 64, 256):
+                out.append(Case(SSU_SHAPES[name], bf16, b))
+        out.append(Case(SSU_SHAPES["falcon-h1-7b"], f32, 64))
+    return out
+
+
+class Window:
+    """The inputs of one call over its own slots of the pool."""
+
+    def __init__(self, case: Case, pool: torch.Tensor, first_slot: int, dev):
+        s = case.shape
+        H, P, N, G, T, b = s.heads, s.dim, s.dstate, s.groups, case.T, case.batch
+        rows = b * T
+        width = H * P + 2 * G * N
+        buf = torch.randn(rows, width, device=dev, dtype=torch.bfloat16)
+        self.x = buf[:, : H * P].unflatten(-1, (H, P))
+        self.B = buf[:, H * P : H * P + G * N].unflatten(-1, (G, N))
+        self.C = buf[:, H * P + G * N :].unflatten(-1, (G, N))
+        self.dt = (torch.randn(rows, H, device=dev) * 0.5).unsqueeze(-1).expand(rows, H, P)
+        self.out = torch.empty(rows, H, P, device=dev, dtype=torch.bfloat16)
+        slots = torch.arange(first_slot, first_slot + b * T, device=dev, dtype=torch.int32)
+        self.slots = slots
+        if T == 1:
+            self.src = slots
+            self.cu = None
+            self.acc = None
+        else:
+            self.src = slots.view(b, T)
+            self.cu = torch.arange(0, rows + 1, T, device=dev, dtype=torch.int32)
+            g = torch.Generator(device="cpu").manual_seed(first_slot)
+            self.acc = torch.randint(1, T + 1, (b,), generator=g, dtype=torch.int32).to(dev)
+        self.pool = pool
+
+
+class Setup:
+    def __init__(self, case: Case, dev):
+        s = case.shape
+        H, P, N = s.heads, s.dim, s.dstate
+        esize = torch.tensor([], dtype=case.state).element_size()
+        slot_bytes = H * P * N * esize
+        self.bytes_per_call = case.batch * slot_bytes * (2 if case.T == 1 else 1 + case.T)
+        self.windows_n = windows_for(self.bytes_per_call)
+        slots_per_window = case.batch * case.T
+        self.pool = torch.empty(self.windows_n * slots_per_window, H, P, N, device=dev, dtype=case.state)
+        self.pool.normal_(0, 0.5)
+        self.A = (-(torch.rand(H, device=dev) + 0.5)).view(H, 1, 1).expand(H, P, N)
+        self.D = torch.randn(H, device=dev).unsqueeze(1).expand(H, P)
+        self.dt_bias = (torch.randn(H, device=dev) * 0.3).unsqueeze(1).expand(H, P)
+        self.windows = [Window(case, self.pool, w * slots_per_window, dev) for w in range(self.windows_n)]
+        self.case = case
+
+
+# ------------------------------------------------------------------------------------------ implementations
+
+
+def _mate(st: Setup, w: Window):
+    from mate.mamba import selective_state_update
+
+    return selective_state_update(
+        w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, dt_bias=st.dt_bias, dt_softplus=True, state_batch_indices=w.src,
+        out=w.out, cu_seqlens=w.cu, num_accepted_tokens=w.acc, backend="tilelang",
+    )  # fmt: skip
+
+
+def _load_vllm():
+    from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update as fn
+
+    def call(st: Setup, w: Window):
+        fn(
+            w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, st.dt_bias, z=None, dt_softplus=True,
+            state_batch_indices=w.src, dst_state_batch_indices=w.src, null_block_id=-1, out=w.out,
+            num_accepted_tokens=w.acc, cu_seqlens=w.cu,
+        )  # fmt: skip
+        return w.out
+
+    return call
+
+
+def _load_flashinfer():
+    import flashinfer.mamba
+
+    fn = flashinfer.mamba.selective_state_update
+
+    def call(st: Setup, w: Window):
+        T = st.case.T
+        return fn(
+            w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, z=None, dt_bias=st.dt_bias, dt_softplus=True,
+            state_batch_indices=w.src, pad_slot_id=-1, out=w.out, cache_steps=T if T > 1 else 0,
+            dst_state_batch_indices=w.src if T > 1 else None, cu_seqlens=w.cu, num_accepted_tokens=w.acc,
+        )  # fmt: skip
+
+    return call
+
+
+def load_impls(names: list[str]) -> tuple[dict, dict]:
+    impls, skipped = {}, {}
+    for name in names:
+        try:
+            if name == "mate":
+                impls[name] = _mate
+            elif name == "vllm":
+                impls[name] = _load_vllm()
+            elif name == "flashinfer":
+                impls[name] = _load_flashinfer()
+            else:
+                raise ValueError(f"unknown implementation {name!r}")
+        except Exception as exc:  # a peer that is not importable is reported, not fatal
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+    return impls, skipped
+
+
+# ------------------------------------------------------------------------------------------------ runner
+
+
+def _y_err(st: Setup, impls: dict) -> dict:
+    """Run every implementation once on window 0 from the same starting state; max |y - y_mate| / max |y_mate|."""
+    w = st.windows[0]
+    saved = st.pool[w.slots.long()].clone()
+    ys = {}
+    for name, fn in impls.items():
+        st.pool[w.slots.long()] = saved
+        ys[name] = fn(st, w).float().clone()
+    st.pool[w.slots.long()] = saved
+    ref = ys.get("mate")
+    if ref is None:
+        return {}
+    scale = ref.abs().max().item() + 1e-9
+    return {n: (y - ref).abs().max().item() / scale for n, y in ys.items() if n != "mate"}
+
+
+def run(args) -> tuple[list[dict], dict]:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    impls, skipped = load_impls(args.impls.split(","))
+    for name, why in skipped.items():
+        print(f"[skip] {name}: {why}", flush=True)
+    ceiling = copy_ceiling_tbps(dev)
+    print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
+    rows = []
+    for case in cases(args.quick):
+        st = Setup(case, dev)
+        errs = _y_err(st, impls)
+        for name, fn in impls.items():
+            row = dict(
+                op=case.op, shape=case.shape.name, heads=case.shape.heads, dim=case.shape.dim,
+                dstate=case.shape.dstate, groups=case.shape.groups, state=DT_NAME[case.state], batch=case.batch,
+                impl=name,
+            )  # fmt: skip
+            try:
+                us = graph_time_us(
+                    [lambda w=w, fn=fn, st=st: fn(st, w) for w in st.windows],
+                    replays=args.replays,
+                    repeats=args.repeats,
+                )
+                row.update(us=us, tbps=st.bytes_per_call / (us * 1e-6) / 1e12)
+                row["pct_ceiling"] = 100 * row["tbps"] / ceiling
+                if case.batch in (1, 8) and case.shape.name == "nemotron-h-8b":
+                    row["host_us"] = host_time_us(lambda fn=fn, st=st: fn(st, st.windows[0]))
+                row["y_err"] = errs.get(name)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(row)
+            print(
+                f"{case.op:9s} {case.shape.name:18s} {DT_NAME[case.state]} b={case.batch:5d} {name:10s} "
+                + (f"{row['us']:9.2f} us {row['tbps']:.2f} TB/s" if "us" in row else row.get("error", "")),
+                flush=True,
+            )
+        del st
+        torch.cuda.empty_cache()
+    meta = dict(
+        device=torch.cuda.get_device_name(dev), torch=torch.__version__, copy_ceiling_tbps=ceiling,
+        skipped=skipped, replays=args.replays, repeats=args.repeats,
+        method="CUDA-graph replay over disjoint slot windows (working set > L2), median of repeats; state bytes "
+        "read once + written once (MTP: read once + written once per token)",
+    )  # fmt: skip
+    return rows, meta
+
+
+def pivot(rows: list[dict]) -> list[dict]:
+    """One line per case: µs (TB/s) per implementation and the best peer's time over MATE's."""
+    out = {}
+    for r in rows:
+        key = (r["op"], r["shape"], r["state"], r["batch"])
+        line = out.setdefault(
+            key, {"op": r["op"], "shape": f"H{r['heads']} P{r['dim']} N{r['dstate']} G{r['groups']}",
+                  "state": r["state"], "batch": r["batch"]},
+        )  # fmt: skip
+        line[r["impl"]] = f"{r['us']:.2f} ({r['tbps']:.2f})" if "us" in r else "error"
+        line[f"_{r['impl']}"] = r.get("us")
+        if r.get("host_us") is not None:
+            line[f"host {r['impl']} µs"] = round(r["host_us"], 1)
+    res = []
+    for line in out.values():
+        mate = line.pop("_mate", None)
+        peers = [v for k, v in list(line.items()) if k.startswith("_") and v is not None]
+        for k in [k for k in line if k.startswith("_")]:
+            line.pop(k)
+        line["best peer / MATE"] = round(min(peers) / mate, 2) if mate and peers else None
+        res.append(line)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mate bench ssu", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssu.{json,md,png}")
+    ap.add_argument("--name", default="ssu")
+    ap.add_argument("--impls", default="mate,vllm,flashinfer")
+    ap.add_argument("--quick", action="store_true", help="the headline shape at a few batch sizes only")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("mate bench ssu: needs a CUDA device", file=sys.stderr)
+        return 2
+    rows, meta = run(args)
+    table = pivot(rows)
+    cols = ["op", "shape", "state", "batch", "mate", "vllm", "flashinfer", "best peer / MATE"]
+    cols += sorted({k for r in table for k in r if k.startswith("host ")})
+    preface = (
+        f"# selective_state_update on {meta['device']}\n\n"
+        f"µs per call (TB/s of state traffic); {meta['method']}. Copy ceiling measured in the same run: "
+        f"{meta['copy_ceiling_tbps']:.2f} TB/s. `best peer / MATE` > 1 means MATE is faster. "
+        "x bf16 as row views of one conv buffer; dt/A/D/dt_bias fp32 tied per head; dt_softplus; no z.\n"
+    )
+    if meta["skipped"]:
+        preface += "\nSkipped: " + "; ".join(f"{k} ({v})" for k, v in meta["skipped"].items()) + "\n"
+    meta["raw"] = rows
+    paths = write_report(args.name, table, args.out, meta=meta, columns=cols, preface=preface)
+    png = plot(
+        [r for r in rows if r.get("tbps") is not None],
+        os.path.join(args.out, f"{args.name}.png"),
+        x="batch", y="tbps", series="impl", panel=("op", "shape", "state"),
+        title=f"selective_state_update, TB/s (copy ceiling {meta['copy_ceiling_tbps']:.2f})",
+    )  # fmt: skip
+    print(markdown_table(table, cols))
+    print("wrote", ", ".join(paths.values()), png or "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
