@@ -1,0 +1,262 @@
+"""``flashinfer.mamba`` served by MATE: FlashInfer 0.7.2's ``selective_state_update`` (names, order, defaults,
+return value, semantics) and the SSD varlen prefill names consumers look up.
+
+FlashInfer semantics reproduced here (read from FlashInfer 0.7.2's Python wrapper and CUDA kernels), where they
+differ from ``mate.mamba``:
+
+* **Path choice.** 3-D ``x`` without ``cu_seqlens`` and ``cache_steps == 0`` is the one-token path; 3-D ``x``
+  with ``cu_seqlens`` is the packed multi-token path (``cache_steps`` = the maximum sequence length, required
+  >= 1); 4-D ``x``, or 3-D ``x`` with ``cache_steps >= 1`` (one token), is the dense multi-token path.
+* **One-token path.** Reads ``src[b]`` (column 0 of a 2-D table) and writes the new state to ``dst[b]`` (to
+  ``src[b]`` without a destination table) unless ``disable_state_update``; a sentinel read slot reads zeros and
+  writes nothing. FlashInfer ignores ``num_accepted_tokens`` and ``intermediate_states_buffer`` on this path;
+  MATE rejects them instead of silently ignoring them (``ValueError``).
+* **Multi-token paths: three exclusive write modes.** A destination table publishes every token's state to
+  ``dst[b, t]`` *even with* ``disable_state_update=True`` (FlashInfer does not gate it); an
+  ``intermediate_states_buffer`` takes every token's state at ``buf[idx * cache_steps + t]`` (``idx`` =
+  ``intermediate_state_indices[b]``, else the read slot) and the pool is not written, also regardless of
+  ``disable_state_update``; otherwise only the final state is written back to the *read* slot (with
+  ``num_accepted_tokens``: ``src[b, acc - 1]``), gated by ``disable_state_update``. Destination + buffer is a
+  ``ValueError``. A sentinel read slot writes nothing; a sentinel destination entry is skipped.
+* **Flat tables** ``[n]`` on the multi-token paths name entry ``b`` for every token (FlashInfer addresses a 1-D
+  table with a zero token stride), unlike ``mate.mamba`` / vLLM's Triton kernel (entry ``b + t``).
+* ``algorithm``: ``auto``, ``simple``, ``vertical``, ``horizontal`` and the legacy ``async_horizontal``
+  (= ``simple``) are accepted (MATE picks its own tiling); anything else is a ``ValueError``. ``backend``:
+  FlashInfer's ``auto`` / ``flashinfer`` / ``cake`` all mean MATE's automatic choice; MATE's own ``tilelang`` /
+  ``torch`` select that backend. ``rand_seed`` (stochastic rounding), ``state_scale`` and
+  ``intermediate_state_scales`` (int16 states) raise ``NotImplementedError``.
+
+MATE is more permissive than FlashInfer's kernels in what it accepts (untied dt/A/D/dt_bias, ``D=None``,
+strided x/B/C rows); every form FlashInfer accepts means the same here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._runtime import mate_ops
+
+ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
+_BACKENDS = {"auto": "auto", "flashinfer": "auto", "cake": "auto", "tilelang": "tilelang", "torch": "torch"}
+
+
+def _bad(name, value, expected):
+    desc = (
+        f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})" if isinstance(value, torch.Tensor) else repr(value)
+    )
+    raise ValueError(f"{name}: got {desc}; expected {expected}")
+
+
+def _per_token_table(table, tokens):
+    """FlashInfer reads a 1-D table with a zero token stride: every token of sequence b names entry b."""
+    if table is None or not isinstance(table, torch.Tensor) or table.dim() != 1:
+        return table
+    return table.unsqueeze(1).expand(table.shape[0], max(tokens, 1))
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    state_batch_indices: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+    state_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    disable_state_update: bool = False,
+    intermediate_states_buffer: torch.Tensor | None = None,
+    intermediate_state_indices: torch.Tensor | None = None,
+    intermediate_state_scales: torch.Tensor | None = None,
+    rand_seed: torch.Tensor | None = None,
+    philox_rounds: int = 10,
+    cache_steps: int = 0,
+    algorithm: str = "auto",
+    dst_state_batch_indices: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """FlashInfer 0.7.2's ``flashinfer.mamba.selective_state_update``, served by MATE (see the module docstring
+    for the semantics). Returns ``out`` (or a new tensor shaped like FlashInfer's normalised ``x``)."""
+    ops = mate_ops()
+    if algorithm == "async_horizontal":  # FlashInfer's backward-compatible alias
+        algorithm = "simple"
+    if algorithm not in ALGORITHMS:
+        _bad("algorithm", algorithm, f"one of {ALGORITHMS + ('async_horizontal',)}")
+    mate_backend = _BACKENDS.get(backend) if isinstance(backend, str) else None
+    if mate_backend is None:
+        _bad("backend", backend, f"one of {tuple(_BACKENDS)}")
+    if intermediate_states_buffer is not None and dst_state_batch_indices is not None:
+        raise ValueError("intermediate_states_buffer and dst_state_batch_indices are mutually exclusive")
+    if not isinstance(cache_steps, int) or isinstance(cache_steps, bool) or cache_steps < 0:
+        _bad("cache_steps", cache_steps, "an int >= 0")
+    for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
+        if not isinstance(t, torch.Tensor):
+            _bad(name, t, "a torch.Tensor")
+
+    # FlashInfer's canonical forms (its wrapper's unsqueezes), so the same calls mean the same thing.
+    is_varlen = cu_seqlens is not None and x.dim() == 3
+    is_mtp = cache_steps >= 1 and not is_varlen
+    if state.dim() == 3:
+        state = state.unsqueeze(1)
+    if A.dim() == 2:
+        A = A.unsqueeze(0)
+    if isinstance(D, torch.Tensor) and D.dim() == 1:
+        D = D.unsqueeze(0)
+    if isinstance(dt_bias, torch.Tensor) and dt_bias.dim() == 1:
+        dt_bias = dt_bias.unsqueeze(0)
+
+    def canon(t):
+        if t is None or is_varlen:
+            return t
+        if t.dim() == 2:
+            t = t.unsqueeze(1)
+        if is_mtp and t.dim() == 3:
+            t = t.unsqueeze(1)
+        return t
+
+    x_in = x
+    x, dt, B, C, z = canon(x), canon(dt), canon(B), canon(C), canon(z)
+    if cu_seqlens is not None and not is_varlen:
+        _bad("cu_seqlens", cu_seqlens, "None with a 4-D x (packed rows use a 3-D x [total_tokens, heads, dim])")
+    if x.dim() not in (3, 4):
+        _bad("x", x_in, "[batch, dim], [batch, heads, dim], [batch, T, heads, dim] or packed [tokens, heads, dim]")
+
+    if out is None:
+        output = result = torch.empty_like(x)
+    else:
+        result = out
+        output = out if out.shape == x.shape else out.view(x.shape)
+
+    one_token = x.dim() == 3 and not is_varlen
+    if one_token:
+        if intermediate_states_buffer is not None:
+            _bad(
+                "intermediate_states_buffer",
+                intermediate_states_buffer,
+                "None on FlashInfer's one-token path (3-D x, no cu_seqlens, cache_steps=0), which never writes it; "
+                "pass cache_steps >= 1 for the multi-token path",
+            )
+        if num_accepted_tokens is not None:
+            _bad(
+                "num_accepted_tokens",
+                num_accepted_tokens,
+                "None on FlashInfer's one-token path (3-D x, no cu_seqlens, cache_steps=0), which ignores it; "
+                "pass cu_seqlens for the packed multi-token path",
+            )
+        ops.selective_state_update(
+            state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+            state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, state_scale=state_scale, out=output,
+            disable_state_update=disable_state_update, intermediate_state_scales=intermediate_state_scales,
+            rand_seed=rand_seed, philox_rounds=philox_rounds, algorithm=algorithm,
+            dst_state_batch_indices=dst_state_batch_indices, final_write_to_dst=True, backend=mate_backend,
+        )  # fmt: skip
+        return result
+
+    if is_varlen:
+        if cache_steps < 1:
+            _bad("cache_steps", cache_steps, ">= 1 with cu_seqlens (FlashInfer: the maximum sequence length)")
+        tokens = cache_steps
+    else:
+        tokens = x.shape[1]
+        if intermediate_states_buffer is not None and cache_steps < 1:
+            _bad("cache_steps", cache_steps, ">= 1 with intermediate_states_buffer (the buffer's steps per entry)")
+    src = _per_token_table(state_batch_indices, tokens)
+    dst = _per_token_table(dst_state_batch_indices, tokens)
+    if intermediate_states_buffer is not None or dst is not None:
+        disable_state_update = False  # FlashInfer gates only the final write on it
+    ops.selective_state_update(
+        state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, state_batch_indices=src,
+        pad_slot_id=pad_slot_id, state_scale=state_scale, out=output, disable_state_update=disable_state_update,
+        intermediate_states_buffer=intermediate_states_buffer, intermediate_state_indices=intermediate_state_indices,
+        intermediate_state_scales=intermediate_state_scales, rand_seed=rand_seed, philox_rounds=philox_rounds,
+        cache_steps=cache_steps, algorithm=algorithm, dst_state_batch_indices=dst, cu_seqlens=cu_seqlens,
+        num_accepted_tokens=num_accepted_tokens, accepted_writes_per_token=False, backend=mate_backend,
+    )  # fmt: skip
+    return result
+
+
+def ssd_combined_fwd_varlen(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    cu_seqlens: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+    last_chunk_indices: torch.Tensor,
+    seq_idx: torch.Tensor,
+    out: torch.Tensor | None = None,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    *,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, math.inf),
+    initial_states: torch.Tensor | None = None,
+    return_intermediate_states: bool = False,
+    state_dtype: torch.dtype | None = None,
+    checkpoint_token_indices: torch.Tensor | None = None,
+    checkpoint_state_slots: torch.Tensor | None = None,
+    checkpoint_states: torch.Tensor | None = None,
+    final_states_out: torch.Tensor | None = None,
+    final_state_indices: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor | None:
+    """The packed SSD prefill under the seed's name and order (= ``mate.mamba.ssd_combined_fwd_varlen``)."""
+    return mate_ops().ssd_combined_fwd_varlen(
+        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
+        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
+        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
+        checkpoint_token_indices=checkpoint_token_indices, checkpoint_state_slots=checkpoint_state_slots,
+        checkpoint_states=checkpoint_states, final_states_out=final_states_out,
+        final_state_indices=final_state_indices, backend=_BACKENDS.get(backend, backend),
+    )  # fmt: skip
+
+
+def mamba_chunk_scan_combined_varlen(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    chunk_size,
+    cu_seqlens,
+    cu_chunk_seqlens,
+    last_chunk_indices,
+    seq_idx,
+    out,
+    D=None,
+    z=None,
+    dt_bias=None,
+    initial_states=None,
+    dt_softplus=False,
+    dt_limit=(0.0, float("inf")),
+    return_intermediate_states=False,
+    state_dtype=None,
+    final_states_out=None,
+    final_state_indices=None,
+):
+    """vLLM's name and positional order for the same prefill (``initial_states`` right after ``dt_bias``);
+    ``out`` is required and written in place. Returns the final states ``[batch, H, P, N]``, every chunk's
+    end state with ``return_intermediate_states``, or None when they went into ``final_states_out``."""
+    if out is None:
+        _bad("out", out, "a preallocated [tokens, heads, dim] tensor (vLLM's prefill writes it in place)")
+    return mate_ops().ssd_combined_fwd_varlen(
+        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
+        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
+        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
+        final_states_out=final_states_out, final_state_indices=final_state_indices,
+    )  # fmt: skip
+
+
+__all__ = ["selective_state_update", "ssd_combined_fwd_varlen", "mamba_chunk_scan_combined_varlen"]
