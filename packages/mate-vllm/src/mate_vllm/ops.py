@@ -1,0 +1,106 @@
+"""vLLM 0.33's native Mamba2 op signatures, served by MATE.
+
+``selective_state_update`` follows vLLM's Triton op (``vllm/model_executor/layers/mamba/ops/mamba_ssm.py``):
+
+* ``D`` and ``dt_bias`` are positional (after ``C``); ``out`` is required and written in place; returns None.
+* The sentinel is ``null_block_id`` (default **0**: slot 0 is vLLM's reserved null block). A row whose *source*
+  slot is null reads a zero state and writes no state at all; a null destination entry is skipped.
+* Without ``num_accepted_tokens`` the sequence writes one final state, to ``dst[b, 0]`` (to ``src[b, 0]``
+  without a destination table), also for multi-token packed rows (``cu_seqlens``). With it, the read slot is
+  ``src[b, max(acc - 1, 0)]`` and token ``t`` publishes its state to ``dst[b, t]`` (``src[b, t]`` without a
+  destination table).
+* A flat ``[n]`` table is vLLM's ``unsqueeze(1)``: entry ``(b, t)`` is ``table[b + t]`` (the MTP6 form).
+* ``is_blackwell`` is a tuning hint (ignored: MATE picks its own tiling); ``enable_stochastic_rounding=True``
+  raises ``NotImplementedError``.
+
+Difference kept on purpose: when the source slot is live but the final-write destination ``dst[b, 0]`` is the
+null block, vLLM's kernel writes into the null block (slot 0, whose contents vLLM never reads); MATE skips it.
+
+``mamba_chunk_scan_combined_varlen`` takes vLLM's positional order (``initial_states`` right after
+``dt_bias``) and vLLM 0.33's ``final_states_out`` / ``final_state_indices`` (the final states go straight into
+the state pool and None is returned).
+"""
+
+from __future__ import annotations
+
+from ._runtime import mate_ops
+
+NULL_BLOCK_ID = 0
+
+
+def selective_state_update(
+    state,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    dt_bias,
+    z=None,
+    dt_softplus=False,
+    state_batch_indices=None,
+    dst_state_batch_indices=None,
+    null_block_id=NULL_BLOCK_ID,
+    out=None,
+    num_accepted_tokens=None,
+    cu_seqlens=None,
+    is_blackwell=False,
+    enable_stochastic_rounding=False,
+    cache_philox_rounds=0,
+):
+    """vLLM's ``selective_state_update`` (see the module docstring). Writes ``out`` and the state pool."""
+    if out is None:
+        raise ValueError("out: got None; expected a preallocated tensor shaped like x (vLLM's op writes it in place)")
+    if enable_stochastic_rounding:
+        raise NotImplementedError(
+            "enable_stochastic_rounding (stochastic rounding of the stored state) is not supported by MATE yet "
+            "(disable --enable-mamba-cache-stochastic-rounding)"
+        )
+    if num_accepted_tokens is not None and state_batch_indices is None:
+        raise ValueError("state_batch_indices: got None; expected a slot table when num_accepted_tokens is given")
+    mate_ops().selective_state_update(
+        state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+        state_batch_indices=state_batch_indices, pad_slot_id=null_block_id, out=out,
+        dst_state_batch_indices=dst_state_batch_indices, cu_seqlens=cu_seqlens,
+        num_accepted_tokens=num_accepted_tokens, final_write_to_dst=num_accepted_tokens is None,
+    )  # fmt: skip
+    return None
+
+
+def mamba_chunk_scan_combined_varlen(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    chunk_size,
+    cu_seqlens,
+    cu_chunk_seqlens,
+    last_chunk_indices,
+    seq_idx,
+    out,
+    D=None,
+    z=None,
+    dt_bias=None,
+    initial_states=None,
+    dt_softplus=False,
+    dt_limit=(0.0, float("inf")),
+    return_intermediate_states=False,
+    state_dtype=None,
+    final_states_out=None,
+    final_state_indices=None,
+):
+    """vLLM's packed SSD prefill. Returns ``[batch, H, P, N]`` final states, every chunk's end state with
+    ``return_intermediate_states``, or None when they were written into ``final_states_out``."""
+    if out is None:
+        raise ValueError("out: got None; expected a preallocated [tokens, heads, dim] tensor (written in place)")
+    return mate_ops().ssd_combined_fwd_varlen(
+        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
+        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
+        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
+        final_states_out=final_states_out, final_state_indices=final_state_indices,
+    )  # fmt: skip
+
+
+__all__ = ["selective_state_update", "mamba_chunk_scan_combined_varlen", "NULL_BLOCK_ID"]

@@ -1,0 +1,289 @@
+"""The vLLM plugin: ``vllm.general_plugins`` entry point ``mate = mate_vllm.plugin:register``.
+
+vLLM calls :func:`register` in every process it starts. It does nothing unless ``MATE_VLLM_ENABLE=1``; then:
+
+* **SSU backend.** vLLM selects its decode kernel through ``_BACKEND_REGISTRY`` in
+  ``vllm/model_executor/layers/mamba/ops/ssu_dispatch.py`` (``MambaSSUBackend`` subclasses keyed by
+  ``MambaBackendEnum``, i.e. by ``--mamba-backend``). The enum is closed, so MATE takes over the entries named
+  in ``MATE_VLLM_SSU_BACKENDS`` (default ``triton,flashinfer``: whichever GPU backend is configured, MATE serves
+  it) plus a ``mate`` entry when the enum has one. ``MATE_VLLM_SSU_BACKENDS=none`` leaves the registry alone.
+* **Prefill.** ``mamba_chunk_scan_combined_varlen`` in ``.../ops/ssd_combined.py`` (and every vLLM module that
+  imported it by name) becomes :func:`mate_vllm.ops.mamba_chunk_scan_combined_varlen`, unless
+  ``MATE_VLLM_PREFILL=0``.
+
+Both patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
+imports nothing from vLLM. A vLLM whose modules lack the expected names or signatures (another version) gets a
+warning naming what is missing, and is left untouched. :func:`unregister` restores what was replaced.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import sys
+import warnings
+
+ENV_ENABLE = "MATE_VLLM_ENABLE"
+ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
+ENV_PREFILL = "MATE_VLLM_PREFILL"
+SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
+SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
+
+SSU_CALL_PARAMS = (
+    "state", "x", "dt", "A", "B", "C", "D", "dt_bias", "z", "dt_softplus", "state_batch_indices",
+    "dst_state_batch_indices", "null_block_id", "out", "num_accepted_tokens", "cu_seqlens", "is_blackwell",
+)  # fmt: skip
+PREFILL_PARAMS = (
+    "x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices", "seq_idx",
+    "out", "D", "z", "dt_bias", "initial_states", "dt_softplus", "dt_limit", "return_intermediate_states",
+    "state_dtype", "final_states_out", "final_state_indices",
+)  # fmt: skip
+
+_replaced_registry: dict = {}  # (registry id, key) -> (registry, key, previous value)
+_replaced_prefill: list = []  # (module, previous function)
+_state = {"ssu": None, "prefill": None}  # what happened, for mate_vllm.plugin.status()
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(f"mate-vllm: {msg}", stacklevel=3)
+
+
+# --------------------------------------------------------------------------------------- post-import hook
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after ``name`` executes (before whoever imported it resumes)."""
+
+    def __init__(self, name, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, _AfterImport):
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Wrapped(spec.loader, self)
+                return spec
+        return None
+
+
+class _Wrapped(importlib.abc.Loader):
+    def __init__(self, loader, hook):
+        self.loader, self.hook = loader, hook
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        if self.hook in sys.meta_path:
+            sys.meta_path.remove(self.hook)
+        self.hook.callback(module)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+def when_imported(name: str, callback) -> None:
+    if name in sys.modules:
+        callback(sys.modules[name])
+        return
+    sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+# ------------------------------------------------------------------------------------------------ SSU
+
+
+def make_backend_class(base, null_block_id=0):
+    """A ``MambaSSUBackend`` subclass (vLLM's ABC, passed in) that serves vLLM's backend call with MATE."""
+    from . import ops
+
+    class MateSSUBackend(base):
+        """MATE's selective_state_update behind vLLM's SSU backend interface (vLLM's Triton semantics)."""
+
+        def __init__(self, mamba_config):
+            super().__init__(mamba_config)
+            if getattr(mamba_config, "enable_stochastic_rounding", False):
+                raise NotImplementedError(
+                    "mate-vllm: stochastic rounding of the Mamba state cache is not supported by MATE yet; "
+                    "disable --enable-mamba-cache-stochastic-rounding or unset MATE_VLLM_ENABLE"
+                )
+
+        @property
+        def name(self) -> str:
+            return "mate"
+
+        def __call__(
+            self,
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            D,
+            dt_bias,
+            z=None,
+            dt_softplus=False,
+            state_batch_indices=None,
+            dst_state_batch_indices=None,
+            null_block_id=null_block_id,
+            out=None,
+            num_accepted_tokens=None,
+            cu_seqlens=None,
+            is_blackwell=False,
+        ):
+            ops.selective_state_update(
+                state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus,
+                state_batch_indices=state_batch_indices, dst_state_batch_indices=dst_state_batch_indices,
+                null_block_id=null_block_id, out=out, num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens,
+                is_blackwell=is_blackwell,
+            )  # fmt: skip
+
+    return MateSSUBackend
+
+
+def _requested_ssu_names() -> list[str]:
+    raw = os.environ.get(ENV_SSU, "triton,flashinfer").strip().lower()
+    if raw in ("", "none", "off", "0"):
+        return []
+    return [n.strip() for n in raw.split(",") if n.strip()]
+
+
+def _patch_ssu_dispatch(sd) -> None:
+    registry = getattr(sd, "_BACKEND_REGISTRY", None)
+    base = getattr(sd, "MambaSSUBackend", None)
+    if not isinstance(registry, dict) or not registry or not inspect.isclass(base):
+        _state["ssu"] = "skipped: no _BACKEND_REGISTRY / MambaSSUBackend"
+        _warn(
+            f"{sd.__name__} has no _BACKEND_REGISTRY dict / MambaSSUBackend class (a vLLM version this plugin does "
+            "not know); the MATE SSU backend is not registered"
+        )
+        return
+    params = tuple(inspect.signature(base.__call__).parameters)[1:]
+    if params != SSU_CALL_PARAMS:
+        _state["ssu"] = "skipped: MambaSSUBackend.__call__ signature differs"
+        _warn(
+            f"vLLM's MambaSSUBackend.__call__ takes {params}, expected {SSU_CALL_PARAMS}; the MATE SSU backend is "
+            "not registered"
+        )
+        return
+    cls = make_backend_class(base, getattr(sd, "NULL_BLOCK_ID", 0))
+    key_type = type(next(iter(registry)))
+    names = _requested_ssu_names()
+    done = []
+    for name in ["mate", *names]:
+        try:
+            key = key_type(name)
+        except (ValueError, KeyError, TypeError):
+            if name != "mate":
+                _warn(f"{ENV_SSU}: vLLM has no mamba backend named {name!r}; valid: {[str(k) for k in registry]}")
+            continue
+        _replaced_registry.setdefault((id(registry), name), (registry, key, registry.get(key)))
+        registry[key] = cls
+        done.append(name)
+    current = getattr(sd, "_mamba_ssu_backend", None)
+    if current is not None and not isinstance(current, cls):
+        _warn(
+            f"vLLM's SSU backend was already initialised ({type(current).__name__}) before the plugin ran; it keeps "
+            "serving this process"
+        )
+    _state["ssu"] = f"registered for {done}" if done else "skipped: no matching backend names"
+
+
+# -------------------------------------------------------------------------------------------- prefill
+
+
+def _patch_ssd_combined(mod) -> None:
+    from . import ops
+
+    orig = getattr(mod, "mamba_chunk_scan_combined_varlen", None)
+    if orig is None or not callable(orig):
+        _state["prefill"] = "skipped: no mamba_chunk_scan_combined_varlen"
+        _warn(f"{mod.__name__} has no mamba_chunk_scan_combined_varlen; the prefill is not routed to MATE")
+        return
+    if orig is ops.mamba_chunk_scan_combined_varlen:
+        return
+    try:
+        params = tuple(inspect.signature(orig).parameters)
+    except (TypeError, ValueError):
+        params = ()
+    if params != PREFILL_PARAMS[: len(params)] or len(params) < PREFILL_PARAMS.index("state_dtype") + 1:
+        _state["prefill"] = "skipped: signature differs"
+        _warn(
+            f"vLLM's mamba_chunk_scan_combined_varlen takes {params}, which is not a prefix of {PREFILL_PARAMS}; the "
+            "prefill is not routed to MATE"
+        )
+        return
+    patched = []
+    for m in list(sys.modules.values()):
+        name = getattr(m, "__name__", "")
+        if (m is mod or name.startswith("vllm.")) and getattr(m, "mamba_chunk_scan_combined_varlen", None) is orig:
+            _replaced_prefill.append((m, orig))
+            m.mamba_chunk_scan_combined_varlen = ops.mamba_chunk_scan_combined_varlen
+            patched.append(name)
+    _state["prefill"] = f"routed in {patched}"
+
+
+# ---------------------------------------------------------------------------------------------- entry
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. A no-op unless ``MATE_VLLM_ENABLE=1``; never raises."""
+    if not _truthy(os.environ.get(ENV_ENABLE)):
+        return
+    try:
+        when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))  # also registers a 'mate' key where one exists
+        if os.environ.get(ENV_PREFILL, "1").strip().lower() not in ("0", "false", "no", "off"):
+            when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
+    except Exception as e:  # noqa: BLE001  (a plugin must never take vLLM down)
+        _warn(f"registration failed and was skipped: {e!r}")
+
+
+def _guard(fn):
+    def run(module):
+        try:
+            fn(module)
+        except Exception as e:  # noqa: BLE001
+            _warn(f"{fn.__name__} failed and was skipped: {e!r}")
+
+    return run
+
+
+def unregister() -> None:
+    """Restore every registry entry and prefill function the plugin replaced, and drop pending hooks."""
+    for registry, key, prev in _replaced_registry.values():
+        if prev is None:
+            registry.pop(key, None)
+        else:
+            registry[key] = prev
+    _replaced_registry.clear()
+    if _replaced_prefill:
+        from . import ops
+
+        orig = _replaced_prefill[0][1]
+        # also the modules that imported the name after it was patched (e.g. a mixer mid-import at patch time)
+        for m in list(sys.modules.values()):
+            name = getattr(m, "__name__", "") or ""
+            if name.startswith("vllm.") and getattr(m, "mamba_chunk_scan_combined_varlen", None) is (
+                ops.mamba_chunk_scan_combined_varlen
+            ):
+                m.mamba_chunk_scan_combined_varlen = orig
+    _replaced_prefill.clear()
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+    _state.update(ssu=None, prefill=None)
+
+
+def status() -> dict:
+    """What :func:`register` did in this process (None: the module was not imported yet, or disabled)."""
+    return dict(_state)
