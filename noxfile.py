@@ -140,13 +140,17 @@ def build(session: nox.Session) -> None:
         with zipfile.ZipFile(whl) as zf:
             tops = {n.split("/", 1)[0] for n in zf.namelist() if "/" in n}
         modules += sorted(t for t in tops if not t.endswith((".dist-info", ".data")) and t not in modules)
-    session.log(f"importing {modules}")
+    # mate-flashinfer-compat serves `flashinfer.mamba` through an import alias its wheel installs (a .pth).
+    aliases = ["flashinfer.mamba"] if any(w.name.startswith("mate_flashinfer_compat-") for w in wheels) else []
+    session.log(f"importing {modules + aliases}")
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}:\n"
         "    mod = importlib.import_module(m)\n"
         "    assert mod.__file__ and '/site-packages/' in mod.__file__, (m, mod.__file__)\n"
         "    print('import', m, 'ok')\n"
+        f"for m in {aliases!r}:\n"
+        "    print('import', m, 'ok:', importlib.import_module(m).selective_state_update)\n"
         "assert 'tilelang' not in sys.modules, 'importing the packages pulled in TileLang'\n"
     )
     session.run(py, "-c", code, external=True)

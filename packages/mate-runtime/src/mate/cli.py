@@ -26,7 +26,7 @@ from dataclasses import dataclass
 DISTRIBUTIONS = (
     ("mate-kernels", "mate_kernels"),
     ("mate-runtime", "mate"),
-    ("mate-flashinfer-compat", None),
+    ("mate-flashinfer-compat", "mate_flashinfer_compat"),
     ("mate-sglang", "mate_sglang"),
     ("mate-vllm", "mate_vllm"),
 )
