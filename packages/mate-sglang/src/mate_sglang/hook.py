@@ -1,0 +1,265 @@
+"""Registers MATE in SGLang's SSU backend registry, and routes SGLang's chunked prefill to MATE.
+
+SGLang selects its decode kernel through ``_BACKEND_REGISTRY`` in
+``sglang/srt/layers/attention/mamba/ops/ssu_dispatch.py`` (``MambaSSUBackend`` subclasses keyed by the
+``--mamba-backend`` string, constructed without arguments). SGLang has no plugin entry point, so:
+
+* :func:`enable` arms post-import patches in this interpreter (call it before SGLang starts, e.g. in a launcher);
+* with ``MATE_SGLANG_ENABLE=1`` the ``mate_sglang.pth`` start-up line arms them in *every* interpreter of the
+  environment, which covers SGLang's scheduler subprocesses.
+
+When ``ssu_dispatch`` is imported, MATE's backend is registered as ``"mate"`` and takes over the names in
+``MATE_SGLANG_SSU_BACKENDS`` (default ``triton,flashinfer``: SGLang's ``--mamba-backend`` choices are fixed, so
+the configured one is served by MATE; ``none`` registers ``"mate"`` only). When ``ops/ssd_combined.py`` is
+imported, ``mamba_chunk_scan_combined`` (and every SGLang module that imported it by name) becomes
+:func:`mate_sglang.ops.mamba_chunk_scan_combined`, unless ``MATE_SGLANG_PREFILL=0``. An SGLang whose registry
+or signatures differ gets a warning naming what is missing and is left untouched. Stdlib only at import time.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import inspect
+import os
+import sys
+import warnings
+
+ENV_ENABLE = "MATE_SGLANG_ENABLE"
+ENV_SSU = "MATE_SGLANG_SSU_BACKENDS"
+ENV_PREFILL = "MATE_SGLANG_PREFILL"
+SSU_DISPATCH = "sglang.srt.layers.attention.mamba.ops.ssu_dispatch"
+SSD_COMBINED = "sglang.srt.layers.attention.mamba.ops.ssd_combined"
+
+SSU_CALL_PARAMS = (
+    "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "state_batch_indices", "out",
+    "disable_state_update", "intermediate_states_buffer", "cache_steps", "retrieve_parent_token",
+    "intermediate_state_indices",
+)  # fmt: skip
+PREFILL_PARAMS = (
+    "x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states", "seq_idx", "chunk_indices",
+    "chunk_offsets", "cu_seqlens", "dt_softplus", "dt_limit", "out", "return_final_states", "return_varlen_states",
+    "return_intermediate_states", "state_dtype",
+)  # fmt: skip
+
+_replaced_registry: dict = {}
+_replaced_prefill: list = []
+_state = {"ssu": None, "prefill": None}
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(f"mate-sglang: {msg}", stacklevel=3)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after ``name`` executes (before whoever imported it resumes)."""
+
+    def __init__(self, name, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, _AfterImport):
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Wrapped(spec.loader, self)
+                return spec
+        return None
+
+
+class _Wrapped(importlib.abc.Loader):
+    def __init__(self, loader, hook):
+        self.loader, self.hook = loader, hook
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        if self.hook in sys.meta_path:
+            sys.meta_path.remove(self.hook)
+        self.hook.callback(module)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+def _when_imported(name, callback) -> None:
+    if name in sys.modules:
+        callback(sys.modules[name])
+        return
+    sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _guard(fn):
+    def run(module):
+        try:
+            fn(module)
+        except Exception as e:  # noqa: BLE001  (a hook must never take SGLang down)
+            _warn(f"{fn.__name__} failed and was skipped: {e!r}")
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ SSU
+
+
+def make_backend_class(base):
+    """A ``MambaSSUBackend`` subclass (SGLang's ABC, passed in) that serves SGLang's backend call with MATE."""
+    from . import ops
+
+    class MateSSUBackend(base):
+        """MATE's selective_state_update behind SGLang's SSU backend interface (SGLang's Triton semantics)."""
+
+        @property
+        def name(self) -> str:
+            return "mate"
+
+        def __call__(
+            self,
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            D=None,
+            z=None,
+            dt_bias=None,
+            dt_softplus=False,
+            state_batch_indices=None,
+            out=None,
+            disable_state_update=False,
+            intermediate_states_buffer=None,
+            cache_steps=None,
+            retrieve_parent_token=None,
+            intermediate_state_indices=None,
+        ):
+            ops.selective_state_update(
+                state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                state_batch_indices=state_batch_indices, out=out, disable_state_update=disable_state_update,
+                intermediate_states_buffer=intermediate_states_buffer, cache_steps=cache_steps,
+                retrieve_parent_token=retrieve_parent_token, intermediate_state_indices=intermediate_state_indices,
+            )  # fmt: skip
+
+    return MateSSUBackend
+
+
+def _requested_names() -> list[str]:
+    raw = os.environ.get(ENV_SSU, "triton,flashinfer").strip().lower()
+    if raw in ("", "none", "off", "0"):
+        return []
+    return [n.strip() for n in raw.split(",") if n.strip()]
+
+
+def _patch_ssu_dispatch(sd) -> None:
+    registry = getattr(sd, "_BACKEND_REGISTRY", None)
+    base = getattr(sd, "MambaSSUBackend", None)
+    if not isinstance(registry, dict) or not inspect.isclass(base) or any(not isinstance(k, str) for k in registry):
+        _state["ssu"] = "skipped: no str-keyed _BACKEND_REGISTRY / MambaSSUBackend"
+        _warn(
+            f"{sd.__name__} has no str-keyed _BACKEND_REGISTRY / MambaSSUBackend class (an SGLang version this hook "
+            "does not know); the MATE SSU backend is not registered"
+        )
+        return
+    params = tuple(inspect.signature(base.__call__).parameters)[1:]
+    if params != SSU_CALL_PARAMS:
+        _state["ssu"] = "skipped: MambaSSUBackend.__call__ signature differs"
+        _warn(f"SGLang's MambaSSUBackend.__call__ takes {params}, expected {SSU_CALL_PARAMS}; MATE is not registered")
+        return
+    cls = make_backend_class(base)
+    names = []
+    for name in ["mate", *_requested_names()]:
+        if name != "mate" and name not in registry:
+            _warn(f"{ENV_SSU}: SGLang has no mamba backend named {name!r}; valid: {sorted(registry)}")
+            continue
+        _replaced_registry.setdefault((id(registry), name), (registry, name, registry.get(name)))
+        registry[name] = cls
+        names.append(name)
+    current = getattr(sd, "_mamba_ssu_backend", None)
+    if current is not None and not isinstance(current, cls):
+        _warn(f"SGLang's SSU backend was initialised ({type(current).__name__}) before MATE registered; it stays")
+    _state["ssu"] = f"registered as {names}"
+
+
+# -------------------------------------------------------------------------------------------- prefill
+
+
+def _patch_ssd_combined(mod) -> None:
+    from . import ops
+
+    orig = getattr(mod, "mamba_chunk_scan_combined", None)
+    if orig is None or not callable(orig) or orig is ops.mamba_chunk_scan_combined:
+        if orig is None:
+            _state["prefill"] = "skipped: no mamba_chunk_scan_combined"
+            _warn(f"{mod.__name__} has no mamba_chunk_scan_combined; the prefill is not routed to MATE")
+        return
+    try:
+        params = tuple(inspect.signature(orig).parameters)
+    except (TypeError, ValueError):
+        params = ()
+    known = set(PREFILL_PARAMS)
+    if params[:6] != PREFILL_PARAMS[:6] or params[6:10] != PREFILL_PARAMS[6:10] or not set(params) <= known:
+        _state["prefill"] = "skipped: signature differs"
+        _warn(
+            f"SGLang's mamba_chunk_scan_combined takes {params}; MATE serves {PREFILL_PARAMS} (per-token seq_idx "
+            "scheme); the prefill is not routed to MATE"
+        )
+        return
+    patched = []
+    for m in list(sys.modules.values()):
+        name = getattr(m, "__name__", "") or ""
+        if (m is mod or name.startswith("sglang.")) and getattr(m, "mamba_chunk_scan_combined", None) is orig:
+            _replaced_prefill.append((m, orig))
+            m.mamba_chunk_scan_combined = ops.mamba_chunk_scan_combined
+            patched.append(name)
+    _state["prefill"] = f"routed in {patched}"
+
+
+# ---------------------------------------------------------------------------------------------- entry
+
+
+def enable() -> None:
+    """Arm the registry and prefill patches in this interpreter (applied when SGLang imports the modules)."""
+    _when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))
+    if os.environ.get(ENV_PREFILL, "1").strip().lower() not in ("0", "false", "no", "off"):
+        _when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
+
+
+def enable_from_env() -> None:
+    """What the ``.pth`` line runs: :func:`enable` when ``MATE_SGLANG_ENABLE=1``; never raises."""
+    if (os.environ.get(ENV_ENABLE) or "").strip().lower() in ("1", "true", "yes", "on"):
+        try:
+            enable()
+        except Exception as e:  # noqa: BLE001
+            _warn(f"enabling failed and was skipped: {e!r}")
+
+
+def disable() -> None:
+    """Restore what was replaced and drop pending hooks."""
+    for registry, key, prev in _replaced_registry.values():
+        if prev is None:
+            registry.pop(key, None)
+        else:
+            registry[key] = prev
+    _replaced_registry.clear()
+    if _replaced_prefill:
+        from . import ops
+
+        orig = _replaced_prefill[0][1]
+        for m in list(sys.modules.values()):
+            name = getattr(m, "__name__", "") or ""
+            if name.startswith("sglang.") and getattr(m, "mamba_chunk_scan_combined", None) is (
+                ops.mamba_chunk_scan_combined
+            ):
+                m.mamba_chunk_scan_combined = orig
+    _replaced_prefill.clear()
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+    _state.update(ssu=None, prefill=None)
+
+
+def status() -> dict:
+    return dict(_state)

@@ -1,0 +1,169 @@
+"""The SGLang hook, against a stand-in SGLang tree laid out like SGLang's mamba ops (a str-keyed registry of
+backend classes constructed without arguments, a mixer that imports the prefill op by name). Each case runs in a
+fresh interpreter, started the way the .pth line starts it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1]
+ROOT = PKG.parents[0]
+PATHS = [PKG / "src", ROOT / "mate-runtime" / "src", ROOT / "mate-kernels" / "src"]
+PTH = (PKG / "src" / "mate_sglang.pth").read_text().strip()
+OPS = "sglang/srt/layers/attention/mamba/ops"
+
+FAKE = {
+    "sglang/__init__.py": "",
+    "sglang/srt/__init__.py": "",
+    "sglang/srt/layers/__init__.py": "",
+    "sglang/srt/layers/attention/__init__.py": "",
+    "sglang/srt/layers/attention/mamba/__init__.py": "",
+    f"{OPS}/__init__.py": "from .ssd_combined import mamba_chunk_scan_combined\n",
+    f"{OPS}/ssu_dispatch.py": """
+        from abc import ABC, abstractmethod
+        class MambaSSUBackend(ABC):
+            @property
+            @abstractmethod
+            def name(self): ...
+            @abstractmethod
+            def __call__(self, state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                         state_batch_indices=None, out=None, disable_state_update=False,
+                         intermediate_states_buffer=None, cache_steps=None, retrieve_parent_token=None,
+                         intermediate_state_indices=None): ...
+        class TritonSSUBackend(MambaSSUBackend):
+            name = "triton"
+            def __call__(self, *a, **k):
+                raise RuntimeError("the stand-in Triton backend must not run")
+        _BACKEND_REGISTRY = {"triton": TritonSSUBackend, "flashinfer": TritonSSUBackend}
+        _mamba_ssu_backend = None
+        def initialize_mamba_selective_state_update_backend(requested):
+            global _mamba_ssu_backend
+            _mamba_ssu_backend = _BACKEND_REGISTRY[requested]()
+        def selective_state_update(state, x, dt, A, B, C, **kw):
+            _mamba_ssu_backend(state, x, dt, A, B, C, **kw)
+    """,
+    f"{OPS}/ssd_combined.py": """
+        def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                initial_states=None, seq_idx=None, chunk_indices=None, chunk_offsets=None, cu_seqlens=None,
+                dt_softplus=False, dt_limit=(0.0, float("inf")), out=None, return_final_states=False,
+                return_varlen_states=False, return_intermediate_states=False, state_dtype=None):
+            raise RuntimeError("the stand-in Triton prefill must not run")
+    """,
+    "sglang/srt/layers/attention/mamba/mamba2_mixer.py": """
+        from sglang.srt.layers.attention.mamba.ops import mamba_chunk_scan_combined
+        from sglang.srt.layers.attention.mamba.ops import ssu_dispatch
+    """,
+}
+
+
+def write_fake(root: Path, files: dict) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return root
+
+
+def run(code: str, env_extra: dict, extra_paths=()):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATE_SGLANG") and k != "PYTHONPATH"}
+    env.update(env_extra)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in [*extra_paths, *PATHS])
+    code = PTH + "\n" + textwrap.dedent(code)  # what site.py does with the .pth line at start-up
+    return subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True)
+
+
+SCENARIO = """
+    import torch
+    import mate_sglang.hook as hook, mate_sglang.ops as mops
+    from sglang.srt.layers.attention.mamba import mamba2_mixer as mixer
+    from sglang.srt.layers.attention.mamba.ops import ssu_dispatch as sd, ssd_combined
+    import sglang.srt.layers.attention.mamba.ops as ops_pkg
+    print("STATUS", hook.status())
+    print("PREFILL_ROUTED", mixer.mamba_chunk_scan_combined is mops.mamba_chunk_scan_combined,
+          ops_pkg.mamba_chunk_scan_combined is mops.mamba_chunk_scan_combined,
+          ssd_combined.mamba_chunk_scan_combined is mops.mamba_chunk_scan_combined)
+    print("REGISTRY", {k: v.__name__ for k, v in sd._BACKEND_REGISTRY.items()})
+    sd.initialize_mamba_selective_state_update_backend("triton")
+    print("BACKEND", sd._mamba_ssu_backend.name)
+    g = torch.Generator().manual_seed(0)
+    S, H, P, N, T = 6, 2, 4, 8, 3
+    state = torch.randn(S, H, P, N, generator=g); x = torch.randn(2, T, H, P, generator=g)
+    dt = torch.rand(2, T, H, generator=g).unsqueeze(-1).expand(2, T, H, P)
+    A = (-torch.rand(H, generator=g)).view(H, 1, 1).expand(H, P, N)
+    B = torch.randn(2, T, 1, N, generator=g); C = torch.randn(2, T, 1, N, generator=g)
+    src = torch.tensor([3, -1])
+    kw = dict(state_batch_indices=src, disable_state_update=True, cache_steps=T, dt_softplus=True)
+    b1, o1 = torch.zeros(S, T, H, P, N), torch.empty_like(x)
+    sd.selective_state_update(state, x, dt, A, B, C, out=o1, intermediate_states_buffer=b1, **kw)
+    b2, o2 = torch.zeros(S, T, H, P, N), torch.empty_like(x)
+    mops.selective_state_update(state, x, dt, A, B, C, out=o2, intermediate_states_buffer=b2, **kw)
+    print("SAME", torch.equal(b1, b2) and torch.equal(o1, o2) and bool(b1[3].abs().sum() > 0))
+    hook.disable()
+    print("RESTORED", sd._BACKEND_REGISTRY["triton"].__name__, "mate" in sd._BACKEND_REGISTRY,
+          mixer.mamba_chunk_scan_combined is mops.mamba_chunk_scan_combined)
+"""
+
+
+def test_pth_line_is_light_and_inert_without_the_env():
+    r = run("import sys\nassert 'torch' not in sys.modules and 'sglang' not in sys.modules\nprint('ok')", {})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_enabled_hook_registers_mate_and_routes_the_prefill(tmp_path):
+    fake = write_fake(tmp_path, FAKE)
+    r = run(SCENARIO, {"MATE_SGLANG_ENABLE": "1"}, [fake])
+    assert r.returncode == 0, r.stderr
+    assert "PREFILL_ROUTED True True True" in r.stdout
+    assert "{'triton': 'MateSSUBackend', 'flashinfer': 'MateSSUBackend', 'mate': 'MateSSUBackend'}" in r.stdout
+    assert "BACKEND mate" in r.stdout and "SAME True" in r.stdout
+    assert "RESTORED TritonSSUBackend False False" in r.stdout
+
+
+def test_backend_names_env_keeps_sglangs_own(tmp_path):
+    fake = write_fake(tmp_path, FAKE)
+    code = """
+        from sglang.srt.layers.attention.mamba.ops import ssu_dispatch as sd
+        print("REGISTRY", {k: v.__name__ for k, v in sd._BACKEND_REGISTRY.items()})
+    """
+    r = run(code, {"MATE_SGLANG_ENABLE": "1", "MATE_SGLANG_SSU_BACKENDS": "none", "MATE_SGLANG_PREFILL": "0"}, [fake])
+    assert "{'triton': 'TritonSSUBackend', 'flashinfer': 'TritonSSUBackend', 'mate': 'MateSSUBackend'}" in r.stdout
+
+
+def test_disabled_hook_does_nothing(tmp_path):
+    fake = write_fake(tmp_path, FAKE)
+    r = run(SCENARIO.replace("hook.disable()", "pass"), {}, [fake])
+    assert "PREFILL_ROUTED False False False" in r.stdout
+    assert "the stand-in Triton backend must not run" in r.stderr
+
+
+def test_other_sglang_layout_is_left_alone_with_a_warning(tmp_path):
+    files = dict(FAKE)
+    files[f"{OPS}/ssu_dispatch.py"] = "def selective_state_update(*a, **k):\n    return 'sglang'\n"
+    files[f"{OPS}/ssd_combined.py"] = (
+        "def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, "
+        "last_chunk_indices, seq_idx, out):\n    return 'sglang'\n"
+    )
+    fake = write_fake(tmp_path, files)
+    code = """
+        from sglang.srt.layers.attention.mamba import mamba2_mixer as mixer
+        print("OWN", mixer.mamba_chunk_scan_combined(*range(11)), mixer.ssu_dispatch.selective_state_update())
+    """
+    r = run(code, {"MATE_SGLANG_ENABLE": "1"}, [fake])
+    assert r.returncode == 0, r.stderr
+    assert "OWN sglang sglang" in r.stdout
+    assert "str-keyed _BACKEND_REGISTRY" in r.stderr and "not routed to MATE" in r.stderr
+
+
+def test_imports_cleanly_without_sglang():
+    code = """
+        import sys, mate_sglang, mate_sglang.hook as hook
+        hook.enable()
+        assert "sglang" not in sys.modules and "torch" not in sys.modules
+        print("ok", hook.status())
+    """
+    r = run(code, {"MATE_SGLANG_ENABLE": "1"})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
