@@ -588,3 +588,114 @@ def test_prewarm_ssd_rejections(name, overrides):
 
 def test_prewarm_ssd_valid_is_a_noop_without_device():
     assert prewarm_ssd_combined_fwd_varlen(**PREWARM_SSD_OK) is None
+
+
+# ------------------------------------------------- data-dependent rejections of the reference backend
+# The normalisers never read index data (a kernel call must not synchronise); the reference backend does,
+# and rejects bad index data with a ValueError before anything is written (no silent wrap of a negative
+# slot, no aliasing of the next table row, no spill into the next intermediate entry).
+
+
+def _ssu_data_base():
+    """Two packed sequences of 2 tokens, 2-D tables, an 8-slot pool living in a page buffer."""
+    g = torch.Generator().manual_seed(2)
+    R = 4
+    page = torch.randn(9, H * P * N + 8, generator=g)
+    return dict(
+        state=page[1:, 4 : 4 + H * P * N].view(8, H, P, N),
+        x=torch.randn(R, H, P, generator=g),
+        dt=torch.rand(R, H, P, generator=g),
+        A=-torch.rand(H, generator=g),
+        B=torch.randn(R, G, N, generator=g),
+        C=torch.randn(R, G, N, generator=g),
+        D=None,
+        out=torch.full((R, H, P), 5.0),
+        state_batch_indices=torch.tensor([[0, 1], [2, 3]], dtype=I32),
+        dst_state_batch_indices=torch.tensor([[4, 5], [6, 7]], dtype=I32),
+        cu_seqlens=torch.tensor([0, 2, 4], dtype=I32),
+    ), page
+
+
+def _t(v):
+    return torch.tensor(v, dtype=I32)
+
+
+SSU_DATA_CASES = [
+    ("src_negative_not_pad", dict(state_batch_indices=_t([[-2, 1], [2, 3]])), SBI),
+    ("src_negative_not_pad0", dict(state_batch_indices=_t([[-1, 1], [2, 3]]), pad_slot_id=0), SBI),
+    ("src_past_pool", dict(state_batch_indices=_t([[0, 1], [8, 3]])), SBI),
+    ("dst_past_pool", dict(dst_state_batch_indices=_t([[4, 5], [6, 8]])), DSBI),
+    ("dst_negative_not_pad", dict(dst_state_batch_indices=_t([[4, 5], [-3, 7]])), DSBI),
+    ("dst_2d_too_few_columns", dict(dst_state_batch_indices=_t([[4], [6]])), DSBI),
+    ("dst_flat_too_short", dict(dst_state_batch_indices=_t([4, 6])), DSBI),
+    ("acc_past_columns", dict(num_accepted_tokens=_t([3, 1])), SBI),
+    ("acc_src_past_pool", dict(num_accepted_tokens=_t([2, 1]), state_batch_indices=_t([[0, 9], [2, 3]])), SBI),
+    ("acc_publish_past_pool", dict(num_accepted_tokens=_t([1, 1]), dst_state_batch_indices=None,
+                                   state_batch_indices=_t([[0, 1], [2, 11]])), SBI),
+    ("cu_seqlens_past_rows", dict(cu_seqlens=_t([0, 2, 5])), "cu_seqlens"),
+    ("cu_seqlens_decreasing", dict(cu_seqlens=_t([0, 3, 2])), "cu_seqlens"),
+    ("cu_seqlens_negative_start", dict(cu_seqlens=_t([-1, 2, 4])), "cu_seqlens"),
+    ("no_table_more_sequences_than_slots", dict(state_batch_indices=None, dst_state_batch_indices=None,
+                                                state=torch.zeros(1, H, P, N)), "state"),
+    ("ibuf_sequence_longer_than_cache_steps", dict(dst_state_batch_indices=None,
+                                                   intermediate_states_buffer=torch.zeros(4, 1, H, P, N)), "cache_steps"),
+    ("ibuf_index_past_buffer", dict(dst_state_batch_indices=None, intermediate_states_buffer=torch.zeros(2, 2, H, P, N),
+                                    intermediate_state_indices=_t([0, 2])), ISI),
+    ("ibuf_index_negative", dict(dst_state_batch_indices=None, intermediate_states_buffer=torch.zeros(2, 2, H, P, N),
+                                 intermediate_state_indices=_t([-1, 0])), ISI),
+    ("ibuf_read_slot_past_buffer", dict(dst_state_batch_indices=None, intermediate_states_buffer=torch.zeros(2, 2, H, P, N)),
+     ISB),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides,name", [pytest.param(*c[1:], id=c[0]) for c in SSU_DATA_CASES])
+def test_ssu_reference_rejects_bad_index_data(overrides, name):
+    kw, page = _ssu_data_base()
+    kw.update(overrides)
+    kw = {k: v for k, v in kw.items() if v is not None or k == "D"}
+    before = _snapshot(kw)
+    page_before = page.clone()
+    with pytest.raises(ValueError) as info:
+        selective_state_update(**kw, backend="torch")
+    assert str(info.value).startswith(f"{name}:"), str(info.value)
+    assert torch.equal(page, page_before), "the pool was written before the index data was rejected"
+    for k, v in before.items():
+        assert torch.equal(kw[k], v), f"{k} was modified by a rejected call"
+
+
+def test_ssu_data_base_is_valid():
+    kw, page = _ssu_data_base()
+    before = page.clone()
+    selective_state_update(**kw, backend="torch")
+    assert not torch.equal(page, before)
+    # sentinels are fine anywhere a slot is named
+    kw, _ = _ssu_data_base()
+    kw["state_batch_indices"] = _t([[-1, 1], [2, 3]])
+    kw["dst_state_batch_indices"] = _t([[4, -1], [-1, 7]])
+    selective_state_update(**kw, backend="torch")
+
+
+SSD_DATA_CASES = [
+    ("chunk_longer_than_chunk_size", dict(cu_chunk_seqlens=_t([0, 2, 20])), "cu_chunk_seqlens"),
+    ("cu_chunk_seqlens_decreasing", dict(cu_chunk_seqlens=_t([0, 4, 3])), "cu_chunk_seqlens"),
+    ("cu_chunk_seqlens_past_tokens", dict(cu_chunk_seqlens=_t([0, 8, 21])), "cu_chunk_seqlens"),
+    ("cu_chunk_seqlens_negative", dict(cu_chunk_seqlens=_t([-1, 4, 20])), "cu_chunk_seqlens"),
+    ("seq_idx_past_batch", dict(seq_idx=_t([0, 2])), "seq_idx"),
+    ("seq_idx_negative", dict(seq_idx=_t([-1, 0])), "seq_idx"),
+    ("last_chunk_indices_past_chunks", dict(last_chunk_indices=_t([0, 2])), "last_chunk_indices"),
+    ("last_chunk_indices_negative", dict(last_chunk_indices=_t([-1, 1])), "last_chunk_indices"),
+    ("final_state_indices_past_pool", dict(FINAL, final_state_indices=_t([0, 4])), "final_state_indices"),
+    ("final_state_indices_negative", dict(FINAL, final_state_indices=_t([-1, 0])), "final_state_indices"),
+]
+
+
+@pytest.mark.parametrize("overrides,name", [pytest.param(*c[1:], id=c[0]) for c in SSD_DATA_CASES])
+def test_ssd_reference_rejects_bad_index_data(overrides, name):
+    kw = _ssd_base()
+    kw.update({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in overrides.items()})
+    before = _snapshot(kw)
+    with pytest.raises(ValueError) as info:
+        ssd_combined_fwd_varlen(**kw, backend="torch")
+    assert str(info.value).startswith(f"{name}:"), str(info.value)
+    for k, v in before.items():
+        assert torch.equal(kw[k], v), f"{k} was modified by a rejected call"
