@@ -399,3 +399,29 @@ def test_prefill_names_are_served():
     states, ys = run_sequence(None, range(T), t)
     torch.testing.assert_close(out1.double(), torch.stack(ys), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(s1[0].double(), states[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_sglang_flashinfer_backend_verify_call():
+    """SGLang's FlashInferSSUBackend: dense 4-D verify step, disable_state_update=True, a 5-D intermediate buffer,
+    cache_steps=T, intermediate_state_indices, 1-D slots with a -1 pad."""
+    bs, T = 3, 4
+    t = consumer_tensors(rows=bs * T, S=8, seed=12)
+    pool0 = t.state.clone()
+    d4 = lambda v: v.reshape(bs, T, *v.shape[1:])  # noqa: E731
+    buf = torch.zeros(5, T, 4, 4, 8)
+    src = torch.tensor([6, -1, 1], dtype=torch.int32)
+    idx = torch.tensor([0, 2, 4], dtype=torch.int32)
+    out = torch.empty(bs, T, 4, 4)
+    fi_ssu()(
+        t.state, d4(t.x), d4(t.dt), t.A, d4(t.B), d4(t.C), D=t.D, z=None, dt_bias=t.dt_bias, dt_softplus=True,
+        state_batch_indices=src, out=out, disable_state_update=True, intermediate_states_buffer=buf,
+        cache_steps=T, intermediate_state_indices=idx,
+    )  # fmt: skip
+    assert torch.equal(t.state, pool0)
+    for b in range(bs):
+        read = int(src[b])
+        states, ys = run_sequence(None if read == -1 else pool0[read], list(range(b * T, (b + 1) * T)), t)
+        torch.testing.assert_close(out[b].double(), torch.stack(ys), **ATOL)
+        if read != -1:
+            torch.testing.assert_close(buf[int(idx[b])].double(), torch.stack(states), **ATOL)
+    assert buf[2].abs().sum() == 0
