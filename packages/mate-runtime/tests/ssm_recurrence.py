@@ -81,7 +81,17 @@ def ssu_recurrence(
     dst_state_batch_indices=None,
     cu_seqlens=None,
     num_accepted_tokens=None,
+    retrieve_parent_token=None,
+    final_write_to_dst=False,
+    accepted_writes_per_token=True,
 ) -> SSUExpectation:
+    """The expected result of ``selective_state_update`` with these arguments.
+
+    The last three are the adapter-only rules of the normaliser: SGLang's EAGLE parents (before token
+    ``t > 0`` the state is reloaded from the intermediate buffer at ``[idx, parent[b, t]]`` when
+    ``parent[b, t] >= 0``), vLLM's single final write to ``dst(b, 0)``, and FlashInfer's final-only write
+    when ``num_accepted_tokens`` comes without a destination table.
+    """
     single_head = state.dim() == 3
     S = state.shape[0]
     H, P, N = (1, *state.shape[1:]) if single_head else tuple(state.shape[1:])
@@ -131,6 +141,18 @@ def ssu_recurrence(
     heads_per_group = H // G
     group_of = [h // heads_per_group for h in range(H)]
 
+    if ibuf is not None:
+        mode = "intermediate"
+    elif disable_state_update:
+        mode = "none"
+    elif dst_state_batch_indices is not None and final_write_to_dst:
+        mode = "final_dst"
+    elif dst_state_batch_indices is not None or (num_accepted_tokens is not None and accepted_writes_per_token):
+        mode = "per_token"
+    else:
+        mode = "final"
+    steps = 0 if ibuf is None else (ibuf.shape[1] if ibuf.dim() == 5 else cache_steps)
+
     for b, (bos, length) in enumerate(seqs):
         src = state_batch_indices
         if src is None:
@@ -140,8 +162,14 @@ def ssu_recurrence(
             slot = _entry(src, b, pos)
         pad = slot == pad_slot_id
         s = torch.zeros(H, P, N, dtype=F64) if pad else pool0[slot].to(F64).clone()
+        idx = None
+        if mode == "intermediate":
+            idx = slot if intermediate_state_indices is None else int(intermediate_state_indices[b])
         for t in range(length):
             r = bos + t
+            if retrieve_parent_token is not None and t > 0 and not pad and int(retrieve_parent_token[b, t]) >= 0:
+                k = int(retrieve_parent_token[b, t])
+                s = (ibuf[idx, k] if ibuf.dim() == 5 else ibuf[idx * steps + k]).to(F64).clone()
             rows.append(r)
             d = dtr[r].clone()
             if bias2 is not None:
@@ -160,27 +188,24 @@ def ssu_recurrence(
                 y[r, h] = yh
             if pad:
                 continue
-            if ibuf is not None:
-                idx = slot if intermediate_state_indices is None else int(intermediate_state_indices[b])
+            if mode == "intermediate":
                 if ibuf.dim() == 5:
                     ibuf[idx, t] = s.to(ibuf.dtype)
-                    ibuf_written.add(idx * ibuf.shape[1] + t)
                 else:
-                    ibuf[idx * cache_steps + t] = s.to(ibuf.dtype)
-                    ibuf_written.add(idx * cache_steps + t)
-            elif disable_state_update:
-                pass
-            elif dst_state_batch_indices is not None or num_accepted_tokens is not None:
+                    ibuf[idx * steps + t] = s.to(ibuf.dtype)
+                ibuf_written.add(idx * steps + t)
+            elif mode == "per_token":
                 table = dst_state_batch_indices if dst_state_batch_indices is not None else src
                 dslot = _entry(table, b, t)
                 if dslot != pad_slot_id:
                     new_pool[dslot] = s.to(state.dtype)
                     written.add(dslot)
-        final_mode = ibuf is None and not disable_state_update
-        final_mode = final_mode and dst_state_batch_indices is None and num_accepted_tokens is None
-        if final_mode and not pad and length > 0:
-            new_pool[slot] = s.to(state.dtype)
-            written.add(slot)
+        if pad or length == 0 or mode not in ("final", "final_dst"):
+            continue
+        target = slot if mode == "final" else _entry(dst_state_batch_indices, b, 0)
+        if target != pad_slot_id:
+            new_pool[target] = s.to(state.dtype)
+            written.add(target)
 
     y64 = y.reshape(x.shape)
     return SSUExpectation(

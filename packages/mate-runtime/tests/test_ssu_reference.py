@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import selective_state_update
+from mate.mamba._ssu_call import normalize_ssu
+from mate.mamba.ssu import run_ssu
 from ssm_recurrence import ssu_recurrence
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -74,7 +76,7 @@ def make_inputs(
         B = buf[..., H * P : H * P + G * N].unflatten(-1, gn)
         C = buf[..., H * P + G * N : H * P + 2 * G * N].unflatten(-1, gn)
         zz = buf[..., H * P + 2 * G * N : 2 * H * P + 2 * G * N].unflatten(-1, hp) if z else None
-        assert not x.is_contiguous() and x.stride(-1) == 1
+        assert x.stride(-1) == 1 and (x.shape[0] == 1 or not x.is_contiguous())
     else:
         x = _randn(lead + hp, io_dtype, g)
         B = _randn(lead + gn, io_dtype, g, 0.5)
@@ -150,13 +152,18 @@ RECURRENCE_ARGS = (
 )
 
 
-def check(kw, *, page=None, expect_writes=None, expect_ibuf_writes=None, out=None):
-    """Run the reference and the recurrence on the same arguments and compare everything observable."""
-    exp = ssu_recurrence(**{k: v for k, v in kw.items() if k in RECURRENCE_ARGS})
+def check(kw, *, page=None, expect_writes=None, expect_ibuf_writes=None, out=None, adapter=None):
+    """Run the reference and the recurrence on the same arguments and compare everything observable.
+    ``adapter`` holds the normaliser's adapter-only arguments (then the call goes through
+    ``normalize_ssu`` + ``run_ssu``, as the adapters do)."""
+    exp = ssu_recurrence(**{k: v for k, v in kw.items() if k in RECURRENCE_ARGS}, **(adapter or {}))
     state = kw["state"]
     page_before = None if page is None else page.clone()
     out_before = None if out is None else out.clone()
-    y = selective_state_update(**kw, out=out, backend="torch")
+    if adapter is None:
+        y = selective_state_update(**kw, out=out, backend="torch")
+    else:
+        y = run_ssu(normalize_ssu(**kw, out=out, **adapter), "torch")
 
     # output rows the call covers
     x = kw["x"]
@@ -783,3 +790,171 @@ def test_untouched_slots_across_a_large_pool():
     check(kw, expect_writes={63, 0, 31})
     changed = [s for s in range(64) if not torch.equal(state[s], before[s])]
     assert changed == [0, 31, 63]
+
+
+# ------------------------------------------------------------------------------- adapter-only rules
+
+
+def _parent_case(form):
+    g = _gen(30)
+    bs, T, steps = 2, 4, 4
+    kw = make_inputs(H=4, P=8, N=16, G=2, rows_shape=(bs, T), io_dtype=F32, seed=30)
+    state, _ = make_pool(6, 4, 8, 16, F32, g)
+    buf = _randn((5, steps, 4, 8, 16), F32, g)
+    if form == "flat4d":
+        buf = buf.view(5 * steps, 4, 8, 16)
+        kw["cache_steps"] = steps
+    kw.update(
+        state=state,
+        state_batch_indices=i32([[3, 0, 0, 0], [1, 0, 0, 0]]),
+        intermediate_states_buffer=buf,
+        intermediate_state_indices=i32([4, 2]),
+        disable_state_update=True,
+    )
+    return kw
+
+
+@pytest.mark.parametrize("form", [pytest.param("5d", id="buf5d"), pytest.param("flat4d", id="buf_flat4d")])
+@pytest.mark.parametrize(
+    "parent",
+    [
+        pytest.param([[-1, 0, 1, 1], [-1, 0, 0, 2]], id="tree"),
+        pytest.param([[-1, -1, -1, -1], [-1, -1, -1, -1]], id="chain_no_reload"),
+        pytest.param([[-1, 0, 0, 0], [-1, 0, 1, 2]], id="star_and_chain"),
+    ],
+)
+def test_eagle_tree_parents(form, parent):
+    """SGLang's ``retrieve_parent_token``: before token t > 0 the state is reloaded from ``buf[idx,
+    parent[t]]`` (the state this call wrote after token parent[t])."""
+    kw = _parent_case(form)
+    ib = {4 * 4 + t for t in range(4)} | {2 * 4 + t for t in range(4)}
+    check(kw, adapter=dict(retrieve_parent_token=i64(parent)), expect_writes=set(), expect_ibuf_writes=ib)
+
+
+def test_eagle_tree_parents_change_the_result():
+    """Guard: a tree differs from the chain (so test_eagle_tree_parents can fail)."""
+    outs = []
+    for parent in ([[-1, -1, -1, -1]] * 2, [[-1, 0, 0, 0]] * 2):
+        kw = _parent_case("5d")
+        outs.append(run_ssu(normalize_ssu(**kw, retrieve_parent_token=i64(parent)), "torch"))
+    assert not torch.allclose(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("pad", [pytest.param(-1, id="pad_minus1"), pytest.param(0, id="pad_0")])
+def test_final_write_to_dst(pad):
+    """vLLM's one-final-write rule: the final state goes to ``dst(b, 0)`` (sentinel skipped)."""
+    g = _gen(31)
+    kw = make_inputs(rows_shape=(5,), io_dtype=BF16, seed=31)
+    state, _ = make_pool(12, 4, 8, 16, F32, g)
+    kw.update(
+        state=state,
+        state_batch_indices=i32([[1, 2, 3], [4, 5, 6], [7, 8, 9]]),
+        dst_state_batch_indices=i32([[10, 2, 3], [pad, 5, 6], [11, 8, 9]]),
+        cu_seqlens=i32([0, 3, 5, 5]),
+        pad_slot_id=pad,
+    )
+    check(kw, adapter=dict(final_write_to_dst=True), expect_writes={10})
+
+
+def test_accepted_counts_without_dst_write_final_only():
+    """FlashInfer's rule (``accepted_writes_per_token=False``): accepted counts without a destination table
+    write only the final state, back to the read slot."""
+    g = _gen(32)
+    kw = make_inputs(rows_shape=(6,), io_dtype=F16, seed=32)
+    state, _ = make_pool(8, 4, 8, 16, BF16, g)
+    kw.update(
+        state=state,
+        state_batch_indices=i32([[0, 1, 2], [3, 4, 5]]),
+        cu_seqlens=i32([0, 3, 6]),
+        num_accepted_tokens=i32([2, 3]),
+    )
+    check(kw, adapter=dict(accepted_writes_per_token=False), expect_writes={1, 5})
+
+
+def test_pad_slot_without_table():
+    """Without a table sequence b uses slot b, and the sentinel rule still applies to that slot (the
+    ``_ssu_call`` docstring, as FlashInfer's kernels do): with ``pad_slot_id=0`` sequence 0 reads zeros
+    and writes nothing."""
+    g = _gen(33)
+    kw = make_inputs(rows_shape=(3,), io_dtype=F32, seed=33)
+    state, _ = make_pool(4, 4, 8, 16, F32, g)
+    kw.update(state=state, pad_slot_id=0)
+    check(kw, expect_writes={1, 2})
+
+
+# ------------------------------------------------------------------------------ randomised combinations
+
+
+def _random_case(seed):
+    """One random combination of every independent choice (layout, sizes, dtypes, parameter forms, table
+    forms, sentinel, accepted counts, write mode, pool and row layout)."""
+    r = torch.Generator().manual_seed(1000 + seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=r))]
+
+    H, G = pick([(4, 4), (4, 1), (6, 2), (8, 2), (2, 1)])
+    P, N = pick([(8, 16), (5, 7), (16, 8), (12, 20)])
+    layout = pick(["packed", "packed", "dense", "one"])
+    nseq = pick([1, 2, 3])
+    T = pick([1, 2, 3, 4])
+    if layout == "packed":
+        lens = [int(torch.randint(0, T + 1, (1,), generator=r)) for _ in range(nseq)]
+        lens[0] = max(lens[0], 1)  # at least one token in the call
+        rows_shape = (max(sum(lens), 1),)
+    elif layout == "dense":
+        lens = [T] * nseq
+        rows_shape = (nseq, T)
+    else:
+        lens, T = [1] * nseq, 1
+        rows_shape = (nseq,)
+    io = pick([F32, BF16, F16])
+    sd = pick([F32, BF16, F16])
+    kw = make_inputs(
+        H=H, P=P, N=N, G=G, rows_shape=rows_shape, io_dtype=io, seed=seed,
+        dt_form=pick(["tied", "per_head", "full"]), A_form=pick(["head", "tied", "full"]),
+        D_form=pick([None, "head", "tied", "full", "bf16"]), bias_form=pick([None, "head", "tied", "full"]),
+        z=pick([True, False]), softplus=pick([True, False]), rowview=pick([False, True]),
+    )  # fmt: skip
+    pad = pick([-1, 0])
+    S = 2 * nseq * T + 2
+    free = [s for s in range(S) if s != pad]
+    perm = torch.randperm(len(free), generator=r).tolist()
+    slots = [free[i] for i in perm]
+    src = torch.tensor(slots[: nseq * T], dtype=torch.int64).view(nseq, T)
+    dst = torch.tensor(slots[nseq * T : 2 * nseq * T], dtype=torch.int64).view(nseq, T)
+    if nseq > 1 and pick([True, False]):
+        src[int(torch.randint(nseq, (1,), generator=r)), :] = pad
+    if pick([True, False]):
+        dst[0, -1] = pad
+    state, page = make_pool(S, H, P, N, sd, _gen(seed), paged=pick([False, True]))
+    kw["state"] = state
+    kw["pad_slot_id"] = pad
+    if layout == "packed":
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        kw["cu_seqlens"] = torch.tensor(cu, dtype=pick([torch.int32, torch.int64]))
+    mode = pick(["final", "per_token_dst", "accepted", "disable", "ibuf"] if layout != "one" else ["final", "disable"])
+    idt = pick([torch.int32, torch.int64])
+    if layout == "one" and pick([True, False]):
+        kw["state_batch_indices"] = src[:, 0].contiguous().to(idt)  # flat one-token table
+    else:
+        kw["state_batch_indices"] = src.to(idt)
+    if mode == "per_token_dst":
+        kw["dst_state_batch_indices"] = dst.to(idt)
+    if mode in ("per_token_dst", "accepted") and layout != "one":
+        kw["num_accepted_tokens"] = torch.randint(0, T + 1, (nseq,), generator=r).to(idt)
+    if mode == "disable":
+        kw["disable_state_update"] = True
+    if mode == "ibuf":
+        kw["intermediate_states_buffer"] = _randn((nseq + 1, T, H, P, N), sd, _gen(seed + 1))
+        kw["intermediate_state_indices"] = torch.randperm(nseq + 1, generator=r)[:nseq].to(idt)
+        kw["disable_state_update"] = pick([True, False])
+    return kw, page
+
+
+@pytest.mark.parametrize("seed", [pytest.param(s, id=f"combo{s}") for s in range(64)])
+def test_random_combinations(seed):
+    kw, page = _random_case(seed)
+    check(kw, page=page)
