@@ -350,3 +350,59 @@ def test_odd_sizes():
     close(out, exp.y, F32)
     close(states, exp.chunk_end, F32)
     assert math.isfinite(float(states.abs().max()))
+
+
+@pytest.mark.parametrize("chunk_size", [pytest.param(128, id="cs128"), pytest.param(256, id="cs256")])
+def test_large_chunk_sizes(chunk_size):
+    seqlens = [chunk_size // 2 + 3, 5]
+    inp = make_inputs(sum(seqlens), H=2, P=4, N=8, G=1, D="head", z=True, seed=13)
+    meta = chunk_metadata(seqlens, chunk_size, history=[chunk_size - 7, 0])
+    init = initial(2, H=2, P=4, N=8)
+    exp = run_rec(inp, seqlens, meta, initial_states=init)
+    out = torch.empty_like(inp["x"])
+    states = run_ref(inp, meta, chunk_size, out=out, initial_states=init, return_intermediate_states=True)
+    close(out, exp.y, F32)
+    close(states, exp.chunk_end, F32)
+
+
+def _random_ssd(seed):
+    r = torch.Generator().manual_seed(2000 + seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=r))]
+
+    cs = pick([16, 32])
+    batch = pick([1, 2, 3, 4])
+    seqlens = [int(torch.randint(1, 3 * cs, (1,), generator=r)) for _ in range(batch)]
+    history = [pick([0, 0, int(torch.randint(1, 4 * cs, (1,), generator=r))]) for _ in range(batch)]
+    H, G = pick([(4, 2), (4, 4), (3, 1), (6, 3)])
+    P, N = pick([(8, 16), (5, 12), (16, 8)])
+    io = pick([F32, BF16, F16])
+    inp = make_inputs(
+        sum(seqlens), H=H, P=P, N=N, G=G, io_dtype=io, D=pick([None, "head", "full", "bf16"]),
+        z=pick([True, False]), dt_bias=pick([True, False]), softplus=pick([True, False]), seed=seed,
+    )  # fmt: skip
+    if pick([True, False]):
+        inp["dt"] = inp["dt"].to(pick([BF16, F16]))
+    kw = {}
+    if pick([True, False]):
+        kw["dt_limit"] = pick([(0.0, 0.2), (0.02, math.inf), (0.01, 0.5)])
+    if pick([True, True, False]):
+        kw["initial_states"] = initial(batch, H=H, P=P, N=N, dtype=pick([F32, BF16]), seed=seed)
+    sd = pick([None, F32, BF16, F16])
+    return cs, seqlens, history, inp, kw, sd
+
+
+@pytest.mark.parametrize("seed", [pytest.param(s, id=f"combo{s}") for s in range(24)])
+def test_random_combinations(seed):
+    cs, seqlens, history, inp, kw, sd = _random_ssd(seed)
+    meta = chunk_metadata(seqlens, cs, history=history, dtype=torch.int64 if seed % 2 else torch.int32)
+    exp = run_rec(inp, seqlens, meta, **kw)
+    out = torch.empty_like(inp["x"])
+    states = run_ref(inp, meta, cs, out=out, return_intermediate_states=True, state_dtype=sd, **kw)
+    expected_dtype = sd or (kw["initial_states"].dtype if "initial_states" in kw else inp["C"].dtype)
+    assert states.dtype == expected_dtype
+    close(out, exp.y, inp["x"].dtype)
+    close(states, exp.chunk_end, expected_dtype)
+    final = run_ref(inp, meta, cs, state_dtype=sd, **kw)
+    close(final, exp.final, expected_dtype)
