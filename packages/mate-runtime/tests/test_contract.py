@@ -620,6 +620,8 @@ def _t(v):
     return torch.tensor(v, dtype=I32)
 
 
+NO_DST = dict(dst_state_batch_indices=None)
+
 SSU_DATA_CASES = [
     ("src_negative_not_pad", dict(state_batch_indices=_t([[-2, 1], [2, 3]])), SBI),
     ("src_negative_not_pad0", dict(state_batch_indices=_t([[-1, 1], [2, 3]]), pad_slot_id=0), SBI),
@@ -637,14 +639,10 @@ SSU_DATA_CASES = [
     ("cu_seqlens_negative_start", dict(cu_seqlens=_t([-1, 2, 4])), "cu_seqlens"),
     ("no_table_more_sequences_than_slots", dict(state_batch_indices=None, dst_state_batch_indices=None,
                                                 state=torch.zeros(1, H, P, N)), "state"),
-    ("ibuf_sequence_longer_than_cache_steps", dict(dst_state_batch_indices=None,
-                                                   intermediate_states_buffer=torch.zeros(4, 1, H, P, N)), "cache_steps"),
-    ("ibuf_index_past_buffer", dict(dst_state_batch_indices=None, intermediate_states_buffer=torch.zeros(2, 2, H, P, N),
-                                    intermediate_state_indices=_t([0, 2])), ISI),
-    ("ibuf_index_negative", dict(dst_state_batch_indices=None, intermediate_states_buffer=torch.zeros(2, 2, H, P, N),
-                                 intermediate_state_indices=_t([-1, 0])), ISI),
-    ("ibuf_read_slot_past_buffer", dict(dst_state_batch_indices=None, intermediate_states_buffer=torch.zeros(2, 2, H, P, N)),
-     ISB),
+    ("ibuf_sequence_longer_than_cache_steps", _ib(torch.zeros(4, 1, H, P, N), **NO_DST), "cache_steps"),
+    ("ibuf_index_past_buffer", _ib(torch.zeros(2, 2, H, P, N), intermediate_state_indices=_t([0, 2]), **NO_DST), ISI),
+    ("ibuf_index_negative", _ib(torch.zeros(2, 2, H, P, N), intermediate_state_indices=_t([-1, 0]), **NO_DST), ISI),
+    ("ibuf_read_slot_past_buffer", _ib(torch.zeros(2, 2, H, P, N), **NO_DST), ISB),
 ]  # fmt: skip
 
 
@@ -699,3 +697,36 @@ def test_ssd_reference_rejects_bad_index_data(overrides, name):
     assert str(info.value).startswith(f"{name}:"), str(info.value)
     for k, v in before.items():
         assert torch.equal(kw[k], v), f"{k} was modified by a rejected call"
+
+
+# ----------------------------------------------------------------------------------- backend choice
+
+
+@pytest.mark.parametrize(
+    "requested,device,installed,expected",
+    [
+        pytest.param("auto", "cpu", True, "torch", id="auto_cpu"),
+        pytest.param("auto", "cuda", True, "tilelang", id="auto_cuda_tilelang"),
+        pytest.param("auto", "cuda", False, "torch", id="auto_cuda_no_tilelang"),
+        pytest.param("torch", "cuda", True, "torch", id="torch_on_cuda"),
+        pytest.param("tilelang", "cuda", True, "tilelang", id="tilelang_cuda"),
+        pytest.param("tilelang", "cpu", True, NotImplementedError, id="tilelang_cpu"),
+        pytest.param("tilelang", "meta", True, NotImplementedError, id="tilelang_meta"),
+        pytest.param("tilelang", "cuda", False, ModuleNotFoundError, id="tilelang_cuda_not_installed"),
+        pytest.param("triton", "cuda", True, ValueError, id="unknown_backend"),
+        pytest.param(None, "cpu", True, ValueError, id="backend_none"),
+    ],
+)
+def test_resolve_backend(monkeypatch, requested, device, installed, expected):
+    from mate import _backends
+
+    monkeypatch.setattr(_backends, "tilelang_installed", lambda: installed)
+    dev = torch.device(device)  # constructing a cuda/musa device object needs no device
+    if isinstance(expected, str):
+        assert _backends.resolve_backend(requested, dev) == expected
+    else:
+        with pytest.raises(expected) as info:
+            _backends.resolve_backend(requested, dev)
+        assert ("backend" in str(info.value)) or expected is not ValueError
+        if expected is ValueError:
+            assert str(info.value).startswith("backend:")
