@@ -47,6 +47,28 @@ def test_decode_sentinel_minus_one_and_live_slot_zero():
     torch.testing.assert_close(t.state, expect, **ATOL)
 
 
+def test_single_head_forms():
+    """SGLang's 3-D state [S, dim, dstate] with 2-D x/dt [batch, dim], A [dim, dstate], D/dt_bias [dim]."""
+    g = torch.Generator().manual_seed(13)
+    S, b, P, N = 5, 2, 4, 8
+    state = torch.randn(S, P, N, generator=g)
+    x, dt = torch.randn(b, P, generator=g), torch.randn(b, P, generator=g)
+    A = -torch.rand(P, N, generator=g)
+    B, C = torch.randn(b, N, generator=g), torch.randn(b, N, generator=g)
+    D, dt_bias = torch.randn(P, generator=g), torch.rand(P, generator=g)
+    out = torch.empty(b, P)
+    pool0 = state.clone()
+    src = torch.tensor([3, 0])
+    ops.selective_state_update(state, x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True, state_batch_indices=src,
+                               out=out)  # fmt: skip
+    for i in range(b):
+        s = pool0[int(src[i])].double()
+        d = torch.nn.functional.softplus((dt[i] + dt_bias).double())
+        s = s * torch.exp(A.double() * d[:, None]) + (d * x[i].double())[:, None] * B[i].double()[None, :]
+        torch.testing.assert_close(out[i].double(), s @ C[i].double() + D.double() * x[i].double(), **ATOL)
+        torch.testing.assert_close(state[int(src[i])].double(), s, **ATOL)
+
+
 def test_disable_state_update_leaves_the_pool_bit_identical():
     t = consumer_tensors(rows=2, seed=2)
     pool0 = t.state.clone()

@@ -2,9 +2,10 @@
 
 ``selective_state_update`` follows SGLang's Triton op (``sglang/srt/layers/attention/mamba/ops/mamba_ssm.py``):
 
-* Every input is taken to the dense 4-D form ``x [batch, T, H, P]`` (a 2-D/3-D ``x`` is one token); the
-  sentinel is ``pad_slot_id`` (default -1); ``state_batch_indices`` is ``[batch]``; ``out`` is required and
-  written in place; returns None.
+* A 2-D/3-D ``x`` is one token per sequence (run as MATE's one-token form, the same recurrence as SGLang's
+  ``T = 1`` dense form); a 4-D ``x [batch, T, H, P]`` is the dense multi-token form; the sentinel is
+  ``pad_slot_id`` (default -1); ``state_batch_indices`` is ``[batch]``; ``out`` is required and written in
+  place; returns None.
 * A sentinel read slot reads a zero state and writes nothing (pool or intermediate buffer).
 * Without ``intermediate_states_buffer``: the final state goes back to the read slot unless
   ``disable_state_update``.
@@ -62,6 +63,13 @@ def _to4d(t):
     return t
 
 
+def _to3d(t):
+    """One token per sequence: 2-D ``[b, dim]`` -> ``[b, 1, dim]`` (a single head), 3-D unchanged."""
+    if t is None or t.dim() != 2:
+        return t
+    return t.unsqueeze(1)
+
+
 def selective_state_update(
     state,
     x,
@@ -103,12 +111,17 @@ def selective_state_update(
             )
     if cache_steps is None:
         cache_steps = 0
-    if state.dim() == 3:
+    if state.dim() == 3:  # SGLang's single-head forms: state [S, dim, dstate], A [dim, dstate]
         state = state.unsqueeze(1)
-    out4 = _to4d(out)
+        if A.dim() == 2:
+            A = A.unsqueeze(0)
+    if x.dim() == 4 or retrieve_parent_token is not None:
+        canon = _to4d  # SGLang's dense [batch, T, H, P] form (the parent tree needs it)
+    else:
+        canon = _to3d  # one token per sequence: the same recurrence, and MATE's one-token fast path
     mate_ops().selective_state_update(
-        state, _to4d(x), _to4d(dt), A, _to4d(B), _to4d(C), D, z=_to4d(z), dt_bias=dt_bias, dt_softplus=dt_softplus,
-        state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=out4,
+        state, canon(x), canon(dt), A, canon(B), canon(C), D, z=canon(z), dt_bias=dt_bias, dt_softplus=dt_softplus,
+        state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(out),
         disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
         intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
         retrieve_parent_token=retrieve_parent_token,
