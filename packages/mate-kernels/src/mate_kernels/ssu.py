@@ -66,7 +66,7 @@ class SSUTiling:
         return self.threads // self.lanes
 
 
-def choose_tiling(dim: int, dstate: int, state_dtype: str, *, target_block_p: int = 16) -> SSUTiling:
+def choose_tiling(dim: int, dstate: int, state_dtype: str) -> SSUTiling:
     """The tiling for (P, N, state dtype): 16-byte state chunks, at most 32 lanes per row, 128 threads,
     ``block_p`` ~16 rows per CTA (so batch 1 at H 128, P 64 already launches 512 CTAs)."""
     if state_dtype not in _BYTES:
@@ -85,7 +85,8 @@ def choose_tiling(dim: int, dstate: int, state_dtype: str, *, target_block_p: in
     while threads > 32 and dim % rows_per_pass and rows_per_pass > 1:
         threads //= 2
         rows_per_pass = threads // lanes
-    rows_per_thread = max(1, target_block_p // rows_per_pass)
+    # four 16-byte state chunks per thread (8 KB of state per CTA at 128 threads) when P allows
+    rows_per_thread = max(1, 4 // vecs)
     while rows_per_thread > 1 and dim % (rows_per_pass * rows_per_thread):
         rows_per_thread //= 2
     return SSUTiling(vec, vecs, lanes, rows_per_thread, threads, rows_per_pass * rows_per_thread)
@@ -166,6 +167,11 @@ def ssu_kernel(
     def softplus(d):
         return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
 
+    def bit(flags, flag):
+        """1 when ``flag`` is set, else 0 (int32): absent inputs are read at index 0 of their dummy and
+        masked arithmetically, so every input load is issued without a branch."""
+        return T.shift_right(flags, flag.bit_length() - 1) & 1
+
     def aligned(buf, vector):
         """A view of ``buf`` whose dynamic outer strides are written as multiples of ``vec``: the caller
         guarantees that they are (``vector_*``), which lets TileLang prove 16-byte vector accesses."""
@@ -180,23 +186,29 @@ def ssu_kernel(
     while off >= 1:
         shfl_offsets.append(off)
         off //= 2
+    NA = 1 if tied else NS
 
+    # ---- state: fetched raw (in the stored dtype) so other loads can be issued before it is used
     @T.macro
-    def load_state(s, buf, pool, slot, h, pb, tx):
+    def fetch_state(raw, pool, slot, h, pb, tx):
         lane = tx % L
         rg = tx // L
         for r in T.unroll(R):
             p = prow(pb, r, rg)
             for v in T.unroll(NV):
                 n0 = (v * L + lane) * VEC
+                k0 = (r * NV + v) * VEC
                 if vector_state:
                     for i in T.vectorized(VEC):
-                        buf[i] = pool[slot, h, p, n0 + i]
+                        raw[k0 + i] = pool[slot, h, p, n0 + i]
                 else:
                     for i in T.unroll(VEC):
-                        buf[i] = pool[slot, h, p, n0 + i]
-                for i in T.unroll(VEC):
-                    s[(r * NV + v) * VEC + i] = T.cast(buf[i], f32)
+                        raw[k0 + i] = pool[slot, h, p, n0 + i]
+
+    @T.macro
+    def convert_state(s, raw, live):
+        for k in T.unroll(NS):
+            s[k] = T.if_then_else(live, T.cast(raw[k], f32), T.float32(0))
 
     @T.macro
     def store_state(s, buf, pool, slot, h, pb, tx):
@@ -220,73 +232,22 @@ def ssu_kernel(
                         pool[slot, h, p, n0 + i] = buf[i]
 
     @T.macro
-    def token_step(s, Av, acc, xv, dtv, bv, cv, iov, x, dt, A, B, C, D, z, dt_bias, out, row, h, g, pb, tx, flags):
-        """One token: s = s * exp(A dt) + dt x B ; y = s . C (+ D x) (* silu(z)); writes out[row]."""
+    def reload_state(s, buf, pool, slot, h, pb, tx):
+        """s = pool[slot] (the parent reload of the packed kernel)."""
         lane = tx % L
         rg = tx // L
-        # inputs of this token: x / dt per row, B / C chunks of this lane
         for r in T.unroll(R):
             p = prow(pb, r, rg)
-            xv[r] = T.cast(x[row, h, p], f32)
-            if not tied:
-                dtv[r] = T.cast(dt[row, h, p], f32)
-                if (flags & FLAG_DT_BIAS) != 0:
-                    dtv[r] = dtv[r] + T.cast(dt_bias[h, p], f32)
-                if (flags & FLAG_SOFTPLUS) != 0:
-                    dtv[r] = softplus(dtv[r])
-        if tied:
-            dtv[0] = T.cast(dt[row, h, 0], f32)
-            if (flags & FLAG_DT_BIAS) != 0:
-                dtv[0] = dtv[0] + T.cast(dt_bias[h, 0], f32)
-            if (flags & FLAG_SOFTPLUS) != 0:
-                dtv[0] = softplus(dtv[0])
-            dtv[1] = T.exp(Av[0] * dtv[0])
-        for v in T.unroll(NV):
-            n0 = (v * L + lane) * VEC
-            if vector_io:
-                for i in T.vectorized(VEC):
-                    iov[i] = B[row, g, n0 + i]
-            else:
-                for i in T.unroll(VEC):
-                    iov[i] = B[row, g, n0 + i]
-            for i in T.unroll(VEC):
-                bv[v * VEC + i] = T.cast(iov[i], f32)
-            if vector_io:
-                for i in T.vectorized(VEC):
-                    iov[i] = C[row, g, n0 + i]
-            else:
-                for i in T.unroll(VEC):
-                    iov[i] = C[row, g, n0 + i]
-            for i in T.unroll(VEC):
-                cv[v * VEC + i] = T.cast(iov[i], f32)
-        # recurrence + partial dot products
-        for r in T.unroll(R):
-            acc[r] = 0.0
             for v in T.unroll(NV):
-                for i in T.unroll(VEC):
-                    k = (r * NV + v) * VEC + i
-                    if tied:
-                        s[k] = s[k] * dtv[1] + (dtv[0] * xv[r]) * bv[v * VEC + i]
-                    else:
-                        s[k] = s[k] * T.exp(Av[k] * dtv[r]) + (dtv[r] * xv[r]) * bv[v * VEC + i]
-                    acc[r] = acc[r] + s[k] * cv[v * VEC + i]
-        # reduce over the row's lanes
-        for j in T.unroll(len(shfl_offsets)):
-            for r in T.unroll(R):
-                acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
-        if lane == 0:
-            for r in T.unroll(R):
-                p = pb * BP + r * RP + rg
-                pc = prow(pb, r, rg)
-                if (flags & FLAG_D) != 0:
-                    acc[r] = acc[r] + T.cast(D[h, pc], f32) * xv[r]
-                if (flags & FLAG_Z) != 0:
-                    acc[r] = acc[r] * T.cast(z[row, h, pc], f32) / (1.0 + T.exp(-T.cast(z[row, h, pc], f32)))
-                if guard_p:
-                    if p < P:
-                        out[row, h, p] = T.cast(acc[r], io_dtype)
+                n0 = (v * L + lane) * VEC
+                if vector_state:
+                    for i in T.vectorized(VEC):
+                        buf[i] = pool[slot, h, p, n0 + i]
                 else:
-                    out[row, h, p] = T.cast(acc[r], io_dtype)
+                    for i in T.unroll(VEC):
+                        buf[i] = pool[slot, h, p, n0 + i]
+                for i in T.unroll(VEC):
+                    s[(r * NV + v) * VEC + i] = T.cast(buf[i], f32)
 
     @T.macro
     def load_A(Av, A, h, pb, tx):
@@ -301,7 +262,57 @@ def ssu_kernel(
                     for i in T.unroll(VEC):
                         Av[(r * NV + v) * VEC + i] = A[h, p, (v * L + lane) * VEC + i]
 
-    NA = 1 if tied else NS
+    @T.macro
+    def load_D(dv, D, h, pb, tx, flags):
+        rg = tx // L
+        hd = bit(flags, FLAG_D)
+        for r in T.unroll(R):
+            dv[r] = T.cast(D[h * hd, prow(pb, r, rg) * hd], f32) * T.cast(hd, f32)
+
+    @T.macro
+    def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv):
+        """s = s * exp(A dt) + dt x B ; acc[r] = sum over the row of s * C (all lanes of the row hold it)."""
+        if tied:
+            dtv[1] = T.exp(Av[0] * dtv[0])
+        for r in T.unroll(R):
+            acc[r] = 0.0
+            for v in T.unroll(NV):
+                for i in T.unroll(VEC):
+                    k = (r * NV + v) * VEC + i
+                    if tied:
+                        s[k] = s[k] * dtv[1] + (dtv[0] * xv[r]) * bv[v * VEC + i]
+                    else:
+                        s[k] = s[k] * T.exp(Av[k] * dtv[r]) + (dtv[r] * xv[r]) * bv[v * VEC + i]
+                    acc[r] = acc[r] + s[k] * cv[v * VEC + i]
+        for j in T.unroll(len(shfl_offsets)):
+            for r in T.unroll(R):
+                acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
+
+    @T.macro
+    def write_y(acc, xv, dv, zv, out, row, h, pb, tx, flags):
+        lane = tx % L
+        rg = tx // L
+        if lane == 0:
+            for r in T.unroll(R):
+                p = pb * BP + r * RP + rg
+                acc[r] = acc[r] + dv[r] * xv[r]  # dv is 0 without D
+                if (flags & FLAG_Z) != 0:
+                    acc[r] = acc[r] * zv[r] / (1.0 + T.exp(-zv[r]))
+                if guard_p:
+                    if p < P:
+                        out[row, h, p] = T.cast(acc[r], io_dtype)
+                else:
+                    out[row, h, p] = T.cast(acc[r], io_dtype)
+
+    def dt_value(raw, bias, flags):
+        """dt + dt_bias (softplus is applied later by ``apply_softplus``, once every load is in flight)."""
+        return T.cast(raw, f32) + bias
+
+    @T.macro
+    def apply_softplus(vals, n, flags):
+        if (flags & FLAG_SOFTPLUS) != 0:
+            for k in T.unroll(n):
+                vals[k] = softplus(vals[k])
 
     if one_token:
 
@@ -335,37 +346,154 @@ def ssu_kernel(
             with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
                 tx = T.get_thread_binding()
                 s = T.alloc_local((NS,), f32)
+                raw = T.alloc_local((NS,), state_dtype)
                 Av = T.alloc_local((NA,), f32)
                 buf = T.alloc_local((VEC,), state_dtype)
-                iov = T.alloc_local((VEC,), io_dtype)
+                rb = T.alloc_local((NV * VEC,), io_dtype)
+                rc = T.alloc_local((NV * VEC,), io_dtype)
                 bv = T.alloc_local((NV * VEC,), f32)
                 cv = T.alloc_local((NV * VEC,), f32)
                 xv = T.alloc_local((R,), f32)
+                dv = T.alloc_local((R,), f32)
+                zv = T.alloc_local((R,), f32)
                 dtv = T.alloc_local((max(R, 2),), f32)
                 acc = T.alloc_local((R,), f32)
                 slot = T.alloc_var(i64)
                 wslot = T.alloc_var(i64)
                 g = h // ratio
-                slot = T.cast(b, i64)
-                if (flags & FLAG_SRC) != 0:
-                    slot = T.cast(src[T.cast(b, i64) * src_sb], i64)
+                lane = tx % L
+                rg = tx // L
+                b64 = T.cast(b, i64)
+                # every load is issued before the first use of any of them (branch-free, dummies at index 0)
+                hs = T.cast(bit(flags, FLAG_SRC), i64)
+                src_val = T.cast(src[b64 * src_sb * hs], i64)
+                hz = bit(flags, FLAG_Z)
+                hb = bit(flags, FLAG_DT_BIAS)
                 load_A(Av, A, h, pb, tx)
+                load_D(dv, D, h, pb, tx, flags)
+                for r in T.unroll(R):
+                    p = prow(pb, r, rg)
+                    xv[r] = T.cast(x[b, h, p], f32)
+                    zv[r] = T.cast(z[b * hz, h * hz, p * hz], f32)
+                    if not tied:
+                        dtv[r] = dt_value(dt[b, h, p], T.cast(dt_bias[h * hb, p * hb], f32) * T.cast(hb, f32), flags)
+                if tied:
+                    dtv[0] = dt_value(dt[b, h, 0], T.cast(dt_bias[h * hb, 0], f32) * T.cast(hb, f32), flags)
+                for v in T.unroll(NV):
+                    n0 = (v * L + lane) * VEC
+                    if vector_io:
+                        for i in T.vectorized(VEC):
+                            rb[v * VEC + i] = Bv[b, g, n0 + i]
+                        for i in T.vectorized(VEC):
+                            rc[v * VEC + i] = Cv[b, g, n0 + i]
+                    else:
+                        for i in T.unroll(VEC):
+                            rb[v * VEC + i] = Bv[b, g, n0 + i]
+                        for i in T.unroll(VEC):
+                            rc[v * VEC + i] = Cv[b, g, n0 + i]
+                slot = T.if_then_else(hs != 0, src_val, b64)
                 if slot != pad:
-                    load_state(s, buf, pool, slot, h, pb, tx)
-                else:
-                    for k in T.unroll(NS):
-                        s[k] = 0.0
-                token_step(
-                    s, Av, acc, xv, dtv, bv, cv, iov, x, dt, A, Bv, Cv, D, z, dt_bias, out, b, h, g, pb, tx, flags
-                )
+                    fetch_state(raw, pool, slot, h, pb, tx)
+                apply_softplus(dtv, 1 if tied else R, flags)
+                convert_state(s, raw, slot != pad)
+                for k in T.unroll(NV * VEC):
+                    bv[k] = T.cast(rb[k], f32)
+                    cv[k] = T.cast(rc[k], f32)
+                recur_and_reduce(s, Av, acc, xv, dtv, bv, cv)
+                write_y(acc, xv, dv, zv, out, b, h, pb, tx, flags)
                 if mode != MODE_NONE and slot != pad:
                     wslot = slot
                     if (flags & FLAG_DST) != 0:
-                        wslot = T.cast(dst[T.cast(b, i64) * dst_sb], i64)
+                        wslot = T.cast(dst[b64 * dst_sb], i64)
                     if wslot != pad:
                         store_state(s, buf, pool, wslot, h, pb, tx)
 
         return ssu_one_token
+
+    # ---- packed: the per-token inputs of up to TMAX tokens are staged in shared memory at once (all their
+    # loads in flight together), so a sequence's tokens do not pay one global-memory latency each
+    TMAX = 8
+    NCH = N // VEC  # vector chunks per B/C row
+    K_BC = (TMAX * NCH + TH - 1) // TH
+    guard_bc = (TMAX * NCH) % TH != 0
+    K_X = (TMAX * BP + TH - 1) // TH
+    guard_x = (TMAX * BP) % TH != 0
+
+    def bc_ok(e, tt, cnt):
+        return T.And(e < TMAX * NCH, tt < cnt) if guard_bc else tt < cnt
+
+    def x_ok(e, tt, cnt):
+        return T.And(e < TMAX * BP, tt < cnt) if guard_x else tt < cnt
+
+    @T.macro
+    def stage(Bs, Cs, xs, dts, zs, dsl, sb, sc, sx, sz, sd, Bv, Cv, x, dt, dt_bias, z, dst, row0, t0, cnt, h, g, pb,
+              tx, flags, mode, b64, dst_sb, dst_st):  # fmt: skip
+        hz = bit(flags, FLAG_Z)
+        hb = bit(flags, FLAG_DT_BIAS)
+        hw = T.cast(mode == MODE_PER_TOKEN, i64)
+        # phase 1: every global load of the chunk into registers (indices clamped into the chunk)
+        tw = T.min(tx, cnt - 1)
+        dsl_v = T.cast(dst[(b64 * dst_sb + T.cast(t0 + tw, i64) * dst_st) * hw], i64)
+        for k in T.unroll(K_BC):
+            e = tx + k * TH
+            tt = T.min(e // NCH, cnt - 1)
+            n0 = (e % NCH) * VEC
+            if vector_io:
+                for i in T.vectorized(VEC):
+                    sb[k * VEC + i] = Bv[row0 + tt, g, n0 + i]
+                for i in T.vectorized(VEC):
+                    sc[k * VEC + i] = Cv[row0 + tt, g, n0 + i]
+            else:
+                for i in T.unroll(VEC):
+                    sb[k * VEC + i] = Bv[row0 + tt, g, n0 + i]
+                for i in T.unroll(VEC):
+                    sc[k * VEC + i] = Cv[row0 + tt, g, n0 + i]
+        for k in T.unroll(K_X):
+            e = tx + k * TH
+            tt = T.min(e // BP, cnt - 1)
+            p = prow(pb, 0, e % BP)
+            sx[k] = T.cast(x[row0 + tt, h, p], f32)
+            sz[k] = T.cast(z[(row0 + tt) * hz, h * hz, p * hz], f32)
+            if not tied:
+                sd[k] = dt_value(dt[row0 + tt, h, p], T.cast(dt_bias[h * hb, p * hb], f32) * T.cast(hb, f32), flags)
+        if tied:
+            sd[0] = dt_value(dt[row0 + tw, h, 0], T.cast(dt_bias[h * hb, 0], f32) * T.cast(hb, f32), flags)
+        # phase 2: to shared memory
+        apply_softplus(sd, 1 if tied else K_X, flags)
+        for k in T.unroll(K_BC):
+            e = tx + k * TH
+            if bc_ok(e, e // NCH, cnt):
+                for i in T.unroll(VEC):
+                    Bs[e // NCH, (e % NCH) * VEC + i] = sb[k * VEC + i]
+                    Cs[e // NCH, (e % NCH) * VEC + i] = sc[k * VEC + i]
+        for k in T.unroll(K_X):
+            e = tx + k * TH
+            if x_ok(e, e // BP, cnt):
+                xs[e // BP, e % BP] = sx[k]
+                zs[e // BP, e % BP] = sz[k]
+                if not tied:
+                    dts[e // BP, e % BP] = sd[k]
+        if tx < cnt:
+            dsl[tx] = dsl_v
+            if tied:
+                dts[tx, 0] = sd[0]
+
+    @T.macro
+    def token_from_smem(xv, dtv, zv, bv, cv, Bs, Cs, xs, dts, zs, tt, tx):
+        lane = tx % L
+        rg = tx // L
+        for r in T.unroll(R):
+            xv[r] = xs[tt, r * RP + rg]
+            zv[r] = zs[tt, r * RP + rg]
+            if not tied:
+                dtv[r] = dts[tt, r * RP + rg]
+        if tied:
+            dtv[0] = dts[tt, 0]
+        for v in T.unroll(NV):
+            n0 = (v * L + lane) * VEC
+            for i in T.unroll(VEC):
+                bv[v * VEC + i] = T.cast(Bs[tt, n0 + i], f32)
+                cv[v * VEC + i] = T.cast(Cs[tt, n0 + i], f32)
 
     @T.prim_func
     def ssu_packed(
@@ -403,14 +531,27 @@ def ssu_kernel(
         ibv_buf = aligned(ibuf, vector_state)
         with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
             tx = T.get_thread_binding()
+            Bs = T.alloc_shared((TMAX, N), io_dtype)
+            Cs = T.alloc_shared((TMAX, N), io_dtype)
+            xs = T.alloc_shared((TMAX, BP), f32)
+            zs = T.alloc_shared((TMAX, BP), f32)
+            dts = T.alloc_shared((TMAX, BP), f32)
+            dsl = T.alloc_shared((TMAX,), i64)
+            sb = T.alloc_local((K_BC * VEC,), io_dtype)
+            sc = T.alloc_local((K_BC * VEC,), io_dtype)
+            sx = T.alloc_local((K_X,), f32)
+            sz = T.alloc_local((K_X,), f32)
+            sd = T.alloc_local((max(K_X, 1),), f32)
             s = T.alloc_local((NS,), f32)
+            raw = T.alloc_local((NS,), state_dtype)
             Av = T.alloc_local((NA,), f32)
             buf = T.alloc_local((VEC,), state_dtype)
             ibv = T.alloc_local((VEC,), ibuf_dtype)
-            iov = T.alloc_local((VEC,), io_dtype)
             bv = T.alloc_local((NV * VEC,), f32)
             cv = T.alloc_local((NV * VEC,), f32)
             xv = T.alloc_local((R,), f32)
+            dv = T.alloc_local((R,), f32)
+            zv = T.alloc_local((R,), f32)
             dtv = T.alloc_local((max(R, 2),), f32)
             acc = T.alloc_local((R,), f32)
             slot = T.alloc_var(i64)
@@ -439,27 +580,35 @@ def ssu_kernel(
             elif (flags & FLAG_SRC) != 0:
                 ientry = slot
             load_A(Av, A, h, pb, tx)
+            load_D(dv, D, h, pb, tx, flags)
             if slot != pad:
-                load_state(s, buf, pool, slot, h, pb, tx)
-            else:
-                for k in T.unroll(NS):
-                    s[k] = 0.0
-            for t in T.serial(ntok):
-                if (flags & FLAG_PARENT) != 0:
-                    if t > 0 and slot != pad:
-                        par = T.cast(parent[b, t], i64)
-                        if par >= 0:
-                            load_state(s, ibv, ibv_buf, ientry * cache_steps + par, h, pb, tx)
-                token_step(
-                    s, Av, acc, xv, dtv, bv, cv, iov, x, dt, A, Bv, Cv, D, z, dt_bias, out, bos + t, h, g, pb, tx, flags
-                )
-                if slot != pad:
-                    if mode == MODE_PER_TOKEN:
-                        wslot = T.cast(dst[b64 * dst_sb + T.cast(t, i64) * dst_st], i64)
-                        if wslot != pad:
-                            store_state(s, buf, pool, wslot, h, pb, tx)
-                    elif mode == MODE_INTERMEDIATE:
-                        store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
+                fetch_state(raw, pool, slot, h, pb, tx)
+            for c in T.serial(T.ceildiv(ntok, TMAX)):
+                t0 = c * TMAX
+                cnt = T.min(ntok - t0, TMAX)
+                stage(Bs, Cs, xs, dts, zs, dsl, sb, sc, sx, sz, sd, Bv, Cv, x, dt, dt_bias, z, dst, bos + t0, t0, cnt,
+                      h, g, pb, tx, flags, mode, b64, dst_sb, dst_st)  # fmt: skip
+                T.sync_threads()
+                if c == 0:
+                    convert_state(s, raw, slot != pad)
+                for tt in T.serial(cnt):
+                    t = t0 + tt
+                    if (flags & FLAG_PARENT) != 0:
+                        if t > 0 and slot != pad:
+                            par = T.cast(parent[b, t], i64)
+                            if par >= 0:
+                                reload_state(s, ibv, ibv_buf, ientry * cache_steps + par, h, pb, tx)
+                    token_from_smem(xv, dtv, zv, bv, cv, Bs, Cs, xs, dts, zs, tt, tx)
+                    recur_and_reduce(s, Av, acc, xv, dtv, bv, cv)
+                    write_y(acc, xv, dv, zv, out, bos + t, h, pb, tx, flags)
+                    if slot != pad:
+                        if mode == MODE_PER_TOKEN:
+                            wslot = dsl[tt]
+                            if wslot != pad:
+                                store_state(s, buf, pool, wslot, h, pb, tx)
+                        elif mode == MODE_INTERMEDIATE:
+                            store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
+                T.sync_threads()
             if mode == MODE_FINAL and slot != pad and ntok > 0:
                 wslot = slot
                 if (flags & FLAG_DST) != 0:

@@ -27,6 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not (cuda_ok and tl_ok), reason="needs a CUDA device and TileLang"),
 ]
 
+DEVICE = "cuda"  # the precompile helper builds the cases on the CPU to list the kernel keys
 F32, BF16, F16, I32, I64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
 # relative-to-max tolerance of one rounding to the stored dtype (fp32 math on both sides)
 STATE_TOL = {F32: 1e-4, BF16: 1.2e-2, F16: 2e-3}
@@ -68,7 +69,7 @@ def _slots_needed(c: Case, nseq: int) -> int:
 def build(c: Case, seed: int = 0):
     """(kwargs, owners, retrieve_parent_token): inputs of one call; ``owners`` are the storages to compare."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    dev = "cuda"
+    dev = DEVICE
 
     def rn(shape, dtype, scale=1.0):
         return (torch.randn(shape, generator=g) * scale).to(dtype).to(dev)

@@ -102,6 +102,11 @@ def _builder(key):
     return build
 
 
+def build_kernel(key):
+    """The ``T.prim_func`` of a kernel key (what a parallel pre-compilation step hands to ``tilelang.compile``)."""
+    return _builder(key)()
+
+
 def _get(key, device):
     kern = _kernels.get(key)
     if kern is None:
@@ -117,13 +122,14 @@ def _row_table(t):
     return t
 
 
-def selective_state_update(call: SSUCall) -> torch.Tensor:
+def plan(call: SSUCall):
+    """(kernel key, launch arguments) of a call, or None when there is nothing to launch."""
     kmod = _kmod()
     state = call.state
     dev = state.device
     nseq = call.nseq
     if nseq == 0 or call.rows == 0:
-        return finish(call)
+        return None
     if nseq > MAX_SEQUENCES:
         raise NotImplementedError(
             f"selective_state_update (tilelang): more than {MAX_SEQUENCES} sequences in one call ({nseq})"
@@ -202,10 +208,9 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
         ibuf_dt = state_dt
         key = _key(True, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
                    tied, vstate, vio)  # fmt: skip
-        kern = _get(key, dev)
-        kern(state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
-             nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
-        return finish(call)
+        args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
+                nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
+        return key, args
 
     cu = call.cu_seqlens
     acc = call.num_accepted
@@ -249,10 +254,21 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
         ibuf_dt = ibuf.dtype
     key = _key(False, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
                tied, vstate, vio)  # fmt: skip
-    kern = _get(key, dev)
     seqlen = call.seqlen if call.seqlen is not None else 0
-    kern(state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t, cu, acc, ibuf, iidx, parent,
-         nseq, seqlen, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode, call.cache_steps)  # fmt: skip
+    args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t, cu, acc, ibuf, iidx, parent,
+            nseq, seqlen, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode, call.cache_steps)  # fmt: skip
+    return key, args
+
+
+def selective_state_update(call: SSUCall) -> torch.Tensor:
+    """Run one normalised call: a single kernel launch on the current stream, no host<->device sync."""
+    planned = plan(call)
+    if planned is not None:
+        key, args = planned
+        kern = _kernels.get(key)
+        if kern is None:
+            kern = _get(key, call.state.device)
+        kern(*args)
     return finish(call)
 
 
@@ -330,4 +346,4 @@ def compile_grid() -> list[CompileItem]:
     return items
 
 
-__all__ = ["selective_state_update", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS"]
+__all__ = ["selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS"]

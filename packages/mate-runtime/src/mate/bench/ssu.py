@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -83,13 +83,13 @@ class Window:
 
 
 class Setup:
-    def __init__(self, case: Case, dev):
+    def __init__(self, case: Case, dev, windows: int | None = None):
         s = case.shape
         H, P, N = s.heads, s.dim, s.dstate
         esize = torch.tensor([], dtype=case.state).element_size()
         slot_bytes = H * P * N * esize
         self.bytes_per_call = case.batch * slot_bytes * (2 if case.T == 1 else 1 + case.T)
-        self.windows_n = windows_for(self.bytes_per_call)
+        self.windows_n = windows or windows_for(self.bytes_per_call)
         slots_per_window = case.batch * case.T
         self.pool = torch.empty(self.windows_n * slots_per_window, H, P, N, device=dev, dtype=case.state)
         self.pool.normal_(0, 0.5)
@@ -162,20 +162,44 @@ def load_impls(names: list[str]) -> tuple[dict, dict]:
 # ------------------------------------------------------------------------------------------------ runner
 
 
-def _y_err(st: Setup, impls: dict) -> dict:
-    """Run every implementation once on window 0 from the same starting state; max |y - y_mate| / max |y_mate|."""
+def _y_err(st: Setup, impls: dict) -> tuple[dict, dict]:
+    """Run every implementation once on window 0 from the same starting state: ({impl: max |y - y_mate| /
+    max |y_mate|}, {impl: error message} for implementations that fail on this case)."""
     w = st.windows[0]
     saved = st.pool[w.slots.long()].clone()
-    ys = {}
+    ys, failed = {}, {}
     for name, fn in impls.items():
         st.pool[w.slots.long()] = saved
-        ys[name] = fn(st, w).float().clone()
+        try:
+            ys[name] = fn(st, w).float().clone()
+        except Exception as exc:  # e.g. a peer without a build for this shape
+            failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     st.pool[w.slots.long()] = saved
     ref = ys.get("mate")
     if ref is None:
-        return {}
+        return {}, failed
     scale = ref.abs().max().item() + 1e-9
-    return {n: (y - ref).abs().max().item() / scale for n, y in ys.items() if n != "mate"}
+    return {n: (y - ref).abs().max().item() / scale for n, y in ys.items() if n != "mate"}, failed
+
+
+def warm_cases(quick: bool) -> list[Case]:
+    """One case per distinct compiled configuration (batch is a runtime dimension everywhere)."""
+    return list(dict.fromkeys(replace(c, batch=1) for c in cases(quick)))
+
+
+def warm(args) -> int:
+    """Build every implementation's kernels for the selected cases on a one-window setup (fills the peers'
+    JIT caches; several of these processes can run in parallel, one per ``--case``)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    impls, _ = load_impls(args.impls.split(","))
+    sel = warm_cases(args.quick)
+    if args.case is not None:
+        sel = [sel[args.case]]
+    for case in sel:
+        st = Setup(case, dev, windows=1)
+        _, failed = _y_err(st, impls)
+        print(f"warm {case.op} {case.shape.name} {DT_NAME[case.state]}: failed={failed}", flush=True)
+    return 0
 
 
 def run(args) -> tuple[list[dict], dict]:
@@ -188,13 +212,18 @@ def run(args) -> tuple[list[dict], dict]:
     rows = []
     for case in cases(args.quick):
         st = Setup(case, dev)
-        errs = _y_err(st, impls)
+        errs, failed = _y_err(st, impls)
         for name, fn in impls.items():
             row = dict(
                 op=case.op, shape=case.shape.name, heads=case.shape.heads, dim=case.shape.dim,
                 dstate=case.shape.dstate, groups=case.shape.groups, state=DT_NAME[case.state], batch=case.batch,
                 impl=name,
             )  # fmt: skip
+            if name in failed:
+                row["error"] = failed[name][:300]
+                rows.append(row)
+                print(f"{case.op:9s} {case.shape.name:18s} {DT_NAME[case.state]} b={case.batch:5d} {name:10s} failed")
+                continue
             try:
                 us = graph_time_us(
                     [lambda w=w, fn=fn, st=st: fn(st, w) for w in st.windows],
@@ -234,7 +263,7 @@ def pivot(rows: list[dict]) -> list[dict]:
             key, {"op": r["op"], "shape": f"H{r['heads']} P{r['dim']} N{r['dstate']} G{r['groups']}",
                   "state": r["state"], "batch": r["batch"]},
         )  # fmt: skip
-        line[r["impl"]] = f"{r['us']:.2f} ({r['tbps']:.2f})" if "us" in r else "error"
+        line[r["impl"]] = f"{r['us']:.2f} ({r['tbps']:.2f})" if "us" in r else "n/a"
         line[f"_{r['impl']}"] = r.get("us")
         if r.get("host_us") is not None:
             line[f"host {r['impl']} µs"] = round(r["host_us"], 1)
@@ -257,10 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the headline shape at a few batch sizes only")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warm-only", action="store_true", help="only build every implementation's kernels")
+    ap.add_argument("--case", type=int, default=None, help="with --warm-only: one case index")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("mate bench ssu: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.warm_only:
+        return warm(args)
     rows, meta = run(args)
     table = pivot(rows)
     cols = ["op", "shape", "state", "batch", "mate", "vllm", "flashinfer", "best peer / MATE"]
