@@ -40,7 +40,7 @@ def run_sequence(s0, rows, t, softplus=True):
     return states, ys
 
 
-def consumer_tensors(rows, H=4, P=4, N=8, G=2, S=10, seed=0, z=False):
+def consumer_tensors(rows, H=4, P=4, N=8, G=2, S=10, seed=0, z=False, io_dtype=torch.float32):
     """Tensors shaped like a consumer's decode call (see the module docstring)."""
     g = torch.Generator().manual_seed(seed)
     t = SimpleNamespace()
@@ -48,7 +48,7 @@ def consumer_tensors(rows, H=4, P=4, N=8, G=2, S=10, seed=0, z=False):
     t.A_h = -torch.rand(H, generator=g) - 0.1
     t.D_h = torch.randn(H, generator=g)
     t.dtb_h = torch.rand(H, generator=g) * 0.2
-    conv = torch.randn(rows, H * P + 2 * G * N, generator=g)
+    conv = torch.randn(rows, H * P + 2 * G * N, generator=g).to(io_dtype)
     t.x = conv[:, : H * P].view(rows, H, P)
     t.B = conv[:, H * P : H * P + G * N].view(rows, G, N)
     t.C = conv[:, H * P + G * N :].view(rows, G, N)
@@ -56,8 +56,8 @@ def consumer_tensors(rows, H=4, P=4, N=8, G=2, S=10, seed=0, z=False):
     t.A = t.A_h.view(H, 1, 1).expand(H, P, N)
     t.D = t.D_h.view(H, 1).expand(H, P)
     t.dt_bias = t.dtb_h.view(H, 1).expand(H, P)
-    t.z = torch.randn(rows, H, P, generator=g) if z else None
+    t.z = torch.randn(rows, H, P, generator=g).to(io_dtype) if z else None
     page = torch.randn(S, H * P * N + 16, generator=g)
     t.state = page[:, 8 : 8 + H * P * N].view(S, H, P, N)
-    t.out = torch.empty(rows, H, P)
+    t.out = torch.empty(rows, H, P, dtype=io_dtype)
     return t

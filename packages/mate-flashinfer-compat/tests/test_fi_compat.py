@@ -371,14 +371,14 @@ def test_gpu_vllm_spec_decode_matches_cpu():
     src = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 0, 0]], dtype=torch.int32)
     dst = torch.tensor([[11, 12, 13], [14, 15, 16], [17, 0, 19], [20, 21, 22]], dtype=torch.int32)
     acc = torch.tensor([2, 1, 1, 1], dtype=torch.int32)
-    cpu = consumer_tensors(rows=8, S=32, seed=2, H=8, P=64, N=128, G=2)
-    gpu = consumer_tensors(rows=8, S=32, seed=2, H=8, P=64, N=128, G=2)
+    cpu = consumer_tensors(rows=8, S=32, seed=2, H=8, P=64, N=128, G=2, io_dtype=torch.bfloat16)
+    gpu = consumer_tensors(rows=8, S=32, seed=2, H=8, P=64, N=128, G=2, io_dtype=torch.bfloat16)
     for k, v in vars(gpu).items():
         if isinstance(v, torch.Tensor):
             setattr(gpu, k, v.cuda())
     vllm_flashinfer_backend_call(cpu, src, dst, cu_seqlens=cu, acc=acc)
     vllm_flashinfer_backend_call(gpu, src.cuda(), dst.cuda(), cu_seqlens=cu.cuda(), acc=acc.cuda())
-    torch.testing.assert_close(gpu.out.cpu(), cpu.out, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(gpu.out.cpu().float(), cpu.out.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(gpu.state.cpu(), cpu.state, atol=2e-3, rtol=2e-3)
 
 

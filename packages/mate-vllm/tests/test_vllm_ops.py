@@ -269,12 +269,12 @@ def test_gpu_spec_decode_matches_cpu():
     src = torch.tensor([[1, 2, 3], [0, 0, 0], [7, 8, 9], [10, 11, 12]], dtype=torch.int32)
     dst = torch.tensor([[13, 14, 15], [16, 17, 18], [19, 20, 21], [22, 0, 24]], dtype=torch.int32)
     acc = torch.tensor([3, 2, 1, 1], dtype=torch.int32)
-    cpu = consumer_tensors(rows=8, S=32, seed=4, H=8, P=64, N=128, G=2)
-    gpu = consumer_tensors(rows=8, S=32, seed=4, H=8, P=64, N=128, G=2)
+    cpu = consumer_tensors(rows=8, S=32, seed=4, H=8, P=64, N=128, G=2, io_dtype=torch.bfloat16)
+    gpu = consumer_tensors(rows=8, S=32, seed=4, H=8, P=64, N=128, G=2, io_dtype=torch.bfloat16)
     for k, v in vars(gpu).items():
         if isinstance(v, torch.Tensor):
             setattr(gpu, k, v.cuda())
     call(cpu, src, dst, num_accepted_tokens=acc, cu_seqlens=cu)
     call(gpu, src.cuda(), dst.cuda(), num_accepted_tokens=acc.cuda(), cu_seqlens=cu.cuda())
-    torch.testing.assert_close(gpu.out.cpu(), cpu.out, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(gpu.out.cpu().float(), cpu.out.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(gpu.state.cpu(), cpu.state, atol=2e-3, rtol=2e-3)
