@@ -39,12 +39,26 @@ Token, chunk and batch counts are ``T.dynamic``. Factories take plain Python val
 import math
 
 LOG2E = 1.4426950408889634
+FLAG_Z = 1  # runtime flags of the fused kernel
+FLAG_INIT = 2
 
 
-def fused_smem_bytes(*, dim_block: int, dstate: int, block_L: int, io_bytes: int, num_stages: int) -> int:
-    """Shared memory the fused kernel asks for (to pick a tile that fits 227 KiB)."""
-    per_stage = block_L * (dim_block + 2 * dstate) * io_bytes
-    fixed = (dstate * dim_block + 2 * block_L * dim_block) * io_bytes + 2 * block_L * 4 + 1024
+def fused_smem_bytes(
+    *,
+    dim_block: int,
+    dstate: int,
+    block_L: int,
+    io_bytes: int,
+    num_stages: int,
+    threads: int = 256,
+    scores_in_shared: bool = False,
+) -> int:
+    """Dynamic shared memory of the fused kernel (TileLang multi-buffers every tile written inside the
+    pipelined loop: x, B, C, the output/weighted-x tile, dt', shared scores), to pick a tile that fits."""
+    per_stage = block_L * (2 * dim_block + 2 * dstate) * io_bytes + block_L * 4
+    if scores_in_shared:
+        per_stage += block_L * block_L * io_bytes
+    fixed = dstate * dim_block * io_bytes + 2 * max(block_L, threads) * 4
     return num_stages * per_stage + fixed
 
 
@@ -141,20 +155,20 @@ def ssd_fused_kernel(
     dt_max: float = math.inf,
     has_D: bool = True,
     D_per_dim: bool = False,
-    has_z: bool = False,
-    has_init: bool = True,
     intermediate: bool = False,
     block_P: int = 64,
     block_L: int = 128,
     threads: int = 256,
     num_stages: int = 2,
+    scores_in_shared: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
     Arguments in order: ``x [T, H, P]``, ``dt [T, H]``, ``A [H]`` fp32, ``B, C [T, G, N]``,
     ``cu_chunk_seqlens [nchunks + 1]``, ``seq_idx [nchunks]``, ``bounds [batch + 1]``, ``dest [nchunks]``,
     ``dt_bias [H]``, ``D [H]`` or ``[H, P]``, ``z [Tz, H, P]``, ``initial_states [Bi, H, P, N]``,
-    ``out [T, H, P]``, ``states_out [S, H, P, N]``. Unused optional inputs are still passed (any tensor of
+    ``out [T, H, P]``, ``states_out [S, H, P, N]``, ``flags`` (``FLAG_Z | FLAG_INIT``: z and the
+    initial states are runtime options). Unused optional inputs are still passed (any tensor of
     the declared form; a 1-row dummy works) and never read.
     """
     import tilelang.language as T
@@ -181,45 +195,60 @@ def ssd_fused_kernel(
     Tz = T.dynamic("Tz")
     Bi = T.dynamic("Bi")
     So = T.dynamic("So")
+    # Row strides are runtime values: x/B/C (and z, out) may be row views of one packed projection buffer,
+    # dt a column slice, the state pool a strided view (vLLM's pages); inner dims stay dense.
+    x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs = T.dynamic("x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs")
+    z_rs, z_hs, o_rs, o_hs, i_bs, s_bs = T.dynamic("z_rs, z_hs, o_rs, o_hs, i_bs, s_bs")
     D_shape = (H, P) if D_per_dim else (H,)
-    scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
+    # Scores feeding wgmma from registers need the row-split (FullRow) layout; from shared memory any.
+    policy = T.GemmWarpPolicy.Square if scores_in_shared else T.GemmWarpPolicy.FullRow
+    # The scan runs over every consumer thread (a subset would need non-uniform partial barriers).
+    SCAN = max(BL, threads)
+    scan_offsets = [1 << i for i in range(int(math.log2(SCAN)))]
 
     @T.prim_func
     def fused(
-        x: T.Tensor((T_, H, P), io_dtype),
-        dt: T.Tensor((T_, H), dt_dtype),
+        x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
+        dt: T.StridedTensor((T_, H), (dt_rs, 1), dt_dtype),
         A: T.Tensor((H,), "float32"),
-        B: T.Tensor((T_, G, N), io_dtype),
-        C: T.Tensor((T_, G, N), io_dtype),
+        B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
+        C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
         cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
         seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
         bounds: T.Tensor((batch1,), "int32"),
         dest: T.Tensor((nchunks,), "int32"),
         dt_bias: T.Tensor((H,), dt_bias_dtype),
         D: T.Tensor(D_shape, D_dtype),
-        z: T.Tensor((Tz, H, P), io_dtype),
-        initial_states: T.Tensor((Bi, H, P, N), init_dtype),
-        out: T.Tensor((T_, H, P), io_dtype),
-        states_out: T.Tensor((So, H, P, N), state_dtype),
+        z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
+        initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
+        out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
+        states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
+        flags: T.int32,
     ):
         with T.Kernel(n_pb, H, batch1 - 1, threads=threads) as (pb, h, b):
             x_s = T.alloc_shared((BL, BP), io_dtype)
             B_s = T.alloc_shared((BL, N), io_dtype)
             C_s = T.alloc_shared((BL, N), io_dtype)
-            xw_s = T.alloc_shared((BL, BP), io_dtype)
+            # One buffer serves the output tile (epilogue) and then x weighted for the state update.
             y_s = T.alloc_shared((BL, BP), io_dtype)
+            xw_s = y_s
             st_s = T.alloc_shared((N, BP), io_dtype)
             dt_sh = T.alloc_shared((BL,), accum)
-            dA_sh = T.alloc_shared((BL,), accum)
-            dA_tmp = T.alloc_shared((BL,), accum)
+            dA_sh = T.alloc_shared((SCAN,), accum)
+            dA_tmp = T.alloc_shared((SCAN,), accum)
 
             state = T.alloc_fragment((N, BP), accum)
             cb = T.alloc_fragment((BL, BL), accum)
-            cb_c = T.alloc_fragment((BL, BL), io_dtype)
+            if scores_in_shared:
+                cb_c = T.alloc_shared((BL, BL), io_dtype)
+            else:
+                cb_c = T.alloc_fragment((BL, BL), io_dtype)
             y = T.alloc_fragment((BL, BP), accum)
             dt_f = T.alloc_fragment((BL,), accum)
 
             g = h // rep
+            has_z = (flags & FLAG_Z) != 0
+            has_init = (flags & FLAG_INIT) != 0
             p0 = pb * BP
             c_first = bounds[b]
             n_tiles = (bounds[b + 1] - c_first) * S
@@ -250,14 +279,14 @@ def ssd_fused_kernel(
                     v = T.if_then_else(i < n_valid, v, T.float32(0))
                     dt_f[i] = v
                 T.copy(dt_f, dt_sh)
-                for i in T.Parallel(BL):
-                    dA_sh[i] = dt_sh[i] * a_h
+                for i in T.Parallel(SCAN):
+                    dA_sh[i] = T.if_then_else(i < BL, dt_sh[i] * a_h, T.float32(0))
                 # Inclusive scan (Hillis-Steele, ping-pong in shared memory). T.cumsum is not used: its
                 # CUDA template scans with threads 0-31 only, which are producer threads under warp
                 # specialisation.
                 src_buf, dst_buf = dA_sh, dA_tmp
                 for off in scan_offsets:
-                    for i in T.Parallel(BL):
+                    for i in T.Parallel(SCAN):
                         dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
                     src_buf, dst_buf = dst_buf, src_buf
                 dA_cs = src_buf
@@ -268,30 +297,28 @@ def ssd_fused_kernel(
                     T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
                     0,
                 )
-                if has_init:
-                    sq = T.Cast("int32", seq_idx[c])
-                    for n, p in T.Parallel(N, BP):
-                        state[n, p] = T.if_then_else(
-                            opens == 1, T.Cast(accum, initial_states[sq, h, p0 + p, n]), state[n, p]
-                        )
-                else:
-                    for n, p in T.Parallel(N, BP):
-                        state[n, p] = T.if_then_else(opens == 1, T.float32(0), state[n, p])
+                sq = T.Cast("int32", seq_idx[c])
+                for n, p in T.Parallel(N, BP):
+                    state[n, p] = T.if_then_else(
+                        opens == 1,
+                        T.if_then_else(has_init, T.Cast(accum, initial_states[sq, h, p0 + p, n]), T.float32(0)),
+                        state[n, p],
+                    )
                 T.copy(state, st_s)
 
                 # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state.
-                T.gemm(C_s, st_s, y, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(C_s, st_s, y, clear_accum=True, policy=policy)
                 for m, p in T.Parallel(BL, BP):
                     y[m, p] = y[m, p] * T.exp2(dA_cs[m] * LOG2E)
 
                 # Stage 4: C B^T, then the causal decay mask and dt' weights.
-                T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
                 for m, k in T.Parallel(BL, BL):
                     cb_c[m, k] = T.if_then_else(
                         k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
                     )
                 # Stage 5: intra-chunk scan.
-                T.gemm(cb_c, x_s, y, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(cb_c, x_s, y, policy=policy)
 
                 # Epilogue: D x, silu(z), store the valid rows.
                 for m, p in T.Parallel(BL, BP):
@@ -301,9 +328,12 @@ def ssd_fused_kernel(
                             acc = acc + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
                         else:
                             acc = acc + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
-                    if has_z:
-                        zv = T.if_then_else(m < n_valid, T.Cast(accum, z[s0 + m, h, p0 + p]), T.float32(0))
-                        acc = acc * zv / (1.0 + T.exp2(-zv * LOG2E))
+                    zv = T.if_then_else(
+                        has_z,
+                        T.if_then_else(m < n_valid, T.Cast(accum, z[s0 + m, h, p0 + p]), T.float32(0)),
+                        T.float32(0),
+                    )
+                    acc = T.if_then_else(has_z, acc * zv / (1.0 + T.exp2(-zv * LOG2E)), acc)
                     y_s[m, p] = acc
                 for m, p in T.Parallel(BL, BP):
                     if m < n_valid:

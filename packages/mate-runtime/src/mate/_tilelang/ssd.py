@@ -1,0 +1,396 @@
+"""TileLang launcher for ``ssd_combined_fwd_varlen``: one normalised :class:`SSDCall` -> two kernel launches.
+
+1. ``ssd_runs_kernel`` derives, on the GPU, the chunk range of each CTA row (runs of chunks with one
+   ``seq_idx``) and the chunk -> state-row map of the returned/pool states;
+2. ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers and
+   writes ``out`` and the requested chunk-end states.
+
+Scratch (the run bounds, the state-row map, staging copies of inputs the kernels cannot read in place)
+comes from the workspace cache, so a steady-state call allocates only the returned state tensor. Nothing is
+read back to the host: the call captures into a CUDA graph once its kernels are compiled (``prewarm``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ..mamba._ssd_call import SSDCall
+from .cache import CACHE
+from .compile_check import CompileItem
+from .workspace import WORKSPACE
+
+_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32",
+       torch.int64: "int64"}  # fmt: skip
+PASS_CONFIGS: dict = {}
+PREWARM_HINT = (
+    "mate.mamba.prewarm_ssd_combined_fwd_varlen(heads=..., groups=..., dim=..., dstate=..., chunk_size=..., "
+    "io_dtype=..., state_dtype=..., dt_dtype=...)"
+)
+SMEM_LIMIT = 227 * 1024 - 2048  # the opt-in maximum per block, less static shared memory (barriers)
+SUPPORTED_DSTATE = (64, 128, 256)
+MAX_SEQUENCES = 65535  # grid z
+
+_dummies: dict = {}
+
+
+def _kmod():
+    import mate_kernels.ssd as kmod
+
+    return kmod
+
+
+def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
+    """Tile choice for one shape: block_P, block_L, threads, scores placement, pipeline depth.
+
+    Raises NotImplementedError naming the capability when the fused kernel cannot serve the shape."""
+    if io_dtype == torch.float32:
+        raise NotImplementedError(
+            "float32 x/B/C in the TileLang SSD prefill (its tensor-core path takes bf16/fp16 operands) is not "
+            "supported by MATE yet; use bf16/fp16 inputs or backend='torch'"
+        )
+    if chunk_size < 64:
+        raise NotImplementedError(
+            f"chunk_size={chunk_size} in the TileLang SSD prefill (tiles are 64 or 128 tokens) is not supported "
+            "by MATE yet; use chunk_size 64, 128 or 256, or backend='torch'"
+        )
+    if dstate not in SUPPORTED_DSTATE:
+        raise NotImplementedError(
+            f"dstate={dstate} in the TileLang SSD prefill (64, 128 or 256) is not supported by MATE yet; "
+            "use backend='torch'"
+        )
+    if dim % 64 == 0:
+        block_P = 64
+    elif dim % 16 == 0 and dim <= 128:
+        block_P = dim
+    else:
+        raise NotImplementedError(
+            f"dim={dim} in the TileLang SSD prefill (a multiple of 64, or of 16 up to 128) is not supported by "
+            "MATE yet; use backend='torch'"
+        )
+    kmod = _kmod()
+    forced = int(os.environ.get("MATE_SSD_BLOCK_L", "0"))  # tuning knob: force 64- or 128-token tiles
+    for block_L in (forced,) if forced in (64, 128) else (128, 64):
+        if chunk_size % block_L:
+            continue
+        shared = block_L < 128
+        smem = kmod.fused_smem_bytes(
+            dim_block=block_P, dstate=dstate, block_L=block_L, io_bytes=2, num_stages=2, scores_in_shared=shared
+        )
+        if smem <= SMEM_LIMIT:
+            return dict(block_P=block_P, block_L=block_L, threads=256, scores_in_shared=shared, num_stages=2)
+    raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the fused kernel's shared memory")
+
+
+def _fused_key(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
+               intermediate):  # fmt: skip
+    return ("ssd_fused", H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb,
+            has_D, intermediate)  # fmt: skip
+
+
+def _fused_builder(key):
+    (_, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
+     intermediate) = key  # fmt: skip
+    tiles = plan(P, N, L, getattr(torch, io))
+
+    def build():
+        return _kmod().ssd_fused_kernel(
+            heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
+            dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
+            dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
+            **tiles,
+        )  # fmt: skip
+
+    return build
+
+
+def _runs_key(sq, last, fsi, use_fsi):
+    return ("ssd_runs", sq, last, fsi, use_fsi)
+
+
+def _runs_builder(key):
+    _, sq, last, fsi, use_fsi = key
+
+    def build():
+        return _kmod().ssd_runs_kernel(seq_idx_dtype=sq, last_dtype=last, fsi_dtype=fsi, use_final_indices=use_fsi)
+
+    return build
+
+
+def _get(key, builder, device):
+    return CACHE.get(key, builder(key), device, prewarm_hint=PREWARM_HINT, pass_configs=PASS_CONFIGS)
+
+
+def _dummy(kind, device, dtype, shape):
+    key = (kind, device, dtype, shape)
+    t = _dummies.get(key)
+    if t is None:
+        t = _dummies[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return t
+
+
+def _inner_dense(t: torch.Tensor, inner: int) -> bool:
+    """Whether the last ``inner`` dims of ``t`` are laid out densely (row-major)."""
+    expected = 1
+    for d in range(t.dim() - 1, t.dim() - 1 - inner, -1):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A TMA-read tensor: 16-byte aligned base, dense last dim, other strides multiples of 16 bytes."""
+    es = t.element_size()
+    if t.data_ptr() % 16 or t.stride(-1) != 1:
+        return False
+    return all((t.stride(d) * es) % 16 == 0 for d in range(t.dim() - 1) if t.shape[d] != 1)
+
+
+def _stage(skey, name, t: torch.Tensor) -> torch.Tensor:
+    buf = WORKSPACE.get(skey, name, tuple(t.shape), t.dtype, t.device)
+    buf.copy_(t)
+    return buf
+
+
+def _vec1(t: torch.Tensor, skey, name) -> torch.Tensor:
+    return t if t.is_contiguous() else _stage(skey, name, t)
+
+
+def kernel_keys(call: SSDCall) -> tuple[tuple, tuple]:
+    """The (fused, runs) kernel keys of a call (works on CPU tensors too: the precompile scripts use it)."""
+    use_fsi = call.final_state_indices is not None
+    if call.return_intermediate_states or not use_fsi:
+        state_dt = call.state_dtype
+    else:
+        state_dt = call.final_states_out.dtype
+    init_dt = call.initial_states.dtype if call.initial_states is not None else state_dt
+    fsi_dt = call.final_state_indices.dtype if use_fsi else call.last_chunk_indices.dtype
+    key = _fused_key(
+        H=call.heads, G=call.groups, P=call.dim, N=call.dstate, L=call.chunk_size, io=_DT[call.x.dtype],
+        state=_DT[state_dt], init=_DT[init_dt], dt=_DT[call.dt.dtype],
+        dtb=_DT[call.dt_bias.dtype] if call.dt_bias is not None else "float32",
+        D=_DT[call.D.dtype] if call.D is not None else "float32", D_per_dim=not call.D_tied,
+        cu=_DT[call.cu_chunk_seqlens.dtype], sq=_DT[call.seq_idx.dtype], softplus=call.dt_softplus,
+        lo=float(call.dt_limit[0]), hi=float(call.dt_limit[1]), has_dtb=call.dt_bias is not None,
+        has_D=call.D is not None, intermediate=call.return_intermediate_states,
+    )  # fmt: skip
+    rkey = _runs_key(_DT[call.seq_idx.dtype], _DT[call.last_chunk_indices.dtype], _DT[fsi_dt], use_fsi)
+    return key, rkey
+
+
+def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
+    H, G, P, N, L = call.heads, call.groups, call.dim, call.dstate, call.chunk_size
+    plan(P, N, L, call.x.dtype)
+    dev = call.x.device
+    batch, nchunks = call.batch, call.nchunks
+    if batch > MAX_SEQUENCES:
+        raise NotImplementedError(f"batch={batch} sequences in one TileLang SSD call (at most {MAX_SEQUENCES})")
+    if call.tokens == 0:
+        raise NotImplementedError("an SSD call with zero tokens in the TileLang SSD prefill")
+
+    use_fsi = call.final_states_out is not None
+    if call.return_intermediate_states:
+        states = torch.empty((nchunks, H, P, N), dtype=call.state_dtype, device=dev)
+        state_dt = call.state_dtype
+    elif use_fsi:
+        states = call.final_states_out
+        state_dt = states.dtype
+    else:
+        states = torch.empty((batch, H, P, N), dtype=call.state_dtype, device=dev)
+        state_dt = call.state_dtype
+
+    skey = ("ssd", H, G, P, N)
+    cu = _vec1(call.cu_chunk_seqlens, skey, "cu_chunk_seqlens")
+    seq_idx = _vec1(call.seq_idx, skey, "seq_idx")
+    last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
+    fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
+    key, rkey = kernel_keys(call)
+    fused = _get(key, _fused_builder, dev)
+    runs = _get(rkey, _runs_builder, dev)
+    D_per_dim = not call.D_tied
+    init_dt = key[8]
+
+    x = call.x if _tma_ok(call.x) else _stage(skey, "x", call.x)
+    B = call.B if _tma_ok(call.B) else _stage(skey, "B", call.B)
+    C = call.C if _tma_ok(call.C) else _stage(skey, "C", call.C)
+    dt = call.dt if call.dt.stride(1) == 1 else _stage(skey, "dt", call.dt)
+    A = _vec1(call.A, skey, "A")
+    dt_bias = (
+        _vec1(call.dt_bias, skey, "dt_bias") if call.dt_bias is not None else _dummy("dtb", dev, torch.float32, (H,))
+    )
+    if call.D is None:
+        D = _dummy("D", dev, torch.float32, (H,))
+    elif D_per_dim:
+        D = _vec1(call.D, skey, "D")
+    else:
+        D = _vec1(call.D[:, 0], skey, "D")
+    flags = 0
+    kmod = _kmod()
+    if call.z is not None:
+        z = call.z if _inner_dense(call.z, 1) else _stage(skey, "z", call.z)
+        flags |= kmod.FLAG_Z
+    else:
+        z = _dummy("z", dev, call.x.dtype, (1, H, P))
+    if call.initial_states is not None:
+        init = (
+            call.initial_states if _inner_dense(call.initial_states, 3) else _stage(skey, "init", call.initial_states)
+        )
+        flags |= kmod.FLAG_INIT
+    else:
+        init = _dummy("init", dev, _torch_dtype(init_dt), (1, H, P, N))
+    out = (
+        call.out
+        if _inner_dense(call.out, 1)
+        else WORKSPACE.get(skey, "out", tuple(call.out.shape), call.out.dtype, dev)
+    )
+    st = states if _inner_dense(states, 3) else WORKSPACE.get(skey, "states", tuple(states.shape), state_dt, dev)
+    staged_states = st is not states
+    if staged_states:
+        st.copy_(states)  # rows the call does not name keep their values
+
+    bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
+    dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
+    runs(seq_idx, last, fsi, bounds, dest)
+    fused(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, flags)
+    if out is not call.out:
+        call.out.copy_(out)
+    if staged_states:
+        states.copy_(st)
+    return None if use_fsi else states
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype):
+    """The kernels a served model uses: vLLM's flags (dt_softplus, dt_bias, per-head D, default dt_limit,
+    int32 tables), returning final states and intermediate states, init in the state dtype."""
+    keys = []
+    for intermediate in (False, True):
+        keys.append(
+            _fused_key(
+                H=heads,
+                G=groups,
+                P=dim,
+                N=dstate,
+                L=chunk_size,
+                io=_DT[io_dtype],
+                state=_DT[state_dtype],
+                init=_DT[state_dtype],
+                dt=_DT[dt_dtype],
+                dtb="float32",
+                D="float32",
+                D_per_dim=False,
+                cu="int32",
+                sq="int32",
+                softplus=True,
+                lo=0.0,
+                hi=math.inf,
+                has_dtb=True,
+                has_D=True,
+                intermediate=intermediate,
+            )  # fmt: skip
+        )
+    return keys, [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
+
+
+def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, block_M=None,
+            target=None):  # fmt: skip
+    """Compile every SSD kernel of one configuration (``block_M`` is accepted for API stability; the tile
+    sizes come from :func:`plan`). With ``target`` (e.g. ``{"kind": "cuda", "arch": "sm_90a"}``) and no device,
+    compile only. Returns the list of compiled keys."""
+    plan(dim, dstate, chunk_size, io_dtype)
+    fkeys, rkeys = prewarm_keys(
+        heads=heads, groups=groups, dim=dim, dstate=dstate, chunk_size=chunk_size, io_dtype=io_dtype,
+        state_dtype=state_dtype, dt_dtype=dt_dtype,
+    )  # fmt: skip
+    done = []
+    for key, builder in [(k, _fused_builder) for k in fkeys] + [(k, _runs_builder) for k in rkeys]:
+        if device is None:
+            CACHE.compile_only(key, builder(key), target=target, pass_configs=PASS_CONFIGS)
+        else:
+            _get(key, builder, device)
+        done.append(key)
+    return done
+
+
+def _compile_key_worker(key, target):
+    """Compile one key in a worker process; errors come back as text (TVM errors do not pickle)."""
+    builder = _fused_builder if key[0] == "ssd_fused" else _runs_builder
+    from .cache import compile_prim_func
+
+    try:
+        compile_prim_func(builder(key)(), target=target, pass_configs=PASS_CONFIGS)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[-400:]}"
+    return None
+
+
+def precompile(keys, *, target=None, jobs: int | None = None, log=print) -> None:
+    """Compile ``keys`` in parallel worker processes: each fills TileLang's on-disk cache, so this process's
+    first use of a key loads it (~0.1 s) instead of compiling (the GPU test and benchmark runs use it)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import os
+    import time
+
+    if target is None:
+        target = {"kind": "cuda", "arch": "sm_90a"}
+    keys = list(dict.fromkeys(keys))
+    jobs = jobs or max(1, min(len(keys), (os.cpu_count() or 2)))
+    t0 = time.perf_counter()
+    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        futs = {pool.submit(_compile_key_worker, k, target): k for k in keys}
+        for f in cf.as_completed(futs):
+            try:
+                err = f.result()
+            except Exception as exc:
+                err = f"{type(exc).__name__}: {exc}"
+            if err:
+                log(f"precompile FAILED {futs[f]}: {err}")
+            else:
+                log(f"precompiled {futs[f]} ({time.perf_counter() - t0:.0f}s)")
+
+
+def compile_grid() -> list[CompileItem]:
+    """Representative configurations: chunk 128/256, P 64/128, N 128/256, G 1/8, bf16/fp16 io, fp32/bf16
+    state (each fused kernel compiles in ~20-30 s on a 2-core CPU)."""
+    grid = [
+        # (H, G, P, N, L, io, state, intermediate, D_per_dim)
+        (128, 8, 64, 128, 128, "bfloat16", "float32", False, False),
+        (128, 8, 64, 128, 256, "bfloat16", "float32", True, False),
+        (80, 1, 64, 128, 256, "float16", "bfloat16", False, True),
+        (24, 1, 128, 256, 256, "bfloat16", "float32", False, False),
+    ]
+    items = [
+        CompileItem(family="ssd", label="runs int32", build=_runs_builder(_runs_key("int32", "int32", "int32", True)))
+    ]
+    for H, G, P, N, L, io, state, inter, dpd in grid:
+        key = _fused_key(
+            H=H, G=G, P=P, N=N, L=L, io=io, state=state, init=state, dt="float32", dtb="float32", D="float32",
+            D_per_dim=dpd, cu="int32", sq="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True, has_D=True,
+            intermediate=inter,
+        )  # fmt: skip
+        tiles = plan(P, N, L, getattr(torch, io))
+        label = (
+            f"fused H{H} G{G} P{P} N{N} chunk{L} io={io} state={state}{' intermediate' if inter else ''}"
+            f"{' D[H,P]' if dpd else ''} tile L{tiles['block_L']}xP{tiles['block_P']}"
+        )
+        items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key), pass_configs=dict(PASS_CONFIGS)))
+    return items
+
+
+__all__ = [
+    "ssd_combined_fwd_varlen",
+    "kernel_keys",
+    "precompile",
+    "prewarm",
+    "prewarm_keys",
+    "compile_grid",
+    "plan",
+    "PASS_CONFIGS",
+]
