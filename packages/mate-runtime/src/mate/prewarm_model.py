@@ -1,0 +1,188 @@
+"""``mate prewarm``: compile every SSU and SSD kernel that serving one model configuration will use.
+
+Reads a Hugging Face style ``config.json`` (Mamba2, Nemotron-H / Nemotron 3, Falcon-H1, Bamba / Zamba2 style
+field names), derives the per-rank heads and groups for ``--tp``, and compiles the one-token and packed
+(MTP) ``selective_state_update`` kernels and the SSD prefill kernels, printing a line per kernel and a
+summary. Modes:
+
+- default: compile for the local GPU (fills the in-process cache and TileLang's disk cache, so a server
+  started afterwards loads the kernels in ~0.1 s each);
+- ``--target sm_90a``: compile for that architecture without a GPU (a build machine, CI);
+- ``--dry-run``: list the kernels only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+
+# (field names tried in order) per quantity
+FIELDS = {
+    "heads": ("mamba_num_heads", "mamba_n_heads", "num_heads", "n_mamba_heads", "ssm_num_heads"),
+    "dim": ("mamba_head_dim", "mamba_d_head", "head_dim", "mamba_headdim", "ssm_head_dim"),
+    "dstate": ("ssm_state_size", "mamba_d_state", "state_size", "d_state", "mamba_state_size"),
+    "groups": ("n_groups", "mamba_n_groups", "mamba_ngroups", "ngroups"),
+    "chunk_size": ("chunk_size", "mamba_chunk_size", "ssm_chunk_size"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSSM:
+    model_type: str
+    heads: int  # whole model
+    dim: int
+    dstate: int
+    groups: int
+    chunk_size: int
+
+
+def _first(cfg: dict, names, default=None):
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def read_config(path: str) -> ModelSSM:
+    """The SSM dimensions of a model's ``config.json`` (a nested ``text_config`` / ``llm_config`` is searched
+    too). Raises ValueError naming the missing field."""
+    with open(path) as f:
+        cfg = json.load(f)
+    for nested in ("text_config", "llm_config", "language_config"):
+        if isinstance(cfg.get(nested), dict) and _first(cfg[nested], FIELDS["dstate"]) is not None:
+            cfg = {**cfg, **cfg[nested]}
+    mtype = str(cfg.get("model_type", "unknown"))
+    dim = _first(cfg, FIELDS["dim"], 64 if mtype == "mamba2" else None)
+    heads = _first(cfg, FIELDS["heads"])
+    if heads is None and dim and cfg.get("hidden_size"):
+        expand = _first(cfg, ("mamba_expand", "expand"), 2)
+        heads = int(expand * cfg["hidden_size"]) // int(dim)
+    dstate = _first(cfg, FIELDS["dstate"])
+    groups = _first(cfg, FIELDS["groups"], 1)
+    chunk = _first(cfg, FIELDS["chunk_size"], 256)
+    for field, v in (("heads", heads), ("dim", dim), ("dstate", dstate)):
+        if v is None:
+            raise ValueError(f"{path}: no Mamba2 '{field}' field found (tried {', '.join(FIELDS[field])})")
+    return ModelSSM(mtype, int(heads), int(dim), int(dstate), int(groups), int(chunk))
+
+
+def per_rank(m: ModelSSM, tp: int) -> tuple[int, int]:
+    """(heads, groups) on one tensor-parallel rank: heads split evenly; groups split when divisible, a single
+    group replicated on every rank (vLLM's rule)."""
+    if tp < 1 or m.heads % tp:
+        raise ValueError(f"--tp: got {tp}; expected a positive divisor of the model's heads ({m.heads})")
+    if m.groups % tp == 0:
+        groups = m.groups // tp
+    elif m.groups == 1:
+        groups = 1
+    else:
+        raise ValueError(f"--tp: got {tp}; n_groups ({m.groups}) is neither divisible by it nor 1")
+    return m.heads // tp, groups
+
+
+def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens):
+    """[(family, label, key, builder, pass_configs)] for one rank of the model."""
+    from ._tilelang import ssd as tl_ssd
+    from ._tilelang import ssu as tl_ssu
+
+    heads, groups = per_rank(m, tp)
+    items = []
+    ssu_keys = tl_ssu.prewarm_keys(
+        state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=m.dim, dstate=m.dstate, groups=groups,
+        slot_dtype=torch.int32, packed=True, meta_dtype=torch.int32, tie_hdim=True,
+    )  # fmt: skip
+    for key in ssu_keys:
+        kind = "one-token" if key[1] else f"packed (MTP {mtp_tokens} + 1)" if mtp_tokens else "packed"
+        dt = str(key[7]).removeprefix("torch.")
+        items.append(("ssu", f"ssu {kind} dt={dt}", key, tl_ssu._builder(key), tl_ssu.PASS_CONFIGS))
+    fkeys, rkeys = tl_ssd.prewarm_keys(
+        heads=heads, groups=groups, dim=m.dim, dstate=m.dstate, chunk_size=m.chunk_size, io_dtype=io_dtype,
+        state_dtype=state_dtype, dt_dtype=torch.float32,
+    )  # fmt: skip
+    for key in fkeys:
+        items.append(("ssd", f"ssd fused{' intermediate' if key[-1] else ''}", key, tl_ssd._fused_builder(key),
+                      tl_ssd.PASS_CONFIGS))  # fmt: skip
+    for key in rkeys:
+        items.append(("ssd", f"ssd runs{' pool' if key[-1] else ''}", key, tl_ssd._runs_builder(key),
+                      tl_ssd.PASS_CONFIGS))  # fmt: skip
+    return heads, groups, items
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mate prewarm", description=__doc__.splitlines()[0])
+    ap.add_argument("config", help="a model directory or its config.json")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    ap.add_argument("--state-dtype", default="float32", choices=sorted(DTYPES), help="SSM state cache dtype")
+    ap.add_argument("--io-dtype", default="bfloat16", choices=("bfloat16", "bf16", "float16", "fp16"))
+    ap.add_argument("--mtp-tokens", type=int, default=0, help="speculative tokens per step (MTP), 0 for none")
+    ap.add_argument("--dry-run", "--list", action="store_true", dest="dry_run", help="list the kernels only")
+    ap.add_argument("--target", default=None, help="compile for this CUDA arch without a GPU, e.g. sm_90a")
+    args = ap.parse_args(argv)
+
+    path = os.path.join(args.config, "config.json") if os.path.isdir(args.config) else args.config
+    try:
+        model = read_config(path)
+        if args.mtp_tokens < 0:
+            raise ValueError(f"--mtp-tokens: got {args.mtp_tokens}; expected >= 0")
+        heads, groups, items = plan_kernels(
+            model, tp=args.tp, state_dtype=DTYPES[args.state_dtype], io_dtype=DTYPES[args.io_dtype],
+            mtp_tokens=args.mtp_tokens,
+        )  # fmt: skip
+    except (OSError, ValueError, NotImplementedError) as exc:
+        print(f"mate prewarm: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{model.model_type}: heads {model.heads}, head_dim {model.dim}, d_state {model.dstate}, "
+        f"n_groups {model.groups}, chunk {model.chunk_size}; tp {args.tp} -> per rank heads {heads}, "
+        f"groups {groups}; state {args.state_dtype}, io {args.io_dtype}"
+    )
+    if args.dry_run:
+        for i, (_fam, label, _key, _b, _pc) in enumerate(items, 1):
+            print(f"[{i}/{len(items)}] {label}")
+        print(f"{len(items)} kernels (dry run: nothing compiled)")
+        return 0
+
+    from ._tilelang.cache import CACHE
+
+    device = None
+    target = None
+    if args.target:
+        target = {"kind": "cuda", "arch": args.target}
+    else:
+        from ._backends import tilelang_installed
+        from ._device import default_accelerator
+
+        device = default_accelerator()
+        if device is None or not tilelang_installed():
+            print("mate prewarm: no GPU with TileLang here; use --target sm_90a to compile only", file=sys.stderr)
+            return 2
+    t_all = time.perf_counter()
+    failed = 0
+    for i, (_fam, label, key, build, pcs) in enumerate(items, 1):
+        t0 = time.perf_counter()
+        try:
+            if device is None:
+                CACHE.compile_only(key, build, target=target, pass_configs=pcs)
+            else:
+                CACHE.get(key, build, device, prewarm_hint="mate prewarm", pass_configs=pcs)
+            print(f"[{i}/{len(items)}] {label} ok {time.perf_counter() - t0:.1f}s", flush=True)
+        except Exception as exc:  # report each, fail at the end
+            failed += 1
+            print(f"[{i}/{len(items)}] {label} FAILED: {type(exc).__name__}: {exc}", flush=True)
+    total = time.perf_counter() - t_all
+    print(f"compiled {len(items) - failed}/{len(items)} kernels in {total:.1f}s "
+          f"({'target ' + args.target if target else str(device)})")  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""``mate prewarm`` (``mate.prewarm_model``) on small temporary config.json files, on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from mate.prewarm_model import main, per_rank, read_config
+
+NEMOTRON_H = {"model_type": "nemotron_h", "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128,
+              "n_groups": 8, "chunk_size": 128, "hidden_size": 4096}  # fmt: skip
+MAMBA2 = {"model_type": "mamba2", "num_heads": 80, "head_dim": 64, "state_size": 128, "n_groups": 1,
+          "chunk_size": 256, "hidden_size": 2560, "expand": 2}  # fmt: skip
+FALCON_H1 = {"model_type": "falcon_h1", "mamba_n_heads": 24, "mamba_d_head": 128, "mamba_d_state": 256,
+             "mamba_n_groups": 1, "mamba_chunk_size": 256, "hidden_size": 3072}  # fmt: skip
+
+
+def write(tmp_path, cfg, name="config.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    "cfg, expect",
+    [
+        pytest.param(NEMOTRON_H, (128, 64, 128, 8, 128), id="nemotron-h"),
+        pytest.param(MAMBA2, (80, 64, 128, 1, 256), id="mamba2"),
+        pytest.param(FALCON_H1, (24, 128, 256, 1, 256), id="falcon-h1"),
+        pytest.param({**MAMBA2, "num_heads": None}, (80, 64, 128, 1, 256), id="mamba2-heads-from-expand"),
+        pytest.param({"model_type": "x", "text_config": NEMOTRON_H}, (128, 64, 128, 8, 128), id="nested"),
+    ],
+)
+def test_read_config(tmp_path, cfg, expect):
+    m = read_config(write(tmp_path, cfg))
+    assert (m.heads, m.dim, m.dstate, m.groups, m.chunk_size) == expect
+
+
+def test_missing_field_names_it(tmp_path):
+    cfg = {k: v for k, v in NEMOTRON_H.items() if k != "ssm_state_size"}
+    with pytest.raises(ValueError, match="dstate"):
+        read_config(write(tmp_path, cfg))
+
+
+@pytest.mark.parametrize(
+    "cfg, tp, expect",
+    [
+        pytest.param(NEMOTRON_H, 1, (128, 8), id="nemotron-tp1"),
+        pytest.param(NEMOTRON_H, 8, (16, 1), id="nemotron-tp8"),
+        pytest.param(MAMBA2, 4, (20, 1), id="mamba2-tp4-replicated-group"),
+    ],
+)
+def test_per_rank(tmp_path, cfg, tp, expect):
+    assert per_rank(read_config(write(tmp_path, cfg)), tp) == expect
+
+
+def test_per_rank_rejects_bad_tp(tmp_path):
+    with pytest.raises(ValueError, match="--tp"):
+        per_rank(read_config(write(tmp_path, NEMOTRON_H)), 3)
+    with pytest.raises(ValueError, match="n_groups"):
+        per_rank(read_config(write(tmp_path, {**NEMOTRON_H, "n_groups": 6, "mamba_num_heads": 96})), 4)
+
+
+def test_dry_run_lists_every_kernel(tmp_path, capsys):
+    d = tmp_path / "model"
+    d.mkdir()
+    write(d, NEMOTRON_H)
+    assert main([str(d), "--tp", "2", "--mtp-tokens", "5", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "per rank heads 64, groups 4" in out
+    assert "ssu one-token" in out and "ssu packed (MTP 5 + 1)" in out
+    assert "ssd fused" in out and "ssd fused intermediate" in out and "ssd runs" in out
+    assert "(dry run: nothing compiled)" in out
+
+
+def test_bad_config_exits_nonzero(tmp_path, capsys):
+    assert main([str(tmp_path / "missing.json"), "--dry-run"]) == 2
+    assert main([write(tmp_path, NEMOTRON_H), "--tp", "3", "--dry-run"]) == 2
+    assert "--tp" in capsys.readouterr().err
+
+
+def test_unsupported_shape_exits_nonzero(tmp_path, capsys):
+    # d_state 96 is not served by the SSD kernels: the error names it
+    assert main([write(tmp_path, {**NEMOTRON_H, "ssm_state_size": 96}), "--dry-run"]) == 2
+    assert "dstate=96" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="needs TileLang")
+def test_compile_only_for_sm90a(tmp_path, capsys):
+    small = {"model_type": "nemotron_h", "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 64,
+             "n_groups": 1, "chunk_size": 64}  # fmt: skip
+    assert main([write(tmp_path, small), "--target", "sm_90a"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled 8/8 kernels" in out, out
