@@ -1,0 +1,216 @@
+"""``mate bench ssd``: SSD varlen prefill, MATE (TileLang) vs vLLM 0.33's Triton ``mamba_chunk_scan_combined_varlen``.
+
+Both run in the same process on the same inputs, each call captured in a CUDA graph (one call per window of
+disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per shape and chunk
+size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak ~790 TFLOP/s; the
+device copy bandwidth measured in the same run), and MATE's speed-up over vLLM.
+
+FLOP count (the algorithm's useful work, identical for both implementations; L = chunk size):
+``T * (2 G L N  [C B^T]  +  H (L P  [causal intra-chunk scan]  +  4 P N  [chunk state + C·state]))``.
+Bytes: x, B, C, dt read, out written, initial states read and final states written (fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .report import write_report
+from .timing import copy_ceiling_tbps, graph_time_us, windows_for
+
+PEAK_TFLOPS_BF16 = 790.0
+
+
+@dataclass(frozen=True)
+class SSDShape:
+    name: str
+    heads: int
+    dim: int
+    dstate: int
+    groups: int
+
+
+SSD_SHAPES = {
+    "nemotron-h-8b": SSDShape("nemotron-h-8b", 128, 64, 128, 8),
+    "mamba2-2.7b": SSDShape("mamba2-2.7b", 80, 64, 128, 1),
+    "falcon-h1-7b": SSDShape("falcon-h1-7b", 24, 128, 256, 1),
+}
+# (label, sequence lengths)
+BATCHES = {
+    "1x8192": [8192],
+    "1x32768": [32768],
+    "8x2048": [2048] * 8,
+    "32x512": [512] * 32,
+    "ragged5": [137, 4000, 1, 900, 3000],
+}
+# (shape, batches, chunk sizes)
+PLAN = [
+    ("nemotron-h-8b", list(BATCHES), [128, 256]),
+    ("mamba2-2.7b", ["1x8192", "8x2048"], [256]),
+    ("falcon-h1-7b", ["1x8192", "8x2048"], [256]),
+]
+QUICK_PLAN = [("nemotron-h-8b", ["1x8192", "32x512"], [128, 256])]
+
+
+def flops(T: int, s: SSDShape, L: int) -> float:
+    return T * (2 * s.groups * L * s.dstate + s.heads * (L * s.dim + 4 * s.dim * s.dstate))
+
+
+def nbytes(T: int, batch: int, s: SSDShape) -> int:
+    io = 2 * T * (2 * s.heads * s.dim + 2 * s.groups * s.dstate) + 4 * T * s.heads
+    return io + 2 * 4 * batch * s.heads * s.dim * s.dstate
+
+
+def make_window(s: SSDShape, seqlens, L, seed, dev):
+    from ..mamba.chunking import chunk_metadata
+
+    meta = chunk_metadata(seqlens, L, device=dev)
+    T = sum(seqlens)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    H, P, N, G = s.heads, s.dim, s.dstate, s.groups
+    bf = torch.bfloat16
+    return dict(
+        x=torch.randn(T, H, P, generator=g, device=dev).to(bf),
+        dt=torch.randn(T, H, generator=g, device=dev) - 2.0,
+        A=-(torch.rand(H, generator=g, device=dev) + 0.3),
+        B=(torch.randn(T, G, N, generator=g, device=dev) * 0.5).to(bf),
+        C=(torch.randn(T, G, N, generator=g, device=dev) * 0.5).to(bf),
+        D=torch.randn(H, generator=g, device=dev),
+        dt_bias=torch.randn(H, generator=g, device=dev) * 0.5,
+        init=torch.randn(len(seqlens), H, P, N, generator=g, device=dev) * 0.5,
+        out=torch.empty(T, H, P, dtype=bf, device=dev),
+        meta=meta,
+    )
+
+
+def mate_fn(w, L):
+    from ..mamba import ssd_combined_fwd_varlen
+
+    m = w["meta"]
+
+    def fn():
+        return ssd_combined_fwd_varlen(
+            w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
+            m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True, initial_states=w["init"],
+            state_dtype=torch.float32, backend="tilelang",
+        )  # fmt: skip
+
+    return fn
+
+
+def vllm_fn(w, L):
+    from vllm.model_executor.layers.mamba.ops.ssd_combined import mamba_chunk_scan_combined_varlen
+
+    m = w["meta"]
+
+    def fn():
+        return mamba_chunk_scan_combined_varlen(
+            w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
+            m.seq_idx, w["out"], w["D"], None, w["dt_bias"], w["init"], True, (0.0, float("inf")), False,
+            torch.float32,
+        )  # fmt: skip
+
+    return fn
+
+
+def check_agreement(s, seqlens, L, dev) -> float:
+    """Relative difference of MATE's and vLLM's outputs and final states on one window."""
+    w = make_window(s, seqlens, L, 1234, dev)
+    st_m = mate_fn(w, L)()
+    out_m = w["out"].float().clone()
+    st_v = vllm_fn(w, L)()
+    out_v = w["out"].float()
+    e_out = ((out_m - out_v).abs().max() / out_v.abs().max()).item()
+    e_st = ((st_m - st_v).abs().max() / st_v.abs().max()).item()
+    return max(e_out, e_st)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mate bench ssd", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
+    ap.add_argument("--name", default="ssd")
+    ap.add_argument("--impls", default="mate,vllm")
+    ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
+    ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("mate bench ssd: needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    impls = [i for i in args.impls.split(",") if i]
+    ceiling = copy_ceiling_tbps(dev)
+    print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
+    rows = []
+    for shape_name, batches, chunks in QUICK_PLAN if args.quick else PLAN:
+        s = SSD_SHAPES[shape_name]
+        for bname in batches:
+            seqlens = BATCHES[bname]
+            T = sum(seqlens)
+            for L in chunks:
+                per_call = nbytes(T, len(seqlens), s)
+                nwin = min(windows_for(per_call), 4)
+                wins = [make_window(s, seqlens, L, 17 + i, dev) for i in range(nwin)]
+                base = {}
+                agree = None
+                if "mate" in impls and "vllm" in impls:
+                    try:
+                        agree = check_agreement(s, seqlens, L, dev)
+                    except Exception as exc:  # report, keep measuring
+                        print(f"agreement check failed: {type(exc).__name__}: {exc}", flush=True)
+                for impl in impls:
+                    fns = [(mate_fn if impl == "mate" else vllm_fn)(w, L) for w in wins]
+                    try:
+                        us = graph_time_us(fns, replays=args.replays, repeats=args.repeats, device=dev)
+                    except Exception as exc:
+                        print(f"{impl} {shape_name} {bname} chunk{L}: {type(exc).__name__}: {exc}", flush=True)
+                        continue
+                    base[impl] = us
+                    row = dict(
+                        shape=shape_name, H=s.heads, P=s.dim, N=s.dstate, G=s.groups, batch=bname, tokens=T,
+                        chunk=L, impl=impl, us=round(us, 1), mtok_s=round(T / us, 2),
+                        tflops=round(flops(T, s, L) / us / 1e6, 1), tbps=round(per_call / us / 1e6, 2),
+                        pct_copy=round(100 * per_call / us / 1e6 / ceiling, 1),
+                        pct_peak=round(100 * flops(T, s, L) / us / 1e6 / PEAK_TFLOPS_BF16, 1),
+                    )  # fmt: skip
+                    if impl == "mate" and agree is not None:
+                        row["max_rel_diff_vs_vllm"] = f"{agree:.1e}"
+                    rows.append(row)
+                    print(row, flush=True)
+                if "mate" in base and "vllm" in base:
+                    for r in rows[-len(base) :]:
+                        if r["impl"] == "mate":
+                            r["speedup_vs_vllm"] = round(base["vllm"] / base["mate"], 2)
+                del wins
+                torch.cuda.empty_cache()
+    meta = dict(
+        device=torch.cuda.get_device_name(dev), copy_ceiling_tbps=round(ceiling, 2), peak_tflops=PEAK_TFLOPS_BF16,
+        timing="CUDA graph, one call per window of disjoint inputs, replayed; median of repeats",
+        dtypes="x/B/C bf16, dt/A/D/dt_bias fp32, initial and returned states fp32, dt_softplus, D [H], dt_bias",
+        flops=__doc__.split("FLOP count")[1].split("\n\n")[0].strip(),
+    )  # fmt: skip
+    cols = ["shape", "batch", "chunk", "impl", "us", "mtok_s", "tflops", "tbps", "pct_copy", "speedup_vs_vllm",
+            "max_rel_diff_vs_vllm"]  # fmt: skip
+    preface = (
+        f"# SSD varlen prefill: MATE vs vLLM 0.33 Triton\n\n{meta['device']}; copy ceiling {ceiling:.2f} TB/s; "
+        f"{meta['timing']}.\n{meta['dtypes']}.\nTFLOP/s counts {meta['flops']}"
+    )
+    paths = write_report(
+        args.name, rows, args.out, meta=meta, columns=cols, preface=preface,
+        plot_spec=dict(x="batch", y="mtok_s", series="impl", panel=["shape", "chunk"],
+                       title="SSD prefill throughput (M tokens/s)"),
+    )  # fmt: skip
+    print("wrote " + ", ".join(paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "SSD_SHAPES", "BATCHES", "flops", "nbytes", "math"]

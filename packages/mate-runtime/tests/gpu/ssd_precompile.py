@@ -1,0 +1,58 @@
+"""Compile every SSD kernel the GPU tests and the benchmark use, in parallel processes (fills TileLang's disk
+cache before ``pytest -m gpu``): ``python packages/mate-runtime/tests/gpu/ssd_precompile.py [--jobs N]``.
+Runs on a machine without a GPU too (the calls are built on the CPU only to derive the kernel keys)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--only-tests", action="store_true")
+    args = ap.parse_args(argv)
+    import test_ssd_kernels as t
+    from mate._tilelang import ssd as tl_ssd
+    from mate.mamba._ssd_call import normalize_ssd
+
+    keys = []
+    for p in t.CASES:
+        case = p.values[0]
+        kw = t.build(case, dev="cpu")
+        kw = {k: v for k, v in kw.items()}
+        if case.pool:
+            pool, idx = (
+                torch.zeros(len(case.seqlens) + 5, case.H, case.P, case.N, dtype=case.state),
+                torch.arange(len(case.seqlens), dtype=torch.int32),
+            )
+            kw.update(final_states_out=pool, final_state_indices=idx)
+        names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
+                 "seq_idx"]  # fmt: skip
+        pos = [kw.pop(n) for n in names]
+        call = normalize_ssd(*pos, **kw)
+        keys.extend(tl_ssd.kernel_keys(call))
+    if not args.only_tests:
+        from mate.bench.ssd import PLAN, SSD_SHAPES
+
+        for shape_name, _b, chunks in PLAN:
+            s = SSD_SHAPES[shape_name]
+            for L in chunks:
+                fk, rk = tl_ssd.prewarm_keys(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate,
+                                             chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
+                                             dt_dtype=torch.float32)  # fmt: skip
+                keys.extend([fk[0], rk[0]])
+    keys = list(dict.fromkeys(keys))
+    print(f"{len(keys)} kernels", flush=True)
+    tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

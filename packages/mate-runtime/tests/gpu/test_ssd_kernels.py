@@ -1,0 +1,249 @@
+"""TileLang SSD varlen prefill (``backend="tilelang"``) against the PyTorch reference (``backend="torch"``).
+
+Both backends see the same device tensors (the reference is pure PyTorch, fp32 inside). Compared: ``out`` and
+the returned (or pool-written) states, relative to the reference's largest magnitude, with tolerances of the
+kernels' bf16/fp16 tensor-core operands (scores, the state fed to ``C·state``, ``x`` weighted by the decay).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import pytest
+import torch
+
+cuda_ok = torch.cuda.is_available()
+try:
+    import tilelang  # noqa: F401
+
+    tl_ok = True
+except Exception:  # pragma: no cover - depends on the machine
+    tl_ok = False
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (cuda_ok and tl_ok), reason="needs a CUDA device and TileLang"),
+]
+
+from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402
+from mate.mamba.chunking import chunk_metadata  # noqa: E402
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+OUT_TOL = {BF16: 3e-2, F16: 1e-2}
+STATE_TOL = {BF16: 3e-2, F16: 1e-2}
+
+
+@dataclass(frozen=True)
+class Case:
+    seqlens: tuple = (1, 50, 128, 300)
+    history: tuple | None = None
+    chunk: int = 128
+    H: int = 8
+    G: int = 2
+    P: int = 64
+    N: int = 128
+    io: torch.dtype = BF16
+    state: torch.dtype = F32
+    init: bool = True
+    D: str = "head"  # "" | head | full
+    z: bool = False
+    dt_bias: bool = True
+    softplus: bool = True
+    dt_limit: tuple = (0.0, math.inf)
+    intermediate: bool = False
+    pool: str = ""  # "" | dense | paged: final_states_out + final_state_indices
+    rows_view: bool = False  # x/B/C as row views of one packed buffer
+    dt_dtype: torch.dtype = F32
+    seq_idx: tuple | None = None  # override (seq_idx authority)
+    last: tuple | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def build(case: Case, seed: int = 0, dev="cuda"):
+    dev = torch.device(dev)
+    meta = chunk_metadata(case.seqlens, case.chunk, case.history, device=dev)
+    seq_idx, last = meta.seq_idx, meta.last_chunk_indices
+    if case.seq_idx is not None:
+        seq_idx = torch.tensor(case.seq_idx, dtype=torch.int32, device=dev)
+    if case.last is not None:
+        last = torch.tensor(case.last, dtype=torch.int32, device=dev)
+    T, H, P, N, G = int(meta.cu_seqlens[-1]), case.H, case.P, case.N, case.G
+    batch = len(case.seqlens)
+    g = torch.Generator().manual_seed(seed)
+    if case.rows_view:
+        width = H * P + 2 * G * N + 8  # padded row: a strided view, as from a split projection
+        buf = torch.randn(T, width, generator=g)
+        buf[:, H * P :] *= 0.5
+        buf = buf.to(case.io).to(dev)
+        x = buf[:, : H * P].view(T, H, P)
+        B = buf[:, H * P : H * P + G * N].view(T, G, N)
+        C = buf[:, H * P + G * N : H * P + 2 * G * N].view(T, G, N)
+    else:
+        x = torch.randn(T, H, P, generator=g).to(case.io).to(dev)
+        B = (torch.randn(T, G, N, generator=g) * 0.5).to(case.io).to(dev)
+        C = (torch.randn(T, G, N, generator=g) * 0.5).to(case.io).to(dev)
+    if case.softplus:
+        dt = torch.randn(T, H, generator=g) - 2.0
+    else:
+        dt = torch.rand(T, H, generator=g) * 0.2 + 0.01
+    dt = dt.to(case.dt_dtype).to(dev)
+    A = (-(torch.rand(H, generator=g) + 0.3)).to(dev)
+    D = None
+    if case.D == "head":
+        D = torch.randn(H, generator=g).to(dev)
+    elif case.D == "full":
+        D = torch.randn(H, P, generator=g).to(dev)
+    z = torch.randn(T, H, P, generator=g).to(case.io).to(dev) if case.z else None
+    dt_bias = (torch.randn(H, generator=g) * 0.5).to(dev) if case.dt_bias else None
+    init = (torch.randn(batch, H, P, N, generator=g) * 0.5).to(case.state).to(dev) if case.init else None
+    kw = dict(
+        x=x, dt=dt, A=A, B=B, C=C, chunk_size=case.chunk, cu_seqlens=meta.cu_seqlens,
+        cu_chunk_seqlens=meta.cu_chunk_seqlens, last_chunk_indices=last, seq_idx=seq_idx, D=D, z=z,
+        dt_bias=dt_bias, dt_softplus=case.softplus, dt_limit=case.dt_limit, initial_states=init,
+        return_intermediate_states=case.intermediate, state_dtype=case.state,
+    )  # fmt: skip
+    return kw
+
+
+def fresh_pool(case: Case, batch: int, seed: int = 7):
+    g = torch.Generator().manual_seed(seed)
+    slots = batch + 5
+    shape = (case.H, case.P, case.N)
+    if case.pool == "paged":
+        page = math.prod(shape) + 256
+        storage = torch.randn(slots * page + 64, generator=g).to(case.state).cuda()
+        pool = storage[64:].view(slots, page)[:, : math.prod(shape)].view(slots, *shape)
+    else:
+        pool = torch.randn(slots, *shape, generator=g).to(case.state).cuda()
+    idx = torch.randperm(slots, generator=g)[:batch].to(torch.int32).cuda()
+    return pool, idx
+
+
+def run(case: Case, backend: str, seed: int = 0):
+    kw = build(case, seed)
+    out = torch.full_like(kw["x"], float("nan"), memory_format=torch.contiguous_format)
+    batch = kw["cu_seqlens"].shape[0] - 1
+    if case.pool:
+        pool, idx = fresh_pool(case, batch)
+        r = ssd_combined_fwd_varlen(**kw, out=out, final_states_out=pool, final_state_indices=idx, backend=backend)
+        assert r is None
+        return out, pool
+    states = ssd_combined_fwd_varlen(**kw, out=out, backend=backend)
+    return out, states
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    assert torch.isfinite(a).all(), "non-finite values"
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+
+
+CASES = [
+    pytest.param(Case(), id="ragged-1-50-128-300_c128_P64N128G2_bf16_f32state_init_Dh"),
+    pytest.param(Case(init=False), id="no-init"),
+    pytest.param(Case(chunk=64, N=64, G=1, H=4), id="c64_N64_G1"),
+    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700)), id="c256_lens-1-255-256-257-700"),
+    pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 300, 513)), id="c256_P128_N256_G1_falcon"),
+    pytest.param(Case(P=80, io=F16, D="full", z=True, seqlens=(77, 129, 2)), id="P80_fp16_Dfull_z"),
+    pytest.param(Case(H=16, G=8, seqlens=(300, 10, 129, 1), history=(0, 37, 200, 5)), id="G8_continuing_short_first"),
+    pytest.param(Case(state=BF16, seqlens=(200, 33)), id="bf16-state_bf16-init"),
+    pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D=""), id="dt-limit_no-softplus_no-D"),
+    pytest.param(Case(intermediate=True, history=(0, 100, 0, 64)), id="intermediate-states"),
+    pytest.param(Case(chunk=256, intermediate=True, state=BF16, z=True), id="intermediate_c256_bf16-state_z"),
+    pytest.param(Case(pool="dense"), id="final-states-out_dense-pool"),
+    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="final-states-out_paged-pool"),
+    pytest.param(Case(rows_view=True, z=True), id="xBC-row-views"),
+    pytest.param(Case(dt_dtype=BF16, io=F16, G=1, H=4), id="bf16-dt_fp16-io_G1"),
+    pytest.param(Case(seqlens=(200, 200), seq_idx=(0, 0, 1, 1), intermediate=True), id="seq_idx-authority"),
+    pytest.param(
+        Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2), intermediate=False), id="seq_idx-more-runs"
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernels_match_reference(case: Case):
+    out_k, st_k = run(case, "tilelang")
+    out_r, st_r = run(case, "torch")
+    torch.cuda.synchronize()
+    e_out = rel_err(out_k, out_r)
+    e_st = rel_err(st_k, st_r)
+    tol = OUT_TOL[case.io]
+    stol = STATE_TOL[case.io] + (1e-2 if case.state == BF16 else 0)
+    assert e_out < tol, f"out rel err {e_out:.3e}"
+    assert e_st < stol, f"state rel err {e_st:.3e}"
+    if case.pool:
+        # slots the call does not name keep their values bit for bit
+        batch = len(case.seqlens)
+        pool0, idx = fresh_pool(case, batch)
+        untouched = torch.ones(pool0.shape[0], dtype=torch.bool, device="cuda")
+        untouched[idx.long()] = False
+        assert torch.equal(st_k[untouched], pool0[untouched])
+
+
+def test_fp32_io_raises():
+    kw = build(Case(io=F32))
+    with pytest.raises(NotImplementedError, match="float32"):
+        ssd_combined_fwd_varlen(**kw, backend="tilelang")
+
+
+def test_small_chunk_raises():
+    kw = build(Case(chunk=32))
+    with pytest.raises(NotImplementedError, match="chunk_size"):
+        ssd_combined_fwd_varlen(**kw, backend="tilelang")
+
+
+def test_graph_replay_equals_eager():
+    case = Case(seqlens=(1, 100, 300), z=True)
+    kw = build(case)
+    out = torch.empty_like(kw["x"])
+    eager_states = ssd_combined_fwd_varlen(**kw, out=out, backend="tilelang").clone()
+    eager_out = out.clone()
+    out.zero_()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ssd_combined_fwd_varlen(**kw, out=out, backend="tilelang")  # warm on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        states = ssd_combined_fwd_varlen(**kw, out=out, backend="tilelang")
+    out.zero_()
+    states.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager_out)
+    assert torch.equal(states, eager_states)
+    # new inputs copied into the captured buffers give the new result
+    kw2 = build(case, seed=3)
+    kw["x"].copy_(kw2["x"])
+    kw["initial_states"].copy_(kw2["initial_states"])
+    graph.replay()
+    out2 = torch.empty_like(out)
+    ref_states = ssd_combined_fwd_varlen(**{**kw}, out=out2, backend="tilelang")
+    torch.cuda.synchronize()
+    assert torch.equal(out, out2)
+    assert torch.equal(states, ref_states)
+
+
+def test_steady_state_allocates_only_the_returned_states():
+    case = Case(seqlens=(17, 300, 129), z=True)
+    kw = build(case)
+    out = torch.empty_like(kw["x"])
+    ssd_combined_fwd_varlen(**kw, out=out, backend="tilelang")  # compile + workspace
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    states = ssd_combined_fwd_varlen(**kw, out=out, backend="tilelang")
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()["allocation.all.allocated"]
+    assert after - before == 1, f"{after - before} allocations (expected 1: the returned states)"
+    assert states.shape == (3, case.H, case.P, case.N)
+    # the pool-writing form allocates nothing at all
+    pool, idx = fresh_pool(replace(case, pool="dense"), 3)
+    ssd_combined_fwd_varlen(**kw, out=out, final_states_out=pool, final_state_indices=idx, backend="tilelang")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    ssd_combined_fwd_varlen(**kw, out=out, final_states_out=pool, final_state_indices=idx, backend="tilelang")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
