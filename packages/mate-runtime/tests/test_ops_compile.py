@@ -174,3 +174,25 @@ def test_inductor_decode_step_equals_eager():
     y = torch.compile(_decode_step, fullgraph=True)(**b)
     torch.testing.assert_close(y, y_ref)
     assert torch.equal(b["state"], a["state"])
+
+
+def test_compiled_decode_on_a_strided_pool_view():
+    """vLLM's state is a view of a page (stride(0) = page size, a storage offset): the traced in-place update must
+    land in the page exactly as in eager."""
+    torch._dynamo.reset()
+    a = _ssu_inputs(4)
+    S, H, P, N = a["state"].shape
+    page = torch.randn(S, H * P * N + 24)
+
+    def pool(p):
+        return p[:, 8 : 8 + H * P * N].view(S, H, P, N)
+
+    page_ref = page.clone()
+    b = dict(a, state=pool(page_ref))
+    y_ref = _decode_step(**b)
+    page_c = page.clone()
+    c = dict(a, state=pool(page_c))
+    assert c["state"].storage_offset() == 8 and c["state"].stride(0) == H * P * N + 24
+    y = torch.compile(_decode_step, fullgraph=True, backend="aot_eager")(**c)
+    assert torch.equal(y, y_ref) and torch.equal(page_c, page_ref)
+    assert not torch.equal(page_c, page)
