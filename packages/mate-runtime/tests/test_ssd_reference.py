@@ -406,3 +406,44 @@ def test_random_combinations(seed):
     close(states, exp.chunk_end, expected_dtype)
     final = run_ref(inp, meta, cs, state_dtype=sd, **kw)
     close(final, exp.final, expected_dtype)
+
+
+# ------------------------------------------------------------------- the public chunk metadata helper
+
+
+@pytest.mark.parametrize(
+    "seqlens,chunk_size,history",
+    [
+        pytest.param([5, 16, 37], 16, None, id="no_history"),
+        pytest.param([20, 5, 40], 16, [10, 3, 17], id="short_first_chunks"),
+        pytest.param([16, 8, 1], 16, [16, 8, 15], id="boundaries"),
+        pytest.param([300, 1], 128, [200, 0], id="cs128"),
+        pytest.param([1], 256, [255], id="one_token_closing_a_chunk"),
+    ],
+)
+def test_public_chunk_metadata_matches_independent_helper(seqlens, chunk_size, history):
+    from mate.mamba.chunking import chunk_metadata as public
+
+    mine = chunk_metadata(seqlens, chunk_size, history=history)
+    theirs = public(seqlens, chunk_size, history=history)
+    for f in ("cu_seqlens", "cu_chunk_seqlens", "seq_idx", "last_chunk_indices"):
+        a, b = getattr(theirs, f), getattr(mine, f)
+        assert a.dtype == torch.int32 and torch.equal(a, b), f
+
+
+@pytest.mark.parametrize(
+    "args,name",
+    [
+        pytest.param(([], 16), "seqlens", id="empty"),
+        pytest.param(([3, 0], 16), "seqlens", id="zero_length"),
+        pytest.param(([3], 0), "chunk_size", id="chunk_size_0"),
+        pytest.param(([3], 16.0), "chunk_size", id="chunk_size_float"),
+        pytest.param(([3, 4], 16, [1]), "history", id="history_length"),
+        pytest.param(([3], 16, [-1]), "history", id="history_negative"),
+    ],
+)
+def test_public_chunk_metadata_rejections(args, name):
+    from mate.mamba.chunking import chunk_metadata as public
+
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        public(*args)
