@@ -17,6 +17,7 @@ budget. The public functions (and the adapters, through :func:`selective_state_u
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -89,8 +90,7 @@ def _ssu_normalize(
     )
 
 
-@torch.library.custom_op("mate::selective_state_update", mutates_args=("state", "out", "intermediate_states_buffer"))
-def _ssu_op(
+def _ssu_impl(
     state: torch.Tensor,
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -156,10 +156,23 @@ def _ssu_op(
     run_ssu(call, backend)
 
 
+_ssu_op = torch.library.custom_op(
+    "mate::selective_state_update", _ssu_impl, mutates_args=("state", "out", "intermediate_states_buffer")
+)
+
+
+def _ordered(op_fn, args, kwargs):
+    """The op's arguments in schema order, however the dispatcher passed them."""
+    if not kwargs:
+        return args
+    bound = inspect.signature(op_fn).bind(*args, **kwargs)
+    return tuple(bound.arguments.values())
+
+
 @_ssu_op.register_fake
-def _ssu_fake(*args) -> None:
+def _ssu_fake(*args, **kwargs) -> None:
     # Validation only (shapes, dtypes, forms, unsupported capabilities); nothing is allocated.
-    _ssu_normalize(*args[:-1])
+    _ssu_normalize(*_ordered(_ssu_impl, args, kwargs)[:-1])
 
 
 def selective_state_update(
@@ -391,8 +404,7 @@ def _ssd_normalize(
     )
 
 
-@torch.library.custom_op("mate::ssd_combined_fwd_varlen", mutates_args=("out", "final_states_out"))
-def _ssd_op(
+def _ssd_impl(
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -455,9 +467,12 @@ def _ssd_op(
     return states
 
 
+_ssd_op = torch.library.custom_op("mate::ssd_combined_fwd_varlen", _ssd_impl, mutates_args=("out", "final_states_out"))
+
+
 @_ssd_op.register_fake
-def _ssd_fake(*args) -> torch.Tensor:
-    call = _ssd_normalize(*args[:-1])
+def _ssd_fake(*args, **kwargs) -> torch.Tensor:
+    call = _ssd_normalize(*_ordered(_ssd_impl, args, kwargs)[:-1])
     if call.final_states_out is not None:
         shape = (0,)
     else:
