@@ -92,7 +92,7 @@ def check_index_data(call: SSUCall) -> None:
     if call.write_mode == "per_token" and writers.numel():
         name = "state_batch_indices" if call.dst is call.src else "dst_state_batch_indices"
         bb = writers.repeat_interleave(wlens)
-        tt = torch.cat([torch.arange(int(n), device=dev) for n in wlens])
+        tt = torch.arange(bb.numel(), device=dev) - (wlens.cumsum(0) - wlens).repeat_interleave(wlens)
         _in_pool(name, _entries(name, call.dst, bb, tt), S, pad)
     elif call.write_mode == "final" and call.dst is not None and writers.numel():
         name = "dst_state_batch_indices"
