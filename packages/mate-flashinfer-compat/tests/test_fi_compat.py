@@ -298,6 +298,22 @@ def test_intermediate_buffer_mode_leaves_the_pool_alone():
     torch.testing.assert_close(y[1].double(), torch.stack(ys), **ATOL)
 
 
+def test_one_token_path_ignores_accepted_tokens_like_flashinfer():
+    t = consumer_tensors(rows=2, S=12, seed=13)
+    pool0 = t.state.clone()
+    src = torch.tensor([[3, 4, 5], [6, 7, 8]], dtype=torch.int32)
+    fi_ssu()(
+        t.state, t.x, t.dt, t.A, t.B, t.C, t.D, dt_bias=t.dt_bias, dt_softplus=True, state_batch_indices=src,
+        num_accepted_tokens=torch.tensor([3, 2], dtype=torch.int32), out=t.out,
+    )  # fmt: skip
+    expect = pool0.clone()
+    for b, read in ((0, 3), (1, 6)):  # column 0, not src[b, acc - 1]
+        states, ys = run_sequence(pool0[read], [b], t)
+        expect[read] = states[-1].float()
+        torch.testing.assert_close(t.out[b].double(), ys[0], **ATOL)
+    torch.testing.assert_close(t.state, expect, **ATOL)
+
+
 def test_one_token_path_reads_column_zero_and_honours_disable():
     t = consumer_tensors(rows=2, S=12, seed=7)
     pool0 = t.state.clone()
@@ -323,7 +339,6 @@ def test_one_token_path_reads_column_zero_and_honours_disable():
         (dict(algorithm="fastest"), ValueError, "algorithm"),
         (dict(backend="triton"), ValueError, "backend"),
         (dict(rand_seed=torch.zeros(1, dtype=torch.int64)), NotImplementedError, "rand_seed"),
-        (dict(num_accepted_tokens=torch.ones(2, dtype=torch.int32)), ValueError, "num_accepted_tokens"),
         (dict(intermediate_states_buffer=torch.zeros(2, 1, 4, 4, 8)), ValueError, "intermediate_states_buffer"),
         (dict(cu_seqlens=torch.tensor([0, 1, 2], dtype=torch.int32)), ValueError, "cache_steps"),
         (

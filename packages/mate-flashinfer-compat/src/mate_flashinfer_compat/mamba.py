@@ -9,8 +9,9 @@ differ from ``mate.mamba``:
   >= 1); 4-D ``x``, or 3-D ``x`` with ``cache_steps >= 1`` (one token), is the dense multi-token path.
 * **One-token path.** Reads ``src[b]`` (column 0 of a 2-D table) and writes the new state to ``dst[b]`` (to
   ``src[b]`` without a destination table) unless ``disable_state_update``; a sentinel read slot reads zeros and
-  writes nothing. FlashInfer ignores ``num_accepted_tokens`` and ``intermediate_states_buffer`` on this path;
-  MATE rejects them instead of silently ignoring them (``ValueError``).
+  writes nothing. ``num_accepted_tokens`` is ignored on this path, as FlashInfer's kernel does (the read slot
+  stays ``src[b, 0]``). FlashInfer also ignores ``intermediate_states_buffer`` here; MATE rejects it
+  (``ValueError``) instead of silently not writing a buffer the caller asked for.
 * **Multi-token paths: three exclusive write modes.** A destination table publishes every token's state to
   ``dst[b, t]`` *even with* ``disable_state_update=True`` (FlashInfer does not gate it); an
   ``intermediate_states_buffer`` takes every token's state at ``buf[idx * cache_steps + t]`` (``idx`` =
@@ -145,13 +146,8 @@ def selective_state_update(
                 "None on FlashInfer's one-token path (3-D x, no cu_seqlens, cache_steps=0), which never writes it; "
                 "pass cache_steps >= 1 for the multi-token path",
             )
-        if num_accepted_tokens is not None:
-            _bad(
-                "num_accepted_tokens",
-                num_accepted_tokens,
-                "None on FlashInfer's one-token path (3-D x, no cu_seqlens, cache_steps=0), which ignores it; "
-                "pass cu_seqlens for the packed multi-token path",
-            )
+        # num_accepted_tokens: FlashInfer's one-token kernel never reads it (the read slot is src[b, 0]); a
+        # consumer that passes it on this path gets exactly that, so it is not forwarded.
         ops.selective_state_update(
             state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
             state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, state_scale=state_scale, out=output,
