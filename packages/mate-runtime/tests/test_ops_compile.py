@@ -196,3 +196,36 @@ def test_compiled_decode_on_a_strided_pool_view():
     y = torch.compile(_decode_step, fullgraph=True, backend="aot_eager")(**c)
     assert torch.equal(y, y_ref) and torch.equal(page_c, page_ref)
     assert not torch.equal(page_c, page)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_decode_and_prefill_equal_eager():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    S, H, P, N, b = 8, 8, 64, 128, 4
+    dev = "cuda"
+    state = torch.randn(S, H, P, N, generator=g).to(dev)
+    x = torch.randn(b, H, P, generator=g).to(dev, torch.bfloat16)
+    dt = torch.rand(b, H, generator=g).to(dev).unsqueeze(-1).expand(b, H, P)
+    A = (-torch.rand(H, generator=g)).to(dev)
+    B = torch.randn(b, 2, N, generator=g).to(dev, torch.bfloat16)
+    C = torch.randn(b, 2, N, generator=g).to(dev, torch.bfloat16)
+    idx = torch.tensor([3, -1, 0, 6], dtype=torch.int32, device=dev)
+
+    def step(state):
+        return selective_state_update(state, x, dt, A, B, C, None, dt_softplus=True, state_batch_indices=idx) * 1.0
+
+    s_ref = state.clone()
+    y_ref = step(s_ref)
+    s = state.clone()
+    y = torch.compile(step, fullgraph=True, backend="aot_eager")(s)
+    assert torch.equal(y, y_ref) and torch.equal(s, s_ref)
+
+    a = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in _ssd_inputs(6).items()}
+    out_ref = torch.empty_like(a["x"])
+    st_ref = _prefill(**a, out=out_ref)
+    out = torch.empty_like(a["x"])
+    st = torch.compile(_prefill, fullgraph=True, backend="aot_eager")(**a, out=out)
+    assert torch.equal(out, out_ref) and torch.equal(st, st_ref)
