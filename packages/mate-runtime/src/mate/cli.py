@@ -144,21 +144,6 @@ def rel_err(got, want) -> float:
     return float((got - want).abs().max()) / max(scale, 1e-12) if want.numel() else 0.0
 
 
-def chunk_layout(seqlens: list[int], chunk_size: int) -> tuple[list[int], list[int], list[int]]:
-    """(cu_chunk_seqlens, seq_idx, last_chunk_indices) of fresh sequences (no history): every chunk but a
-    sequence's last spans ``chunk_size`` tokens."""
-    cu, seq_idx, last = [0], [], []
-    for b, n in enumerate(seqlens):
-        done = 0
-        while done < n:
-            step = min(chunk_size, n - done)
-            done += step
-            cu.append(cu[-1] + step)
-            seq_idx.append(b)
-        last.append(len(seq_idx) - 1)
-    return cu, seq_idx, last
-
-
 def softplus64(v):
     import torch
 
@@ -242,6 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ._backends import resolve_backend
     from ._device import default_accelerator
     from .mamba import selective_state_update, ssd_combined_fwd_varlen
+    from .mamba.chunking import chunk_metadata
 
     if args.device == "auto":
         device = default_accelerator() or torch.device("cpu")
@@ -294,8 +280,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     checks: list[Check] = []
     timings: list[tuple[str, float, float | None]] = []
 
-    # ---- 1. prefill of the ragged batch
-    cu_chunk, seq_idx, last_chunk = chunk_layout(seqlens, L)
+    # ---- 1. prefill of the ragged batch (fresh sequences: chunks of chunk_size from each sequence's start)
+    chunks = chunk_metadata(seqlens, L, device=device)
     cu_seqlens = [0]
     for n in seqlens:
         cu_seqlens.append(cu_seqlens[-1] + n)
@@ -308,10 +294,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     B, C = randn(total, G, N), randn(total, G, N)
     y = torch.empty_like(x)
     meta = dict(
-        cu_seqlens=i32(cu_seqlens),
-        cu_chunk_seqlens=i32(cu_chunk),
-        last_chunk_indices=i32(last_chunk),
-        seq_idx=i32(seq_idx),
+        cu_seqlens=chunks.cu_seqlens,
+        cu_chunk_seqlens=chunks.cu_chunk_seqlens,
+        last_chunk_indices=chunks.last_chunk_indices,
+        seq_idx=chunks.seq_idx,
     )
 
     def prefill():
@@ -322,7 +308,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print(
         f"[1/4] prefill: {batch} sequences of {', '.join(map(str, seqlens))} tokens ({total} in all, "
-        f"{len(seq_idx)} chunks) through ssd_combined_fwd_varlen",
+        f"{chunks.nchunks} chunks) through ssd_combined_fwd_varlen",
         flush=True,
     )
     final, t_first = _timed(prefill, device)
