@@ -146,6 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     impls = [i for i in args.impls.split(",") if i]
     ceiling = copy_ceiling_tbps(dev)
     print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
+
+    def report():
+        meta = dict(
+            device=torch.cuda.get_device_name(dev), copy_ceiling_tbps=round(ceiling, 2), peak_tflops=PEAK_TFLOPS_BF16,
+            timing="CUDA graph, one call per window of disjoint inputs, replayed; median of repeats",
+            dtypes="x/B/C bf16, dt/A/D/dt_bias fp32, initial and returned states fp32, dt_softplus, D [H], dt_bias",
+            flops=__doc__.split("FLOP count")[1].split("\n\n")[0].strip(),
+        )  # fmt: skip
+        cols = ["shape", "batch", "chunk", "impl", "us", "mtok_s", "tflops", "tbps", "pct_copy", "speedup_vs_vllm",
+                "max_rel_diff_vs_vllm"]  # fmt: skip
+        preface = (
+            f"# SSD varlen prefill: MATE vs vLLM 0.33 Triton\n\n{meta['device']}; copy ceiling {ceiling:.2f} TB/s; "
+            f"{meta['timing']}.\n{meta['dtypes']}.\nTFLOP/s counts {meta['flops']}"
+        )
+        paths = write_report(
+            args.name, rows, args.out, meta=meta, columns=cols, preface=preface,
+            plot_spec=dict(x="batch", y="mtok_s", series="impl", panel=["shape", "chunk"],
+                           title="SSD prefill throughput (M tokens/s)"),
+        )  # fmt: skip
+        return paths
+
     rows = []
     for shape_name, batches, chunks in QUICK_PLAN if args.quick else PLAN:
         s = SSD_SHAPES[shape_name]
@@ -188,23 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                             r["speedup_vs_vllm"] = round(base["vllm"] / base["mate"], 2)
                 del wins
                 torch.cuda.empty_cache()
-    meta = dict(
-        device=torch.cuda.get_device_name(dev), copy_ceiling_tbps=round(ceiling, 2), peak_tflops=PEAK_TFLOPS_BF16,
-        timing="CUDA graph, one call per window of disjoint inputs, replayed; median of repeats",
-        dtypes="x/B/C bf16, dt/A/D/dt_bias fp32, initial and returned states fp32, dt_softplus, D [H], dt_bias",
-        flops=__doc__.split("FLOP count")[1].split("\n\n")[0].strip(),
-    )  # fmt: skip
-    cols = ["shape", "batch", "chunk", "impl", "us", "mtok_s", "tflops", "tbps", "pct_copy", "speedup_vs_vllm",
-            "max_rel_diff_vs_vllm"]  # fmt: skip
-    preface = (
-        f"# SSD varlen prefill: MATE vs vLLM 0.33 Triton\n\n{meta['device']}; copy ceiling {ceiling:.2f} TB/s; "
-        f"{meta['timing']}.\n{meta['dtypes']}.\nTFLOP/s counts {meta['flops']}"
-    )
-    paths = write_report(
-        args.name, rows, args.out, meta=meta, columns=cols, preface=preface,
-        plot_spec=dict(x="batch", y="mtok_s", series="impl", panel=["shape", "chunk"],
-                       title="SSD prefill throughput (M tokens/s)"),
-    )  # fmt: skip
+                report()  # partial results survive a time limit
+    paths = report()
     print("wrote " + ", ".join(paths.values()))
     return 0
 
