@@ -60,7 +60,7 @@ def test_info_reports_broken_tilelang_cleanly(capsys, monkeypatch):
 def test_demo_on_cpu_passes_and_reports_errors_and_times(capsys):
     assert cli.main(SMALL_DEMO) == 0
     out = capsys.readouterr().out
-    for stage in ("[1/4] prefill", "[2/4] decode", "[3/4] MTP", "[4/4] time per call", "PASS: 7 checks"):
+    for stage in ("[1/4] prefill", "[2/4] decode", "[3/4] MTP", "[4/4] time per eager call", "PASS: 7 checks"):
         assert stage in out
     for check in ("prefill y", "prefill final states", "decode y", "decode states", "MTP y", "MTP per-token states"):
         assert check in out

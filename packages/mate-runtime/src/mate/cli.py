@@ -425,7 +425,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"      {c.what:<24} max err {c.err:.2e} (tol {c.tol:.0e})", flush=True)
 
     # ---- 4. report
-    print("[4/4] time per call" + (f" (first call, then median of {reps})" if reps else " (first call)"), flush=True)
+    print(
+        "[4/4] time per eager call, synchronised (validation + launch included; the first call compiles on a GPU)"
+        + (f": first, then the median of {reps}" if reps else ": first"),
+        flush=True,
+    )
     for what, first, steady in timings:
         tail = f"   steady {_fmt_time(steady)}" if steady is not None else ""
         print(f"      {what:<36} first {_fmt_time(first)}{tail}", flush=True)
