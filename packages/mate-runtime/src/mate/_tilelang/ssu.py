@@ -11,6 +11,18 @@ is read back from the device, and every launch goes to the current stream (TileL
 from __future__ import annotations
 
 import torch
+from mate_kernels.ssu import (
+    FLAG_ACC,
+    FLAG_CU,
+    FLAG_D,
+    FLAG_DST,
+    FLAG_DT_BIAS,
+    FLAG_IIDX,
+    FLAG_PARENT,
+    FLAG_SOFTPLUS,
+    FLAG_SRC,
+    FLAG_Z,
+)
 
 from ..mamba._ssu_call import SSUCall, finish
 from .cache import CACHE
@@ -25,6 +37,7 @@ PREWARM_HINT = (
 )
 MAX_SEQUENCES = 65535  # the grid's z dimension
 
+_MODES = {"none": 0, "final": 1, "per_token": 2, "intermediate": 3}
 _kernels: dict = {}  # static key -> compiled kernel (a copy of the CACHE entries, read without locking)
 _dummies: dict = {}
 
@@ -124,7 +137,6 @@ def _row_table(t):
 
 def plan(call: SSUCall):
     """(kernel key, launch arguments) of a call, or None when there is nothing to launch."""
-    kmod = _kmod()
     state = call.state
     dev = state.device
     nseq = call.nseq
@@ -134,8 +146,7 @@ def plan(call: SSUCall):
         raise NotImplementedError(
             f"selective_state_update (tilelang): more than {MAX_SEQUENCES} sequences in one call ({nseq})"
         )
-    H, P, N = state.shape[1], state.shape[2], state.shape[3]
-    mode_name = call.write_mode
+    _, H, P, N = state.shape
     one_token = (
         call.seqlen == 1
         and call.cu_seqlens is None
@@ -145,53 +156,57 @@ def plan(call: SSUCall):
     )
     state_dt = state.dtype
     io_dt = call.x.dtype
-    vec = _vec_of(state_dt, N)
-    esize = state.element_size()
-    vstate = _aligned(state, vec, vec * esize, 2)
+    vec = _VEC_CACHE.get((state_dt, N)) or _vec_of(state_dt, N)
+    s0, s1 = state.stride()[:2]
+    vstate = not (state.data_ptr() % (vec * state.element_size()) or s0 % vec or s1 % vec)
     ibuf = call.ibuf
     if ibuf is not None and vstate:
         vstate = _aligned(ibuf, vec, vec * ibuf.element_size(), 2)
     B = call.B
     C = call.C
-    if B.stride(2) != 1 or C.stride(2) != 1:
+    bs0, bs1, bs2 = B.stride()
+    cs0, cs1, cs2 = C.stride()
+    if bs2 != 1 or cs2 != 1:
         B = _row_table(B)
         C = _row_table(C)
-    isz = B.element_size()
-    vio = _aligned(B, vec, vec * isz, 2) and _aligned(C, vec, vec * isz, 2)
+        bs0, bs1, _ = B.stride()
+        cs0, cs1, _ = C.stride()
+    nb = vec * B.element_size()
+    vio = not (B.data_ptr() % nb or C.data_ptr() % nb or bs0 % vec or bs1 % vec or cs0 % vec or cs1 % vec)
 
     flags = 0
     D = call.D
     if D is not None:
-        flags |= kmod.FLAG_D
+        flags |= FLAG_D
         d_dt = D.dtype
     else:
         d_dt = torch.float32
         D = _dummy("D", dev, d_dt, (1, 1))
     z = call.z
     if z is not None:
-        flags |= kmod.FLAG_Z
+        flags |= FLAG_Z
     else:
         z = _dummy("z", dev, io_dt, (1, 1, 1))
     dtb = call.dt_bias
     if dtb is not None:
-        flags |= kmod.FLAG_DT_BIAS
+        flags |= FLAG_DT_BIAS
         dtb_dt = dtb.dtype
     else:
         dtb_dt = torch.float32
         dtb = _dummy("dtb", dev, dtb_dt, (1, 1))
     if call.dt_softplus:
-        flags |= kmod.FLAG_SOFTPLUS
+        flags |= FLAG_SOFTPLUS
 
     src = call.src
     dst = call.dst
     if src is not None:
-        flags |= kmod.FLAG_SRC
+        flags |= FLAG_SRC
         src_t, src_sb, src_st, src_dt = src.base, src.stride_b, src.stride_t, src.base.dtype
     else:
         src_dt = dst.base.dtype if dst is not None else torch.int32
         src_t, src_sb, src_st = _dummy("idx", dev, src_dt, (1,)), 0, 0
     if dst is not None:
-        flags |= kmod.FLAG_DST
+        flags |= FLAG_DST
         dst_t, dst_sb, dst_st, dst_dt = dst.base, dst.stride_b, dst.stride_t, dst.base.dtype
     else:
         dst_dt = src_dt
@@ -199,9 +214,9 @@ def plan(call: SSUCall):
     if src_t.numel() == 0 or dst_t.numel() == 0:
         raise ValueError("state_batch_indices / dst_state_batch_indices: an empty slot table with sequences to run")
 
-    mode = {"none": 0, "final": 1, "per_token": 2, "intermediate": 3}[mode_name]
+    mode = _MODES[call.write_mode]
     tied = call.tie_hdim
-    ratio = H // call.groups
+    ratio = H // B.shape[1]
 
     if one_token:
         meta_dt = torch.int32
@@ -226,25 +241,25 @@ def plan(call: SSUCall):
                 "one integer dtype)"
             )
     if cu is not None:
-        flags |= kmod.FLAG_CU
+        flags |= FLAG_CU
         if cu.stride(0) != 1:
             cu = cu.contiguous()
     else:
         cu = _dummy("meta", dev, meta_dt, (1,))
     if acc is not None:
-        flags |= kmod.FLAG_ACC
+        flags |= FLAG_ACC
         if acc.stride(0) != 1:
             acc = acc.contiguous()
     else:
         acc = _dummy("meta", dev, meta_dt, (1,))
     if iidx is not None:
-        flags |= kmod.FLAG_IIDX
+        flags |= FLAG_IIDX
         if iidx.stride(0) != 1:
             iidx = iidx.contiguous()
     else:
         iidx = _dummy("meta", dev, meta_dt, (1,))
     if parent is not None:
-        flags |= kmod.FLAG_PARENT
+        flags |= FLAG_PARENT
     else:
         parent = _dummy("meta", dev, meta_dt, (1, 1))
     if ibuf is None:
