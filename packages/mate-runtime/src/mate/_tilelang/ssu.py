@@ -30,7 +30,27 @@ from .compile_check import CompileItem
 
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32",
        torch.int64: "int64"}  # fmt: skip
+# The kernels index only in-range addresses (clamped indices, dummies at index 0), so TileLang's bounds-check
+# guards are turned off; the key is looked up through getattr so a TileLang build without it (the MUSA fork)
+# compiles with the guards instead of failing on an unknown pass config.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+_pass_configs_checked: dict | None = None
+
+
+def _pass_configs() -> dict:
+    global _pass_configs_checked
+    if _pass_configs_checked is None:
+        try:
+            from tilelang.transform import PassConfigKey
+
+            key = getattr(PassConfigKey, "TL_DISABLE_SAFE_MEMORY_ACCESS", None)
+        except Exception:  # an older or forked TileLang without the enum
+            key = None
+        name = getattr(key, "value", key)
+        _pass_configs_checked = dict(PASS_CONFIGS) if name in PASS_CONFIGS else {}
+    return _pass_configs_checked
+
+
 PREWARM_HINT = (
     "mate.mamba.prewarm_selective_state_update(state_dtype=..., io_dtype=..., batch=..., heads=..., dim=..., "
     "dstate=..., groups=..., slot_dtype=..., packed=..., meta_dtype=..., dt_dim=...)"
@@ -123,7 +143,7 @@ def build_kernel(key):
 def _get(key, device):
     kern = _kernels.get(key)
     if kern is None:
-        kern = CACHE.get(key, _builder(key), device, prewarm_hint=PREWARM_HINT, pass_configs=PASS_CONFIGS)
+        kern = CACHE.get(key, _builder(key), device, prewarm_hint=PREWARM_HINT, pass_configs=_pass_configs())
         _kernels[key] = kern
     return kern
 
