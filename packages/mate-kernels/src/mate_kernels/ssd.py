@@ -53,12 +53,12 @@ def fused_smem_bytes(
     threads: int = 256,
     scores_in_shared: bool = False,
 ) -> int:
-    """Dynamic shared memory of the fused kernel (TileLang multi-buffers every tile written inside the
-    pipelined loop: x, B, C, the output/weighted-x tile, dt', shared scores), to pick a tile that fits."""
-    per_stage = block_L * (2 * dim_block + 2 * dstate) * io_bytes + block_L * 4
+    """Dynamic shared memory of the fused kernel (TileLang multi-buffers the tiles the pipelined loop loads:
+    x, B, C, dt'; scores kept in shared memory are multi-buffered too), to pick a tile that fits."""
+    per_stage = block_L * (dim_block + 2 * dstate) * io_bytes + block_L * 4
     if scores_in_shared:
         per_stage += block_L * block_L * io_bytes
-    fixed = dstate * dim_block * io_bytes + 2 * max(block_L, threads) * 4
+    fixed = (dstate + block_L) * dim_block * io_bytes + 2 * max(block_L, threads) * 4
     return num_stages * per_stage + fixed
 
 
@@ -320,21 +320,23 @@ def ssd_fused_kernel(
                 # Stage 5: intra-chunk scan.
                 T.gemm(cb_c, x_s, y, policy=policy)
 
-                # Epilogue: D x, silu(z), store the valid rows.
-                for m, p in T.Parallel(BL, BP):
-                    acc = y[m, p]
-                    if has_D:
+                # Epilogue: D x, silu(z), store the valid rows. Each step updates the accumulator fragment in
+                # place: a loop that reads global memory (z) and writes shared memory would be taken for a
+                # producer copy by the warp-specialisation pass and moved out of the consumer.
+                if has_D:
+                    for m, p in T.Parallel(BL, BP):
                         if D_per_dim:
-                            acc = acc + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
+                            y[m, p] = y[m, p] + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
                         else:
-                            acc = acc + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
+                            y[m, p] = y[m, p] + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
+                for m, p in T.Parallel(BL, BP):
                     zv = T.if_then_else(
                         has_z,
                         T.if_then_else(m < n_valid, T.Cast(accum, z[s0 + m, h, p0 + p]), T.float32(0)),
                         T.float32(0),
                     )
-                    acc = T.if_then_else(has_z, acc * zv / (1.0 + T.exp2(-zv * LOG2E)), acc)
-                    y_s[m, p] = acc
+                    y[m, p] = T.if_then_else(has_z, y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E)), y[m, p])
+                T.copy(y, y_s)
                 for m, p in T.Parallel(BL, BP):
                     if m < n_valid:
                         out[s0 + m, h, p0 + p] = y_s[m, p]

@@ -61,15 +61,14 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
             f"dstate={dstate} in the TileLang SSD prefill (64, 128 or 256) is not supported by MATE yet; "
             "use backend='torch'"
         )
-    if dim % 64 == 0:
-        block_P = 64
-    elif dim % 16 == 0 and dim <= 128:
-        block_P = dim
-    else:
+    if dim % 64:
+        # a 16-multiple P block (e.g. 80) makes the transposed x tile of the state-update wgmma a
+        # non-canonical GMMA layout in TileLang 0.1.15
         raise NotImplementedError(
-            f"dim={dim} in the TileLang SSD prefill (a multiple of 64, or of 16 up to 128) is not supported by "
-            "MATE yet; use backend='torch'"
+            f"dim={dim} in the TileLang SSD prefill (a multiple of 64) is not supported by MATE yet; "
+            "use backend='torch'"
         )
+    block_P = 64
     kmod = _kmod()
     forced = int(os.environ.get("MATE_SSD_BLOCK_L", "0"))  # tuning knob: force 64- or 128-token tiles
     for block_L in (forced,) if forced in (64, 128) else (128, 64):
