@@ -1,0 +1,87 @@
+"""The SSD TileLang launcher's plan on the CPU: tile choice, what raises NotImplementedError, kernel keys."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from mate._tilelang import ssd as tl_ssd
+from mate.mamba._ssd_call import normalize_ssd
+from mate.mamba.chunking import chunk_metadata
+
+pytest.importorskip("mate_kernels.ssd")
+
+
+@pytest.mark.parametrize(
+    "P, N, L, io, block_L, shared",
+    [
+        pytest.param(64, 128, 128, torch.bfloat16, 128, False, id="nemotron-c128"),
+        pytest.param(64, 128, 256, torch.bfloat16, 128, False, id="nemotron-c256"),
+        pytest.param(64, 64, 64, torch.float16, 64, True, id="c64"),
+        pytest.param(128, 256, 256, torch.bfloat16, 64, True, id="falcon-h1"),
+    ],
+)
+def test_plan_picks_a_fitting_tile(P, N, L, io, block_L, shared):
+    p = tl_ssd.plan(P, N, L, io)
+    assert (p["block_P"], p["block_L"], p["scores_in_shared"]) == (64, block_L, shared)
+    from mate_kernels.ssd import fused_smem_bytes
+
+    smem = fused_smem_bytes(dim_block=64, dstate=N, block_L=block_L, io_bytes=2, num_stages=2, scores_in_shared=shared)
+    assert smem <= tl_ssd.SMEM_LIMIT
+
+
+@pytest.mark.parametrize(
+    "P, N, L, io, words",
+    [
+        pytest.param(64, 128, 128, torch.float32, "float32", id="fp32-io"),
+        pytest.param(64, 128, 32, torch.bfloat16, "chunk_size=32", id="chunk-32"),
+        pytest.param(64, 96, 128, torch.bfloat16, "dstate=96", id="dstate-96"),
+        pytest.param(80, 128, 128, torch.bfloat16, "dim=80", id="dim-80"),
+    ],
+)
+def test_plan_raises_not_implemented(P, N, L, io, words):
+    with pytest.raises(NotImplementedError, match=words):
+        tl_ssd.plan(P, N, L, io)
+
+
+def _call(**kw):
+    meta = chunk_metadata([5, 300], 128)
+    T, H, P, N, G = 305, 4, 64, 128, 2
+    args = dict(
+        x=torch.zeros(T, H, P, dtype=torch.bfloat16), dt=torch.zeros(T, H), A=torch.zeros(H),
+        B=torch.zeros(T, G, N, dtype=torch.bfloat16), C=torch.zeros(T, G, N, dtype=torch.bfloat16), chunk_size=128,
+        cu_seqlens=meta.cu_seqlens, cu_chunk_seqlens=meta.cu_chunk_seqlens,
+        last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx,
+    )  # fmt: skip
+    args.update(kw)
+    names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices", "seq_idx"]
+    return normalize_ssd(*[args.pop(n) for n in names], **args)
+
+
+def test_kernel_keys_follow_the_call():
+    base, rkey = tl_ssd.kernel_keys(_call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True))
+    assert base[0] == "ssd_fused" and rkey == ("ssd_runs", "int32", "int32", "int32", False)
+    # z and initial states are runtime flags: the same compiled kernel
+    z = torch.zeros(305, 4, 64, dtype=torch.bfloat16)
+    init = torch.zeros(2, 4, 64, 128, dtype=torch.bfloat16)  # the default state dtype is C's (bf16)
+    same, _ = tl_ssd.kernel_keys(
+        _call(
+            D=torch.zeros(4),
+            dt_bias=torch.zeros(4),
+            dt_softplus=True,
+            z=z,
+            initial_states=init,
+            state_dtype=torch.bfloat16,
+        )
+    )
+    assert same == base
+    # D per (head, dim), dt_limit, intermediate states, the pool's dtype are compile-time
+    assert tl_ssd.kernel_keys(_call(D=torch.zeros(4, 64), dt_bias=torch.zeros(4), dt_softplus=True))[0] != base
+    lim = tl_ssd.kernel_keys(_call(dt_limit=(0.01, 0.2)))[0]
+    assert (lim[-5], lim[-4]) == (0.01, 0.2)
+    assert tl_ssd.kernel_keys(_call(return_intermediate_states=True))[0][-1] is True
+    pool = torch.zeros(6, 4, 64, 128, dtype=torch.float16)
+    k, r = tl_ssd.kernel_keys(_call(final_states_out=pool, final_state_indices=torch.tensor([3, 1], dtype=torch.int64)))
+    assert k[7] == "float16" and r == ("ssd_runs", "int32", "int32", "int64", True)
+    assert math.isinf(base[-4])
