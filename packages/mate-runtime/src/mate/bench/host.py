@@ -1,0 +1,203 @@
+"""``python -m mate.bench.host``: eager host time of ``selective_state_update`` up to the kernel launch, on CPU.
+
+A CPU-host proxy for the issue's eager-host-time target: the production call shapes are built from real CPU
+tensors (vLLM's strided page pool with page stride and storage offset, x/B/C row views of one conv buffer,
+the tied dt/A/D/dt_bias forms, z, out, int32 slot tables; the MTP packed call with ``cu_seqlens``,
+``num_accepted_tokens`` and 2-D tables), the backend resolution is patched to pick the TileLang launcher and
+every kernel object is a no-op, so the whole eager path runs except the kernel call itself (and TileLang's
+call wrapper, which needs a loaded device module). Reported: the median µs per call of
+
+* ``normalise``: ``normalize_ssu`` alone (the validation every slow-path call pays);
+* ``plan``: the launcher's ``plan()`` on an already-normalised call;
+* ``mate.mamba``: the public ``mate.mamba.selective_state_update`` end to end (stubbed launch);
+* ``vllm op``: the vLLM adapter's ``mate_vllm.ops.selective_state_update`` end to end, when importable.
+
+Run ``python -m mate.bench.host [--iters N] [--repeats R]``. Numbers depend on the CPU: compare runs made on
+one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+H, P, N, G = 128, 64, 128, 8  # Nemotron-H 8B at TP1, the headline shape of the targets
+NULL_BLOCK = 0  # vLLM 0.33's sentinel
+
+
+@dataclass
+class Call:
+    """The arguments of one production-shaped call (keyword form of ``mate.mamba.selective_state_update``)."""
+
+    label: str
+    kwargs: dict
+
+    def positional(self):
+        k = self.kwargs
+        return k["state"], k["x"], k["dt"], k["A"], k["B"], k["C"], k["D"]
+
+    def keywords(self) -> dict:
+        return {n: v for n, v in self.kwargs.items() if n not in ("state", "x", "dt", "A", "B", "C", "D")}
+
+
+def _pool(slots: int, state_dtype: torch.dtype) -> torch.Tensor:
+    """vLLM's hybrid page pool: each page holds the conv state first, then the SSM state; the SSM state is a
+    strided ``[S, H, P, N]`` view with ``stride(0)`` = page size and a storage offset."""
+    conv = 3 * (H * P + 2 * G * N)  # (d_conv - 1) * conv_dim, in state elements
+    page = conv + H * P * N + 256  # page padding (vLLM rounds pages up)
+    buf = torch.zeros(slots, page, dtype=state_dtype)
+    return buf[:, conv : conv + H * P * N].view(slots, H, P, N)
+
+
+def _rows(rows: int, io: torch.dtype):
+    """x / B / C as row views of one conv-output buffer (row stride H*P + 2*G*N), z of the projection."""
+    conv_out = torch.randn(rows, H * P + 2 * G * N).to(io)
+    x = conv_out[:, : H * P].unflatten(-1, (H, P))
+    B = conv_out[:, H * P : H * P + G * N].unflatten(-1, (G, N))
+    C = conv_out[:, H * P + G * N :].unflatten(-1, (G, N))
+    zxbcdt = torch.randn(rows, 2 * H * P + 2 * G * N + H).to(io)
+    z = zxbcdt[:, : H * P].unflatten(-1, (H, P))
+    dt = zxbcdt[:, -H:].unsqueeze(-1).expand(rows, H, P)  # the tied per-head dt: strides (*, 1, 0)
+    out = torch.empty(rows, H * P, dtype=io).view(rows, -1, P)
+    return x, B, C, z, dt, out
+
+
+def _params():
+    A = (-torch.rand(H)).view(H, 1, 1).expand(H, P, N)  # strides (1, 0, 0)
+    D = torch.randn(H).unsqueeze(1).expand(H, P)  # strides (1, 0)
+    dt_bias = torch.randn(H).unsqueeze(1).expand(H, P)
+    return A, D, dt_bias
+
+
+def vllm_decode(batch: int, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16) -> Call:
+    state = _pool(slots, state_dtype)
+    x, B, C, z, dt, out = _rows(batch, io)
+    A, D, dt_bias = _params()
+    src = torch.arange(1, batch + 1, dtype=torch.int32)
+    dst = torch.arange(1, batch + 1, dtype=torch.int32)
+    kw = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
+              state_batch_indices=src, dst_state_batch_indices=dst, pad_slot_id=NULL_BLOCK, out=out)  # fmt: skip
+    return Call(f"vLLM decode, batch {batch}", kw)
+
+
+def vllm_mtp(batch: int, steps: int = 6, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16) -> Call:
+    state = _pool(max(slots, 2 * batch * steps + 1), state_dtype)
+    rows = batch * steps
+    x, B, C, z, dt, out = _rows(rows, io)
+    A, D, dt_bias = _params()
+    src = torch.arange(1, rows + 1, dtype=torch.int32).view(batch, steps)
+    dst = (src + rows).contiguous()
+    cu = torch.arange(0, rows + 1, steps, dtype=torch.int32)
+    acc = torch.full((batch,), steps, dtype=torch.int32)
+    kw = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
+              state_batch_indices=src, dst_state_batch_indices=dst, pad_slot_id=NULL_BLOCK, out=out,
+              cu_seqlens=cu, num_accepted_tokens=acc)  # fmt: skip
+    return Call(f"vLLM MTP {steps}, batch {batch}", kw)
+
+
+def production_calls() -> list[Call]:
+    return [vllm_decode(1), vllm_decode(8), vllm_mtp(1), vllm_mtp(8)]
+
+
+@contextmanager
+def stubbed_launch():
+    """Pick the TileLang launcher for CPU tensors and make every kernel a no-op (nothing compiles or runs)."""
+    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba import ssu as api
+
+    launched = []
+
+    def noop(*args):
+        launched.append(len(args))
+
+    saved = (api.resolve_backend, tl_ssu._get, dict(tl_ssu._kernels))
+
+    def fake_get(key, device):
+        tl_ssu._kernels[key] = noop
+        return noop
+
+    def fake_resolve(requested, device):
+        if requested not in ("auto", "tilelang", "torch"):
+            return saved[0](requested, device)
+        return "torch" if requested == "torch" else "tilelang"
+
+    api.resolve_backend = fake_resolve
+    tl_ssu._get = fake_get
+    tl_ssu._kernels.clear()
+    clear = getattr(api, "clear_fast_path_cache", None)
+    if clear is not None:
+        clear()
+    try:
+        yield launched
+    finally:
+        api.resolve_backend, tl_ssu._get = saved[0], saved[1]
+        tl_ssu._kernels.clear()
+        tl_ssu._kernels.update(saved[2])
+        if clear is not None:
+            clear()
+
+
+def median_us(fn: Callable[[], object], iters: int, repeats: int) -> float:
+    for _ in range(min(iters, 50)):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / iters)
+    return statistics.median(samples)
+
+
+def measure(call: Call, iters: int = 2000, repeats: int = 7) -> dict:
+    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba import selective_state_update
+    from mate.mamba._ssu_call import normalize_ssu
+
+    pos, kw = call.positional(), call.keywords()
+    res = {"call": call.label}
+    with stubbed_launch() as launched:
+        res["normalise"] = median_us(lambda: normalize_ssu(*pos, **kw), iters, repeats)
+        normalised = normalize_ssu(*pos, **kw)
+        res["plan"] = median_us(lambda: tl_ssu.plan(normalised), iters, repeats)
+        res["mate.mamba"] = median_us(lambda: selective_state_update(*pos, **kw), iters, repeats)
+        if not launched:
+            raise RuntimeError("the stubbed kernel was never called: the measurement did not reach the launch")
+        try:
+            from mate_vllm import ops as vllm_ops
+        except ImportError:
+            vllm_ops = None
+        if vllm_ops is not None:
+            vkw = dict(kw)
+            vkw["null_block_id"] = vkw.pop("pad_slot_id")
+            D = pos[6]
+            dt_bias = vkw.pop("dt_bias")
+            args = pos[:6] + (D, dt_bias)
+            res["vllm op"] = median_us(lambda: vllm_ops.selective_state_update(*args, **vkw), iters, repeats)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mate.bench.host", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iters", type=int, default=2000, help="calls per timed repeat")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats (the median is reported)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cols = ("normalise", "plan", "mate.mamba", "vllm op")
+    print(f"CPU-host proxy, kernel launch stubbed; median µs per call (H {H}, P {P}, N {N}, G {G}, bf16)")
+    print(f"| call | {' | '.join(cols)} |")
+    print(f"|---|{'---:|' * len(cols)}")
+    for call in production_calls():
+        r = measure(call, args.iters, args.repeats)
+        print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in cols) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
