@@ -102,6 +102,36 @@ def _aligned(t: torch.Tensor, vec: int, nbytes: int, dims: int) -> bool:
     return True
 
 
+def _vector_strides(vec: int, state, B, C, ibuf) -> tuple:
+    """The data-pointer-independent half of the vector-access decision: whether the pool (and the intermediate
+    buffer, when given) and the B/C rows have strides that allow 16-byte accesses of ``vec`` values, and the
+    byte alignment each base pointer then needs."""
+    s0, s1 = state.stride()[:2]
+    vs = not (s0 % vec or s1 % vec)
+    nb_ibuf = 0
+    if ibuf is not None:
+        i0, i1 = ibuf.stride()[:2]
+        vs = vs and not (i0 % vec or i1 % vec)
+        nb_ibuf = vec * ibuf.element_size()
+    bs0, bs1 = B.stride()[:2]
+    cs0, cs1 = C.stride()[:2]
+    vio = not (bs0 % vec or bs1 % vec or cs0 % vec or cs1 % vec)
+    return vs, vio, vec * state.element_size(), nb_ibuf, vec * B.element_size()
+
+
+def _vector_pointers(terms: tuple, state, B, C, ibuf) -> tuple[bool, bool]:
+    """(vector state accesses, vector B/C row accesses) from :func:`_vector_strides` and the data pointers (the
+    part that changes from call to call, re-evaluated by the eager fast path every time)."""
+    vs, vio, nb_state, nb_ibuf, nb_io = terms
+    vstate = vs and not state.data_ptr() % nb_state and (ibuf is None or not ibuf.data_ptr() % nb_ibuf)
+    vio = vio and not (B.data_ptr() % nb_io or C.data_ptr() % nb_io)
+    return vstate, vio
+
+
+def _vector_access(vec: int, state, B, C, ibuf) -> tuple[bool, bool]:
+    return _vector_pointers(_vector_strides(vec, state, B, C, ibuf), state, B, C, ibuf)
+
+
 def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
          vstate, vio):  # fmt: skip
     return ("ssu", one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
@@ -177,22 +207,13 @@ def plan(call: SSUCall):
     state_dt = state.dtype
     io_dt = call.x.dtype
     vec = _VEC_CACHE.get((state_dt, N)) or _vec_of(state_dt, N)
-    s0, s1 = state.stride()[:2]
-    vstate = not (state.data_ptr() % (vec * state.element_size()) or s0 % vec or s1 % vec)
     ibuf = call.ibuf
-    if ibuf is not None and vstate:
-        vstate = _aligned(ibuf, vec, vec * ibuf.element_size(), 2)
     B = call.B
     C = call.C
-    bs0, bs1, bs2 = B.stride()
-    cs0, cs1, cs2 = C.stride()
-    if bs2 != 1 or cs2 != 1:
+    if B.stride(2) != 1 or C.stride(2) != 1:
         B = _row_table(B)
         C = _row_table(C)
-        bs0, bs1, _ = B.stride()
-        cs0, cs1, _ = C.stride()
-    nb = vec * B.element_size()
-    vio = not (B.data_ptr() % nb or C.data_ptr() % nb or bs0 % vec or bs1 % vec or cs0 % vec or cs1 % vec)
+    vstate, vio = _vector_access(vec, state, B, C, ibuf)
 
     flags = 0
     D = call.D
@@ -307,6 +328,133 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
     return finish(call)
 
 
+# ------------------------------------------------------------------------------- launch recipes (fast path)
+
+RESULT = "<result>"  # the pseudo-argument a launch recipe allocates when the caller passed no ``out``
+
+# The public argument each tensor position of a launch comes from: the first of these that the caller passed.
+# The normaliser hands every one of them through as it is or as a view of it (unsqueeze / expand / reshape /
+# a slot table's 1-D base); make_recipe verifies that on the call it is built from and gives up otherwise.
+_ARG_SOURCES = (
+    ("state",), ("x",), ("dt",), ("A",), ("B",), ("C",), ("D",), ("z",), ("dt_bias",), ("out", RESULT),
+    ("state_batch_indices",), ("dst_state_batch_indices", "state_batch_indices"), ("cu_seqlens",),
+    ("num_accepted_tokens",), ("intermediate_states_buffer",), ("intermediate_state_indices",),
+    ("retrieve_parent_token",),
+)  # fmt: skip
+_A_STATE, _A_B, _A_C, _A_IBUF = 0, 4, 5, 14  # positions _vector_access reads
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    p = a.untyped_storage().data_ptr()
+    return p != 0 and p == b.untyped_storage().data_ptr()
+
+
+class LaunchRecipe:
+    """How to launch a call again from new tensors with the same metadata, without normalising or planning.
+
+    Built by :func:`make_recipe` from the slow path's own result (normalised call + plan) for one call: the
+    launch arguments with every caller tensor replaced by "argument ``i`` as passed" or "argument ``i`` viewed
+    with this (shape, stride, offset)", the output allocation when the caller passed no ``out``, and the
+    compiled kernels keyed by the one data-pointer-dependent part of the kernel key (vector accesses)."""
+
+    __slots__ = ("template", "idents", "views", "alloc", "result_index", "vterms", "has_ibuf", "base_key", "kernels",
+                 "device")  # fmt: skip
+
+    def build(self, tensors: tuple):
+        """``(result, kernel key, launch arguments)`` for new tensors (key and arguments None: nothing to launch)."""
+        alloc = self.alloc
+        if alloc is None:
+            result = tensors[self.result_index]
+        else:
+            result = torch.empty(alloc[0], dtype=alloc[1], device=alloc[2])
+        template = self.template
+        if template is None:
+            return result, None, None
+        ins = tensors + (result,)
+        args = list(template)
+        for pos, i in self.idents:
+            args[pos] = ins[i]
+        for pos, i, shape, stride, delta in self.views:
+            src = ins[i]
+            args[pos] = torch.as_strided(src, shape, stride, src.storage_offset() + delta)
+        vflags = _vector_pointers(
+            self.vterms, args[_A_STATE], args[_A_B], args[_A_C], args[_A_IBUF] if self.has_ibuf else None
+        )
+        return result, self.base_key + vflags, args
+
+    def launch(self, tensors: tuple) -> torch.Tensor:
+        result, key, args = self.build(tensors)
+        if key is not None:
+            kern = self.kernels.get(key)
+            if kern is None:  # a new pointer alignment: the kernel cache (and its capture check) decides
+                kern = self.kernels[key] = _get(key, self.device)
+            kern(*args)
+        return result
+
+
+def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | None:
+    """The :class:`LaunchRecipe` of a normalised call, or None when some launch argument is not a caller tensor,
+    a view of one or a dummy (a contiguous copy, scratch output): such metadata always takes the slow path.
+
+    ``sources`` maps the public argument names to what the caller passed; ``order`` is the order of the
+    tensors :meth:`LaunchRecipe.build` receives."""
+    if call.copy_back:
+        return None
+    index = {name: i for i, name in enumerate(order)}
+    index[RESULT] = len(order)
+    result = call.result
+    srcs = dict(sources)
+    rec = LaunchRecipe()
+    if sources.get("out") is not None:
+        if result is not sources["out"]:
+            return None
+        rec.alloc, rec.result_index = None, index["out"]
+    else:
+        if not result.is_contiguous() or result.storage_offset() != 0:
+            return None
+        rec.alloc, rec.result_index = (tuple(result.shape), result.dtype, result.device), None
+        srcs[RESULT] = result
+    rec.device = call.state.device
+    planned = plan(call)
+    rec.template = rec.idents = rec.views = rec.base_key = None
+    rec.kernels = {}
+    rec.vterms, rec.has_ibuf = None, False
+    if planned is None:
+        return rec
+    key, args = planned
+    dummies = tuple(_dummies.values())
+    template = list(args)
+    idents, views = [], []
+    for pos, a in enumerate(args):
+        if not isinstance(a, torch.Tensor) or any(a is d for d in dummies):
+            continue
+        names = _ARG_SOURCES[pos] if pos < len(_ARG_SOURCES) else ()
+        name = next((n for n in names if srcs.get(n) is not None), None)
+        if name is None:
+            return None
+        src = srcs[name]
+        template[pos] = None
+        if a is src:
+            idents.append((pos, index[name]))
+        elif a.dtype == src.dtype and _same_storage(a, src):
+            # the normaliser's views keep their source's storage offset up to a metadata-determined shift
+            delta = a.storage_offset() - src.storage_offset()
+            views.append((pos, index[name], tuple(a.shape), tuple(a.stride()), delta))
+        else:
+            return None
+    rec.template, rec.idents, rec.views = tuple(template), tuple(idents), tuple(views)
+    vec = _VEC_CACHE.get((call.state.dtype, call.dstate)) or _vec_of(call.state.dtype, call.dstate)
+    rec.has_ibuf = call.ibuf is not None
+    checked = (args[_A_STATE], args[_A_B], args[_A_C], args[_A_IBUF] if rec.has_ibuf else None)
+    rec.vterms = _vector_strides(vec, *checked)
+    if _vector_pointers(rec.vterms, *checked) != key[-2:]:
+        return None  # the positions the recipe re-checks are not the tensors plan() checked
+    rec.base_key = key[:-2]
+    kern = _kernels.get(key)
+    rec.kernels = {key: kern if kern is not None else _get(key, rec.device)}
+    return rec
+
+
 # ------------------------------------------------------------------------------------------------ prewarm
 
 
@@ -381,4 +529,7 @@ def compile_grid() -> list[CompileItem]:
     return items
 
 
-__all__ = ["selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS"]
+__all__ = [
+    "selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS",
+    "LaunchRecipe", "make_recipe",
+]  # fmt: skip

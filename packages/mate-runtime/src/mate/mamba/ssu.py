@@ -75,34 +75,133 @@ def selective_state_update(
             rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
             backend=backend,
         )  # fmt: skip
+    return eager_ssu(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
+        disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
+        rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
+        None, False, True, backend,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- the eager fast path
+#
+# Validation depends only on metadata (shapes, strides, dtypes, devices, which arguments are None, the scalar
+# options), never on tensor data. A call whose metadata equals an earlier TileLang call's
+# therefore skips normalisation and planning and replays that call's launch recipe
+# (``mate._tilelang.ssu.make_recipe``, derived from the slow path's own result) with the new tensors; the only
+# per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on every call. The
+# reference backend keeps its full validation (it also checks index data): its metadata is remembered as
+# slow so the key is not analysed twice.
+
+# the tensor arguments, in the order the key and the recipes see them
+FAST_TENSOR_ARGS = (
+    "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices", "out",
+    "intermediate_states_buffer", "intermediate_state_indices", "dst_state_batch_indices", "cu_seqlens",
+    "num_accepted_tokens", "retrieve_parent_token",
+)  # fmt: skip
+FAST_CACHE_SIZE = 256  # metadata keys remembered (oldest dropped first)
+_SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, non-replayable launch)
+_fast: dict = {}
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+
+
+def clear_fast_path_cache() -> None:
+    """Forget every remembered call metadata (the next call of each form takes the slow path again)."""
+    _fast.clear()
+
+
+def fast_key(tensors: tuple, scalars: tuple):
+    """The metadata key of a call, or None when a value cannot be keyed exactly (the call is then not cached): a
+    tensor subclass other than ``nn.Parameter``, or a non-tensor where a tensor belongs.
+
+    Per tensor: shape, strides, dtype and device index; the state's full device adds the device type (every
+    tensor of a valid call is on the state's device). Storage offsets are left out on purpose: no validation
+    reads them, the pointer alignment they feed is re-checked per call, and a recipe's views are rebuilt
+    relative to the new tensor's own offset."""
+    state = tensors[0]
+    if state.__class__ is not _Tensor and state.__class__ is not _Parameter:
+        return None
+    key = [scalars, state.device]
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif t.__class__ is _Tensor or t.__class__ is _Parameter:
+            key.append((t.shape, t.stride(), t.dtype, t.get_device()))
+        else:
+            return None
+    return tuple(key)
+
+
+def _remember(key, value) -> None:
+    if len(_fast) >= FAST_CACHE_SIZE:
+        _fast.pop(next(iter(_fast), None), None)
+    _fast[key] = value
+
+
+def eager_ssu(
+    state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
+    disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
+    rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
+    retrieve_parent_token, final_write_to_dst, accepted_writes_per_token, backend,
+) -> torch.Tensor:  # fmt: skip
+    """The eager call of every SSU entry (``mate.mamba`` and, through ``mate._ops``, the adapters): a remembered
+    call metadata replays its launch recipe, anything else is normalised, dispatched and then remembered."""
+    tensors = (
+        state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, out, intermediate_states_buffer,
+        intermediate_state_indices, dst_state_batch_indices, cu_seqlens, num_accepted_tokens, retrieve_parent_token,
+    )  # fmt: skip
+    key = None
+    if (
+        state_scale is None
+        and intermediate_state_scales is None
+        and rand_seed is None
+        and pad_slot_id.__class__ is int
+        and dt_softplus.__class__ is bool
+        and disable_state_update.__class__ is bool
+        and cache_steps.__class__ is int
+        and philox_rounds.__class__ is int
+        and algorithm.__class__ is str
+        and backend.__class__ is str
+        and final_write_to_dst.__class__ is bool
+        and accepted_writes_per_token.__class__ is bool
+    ):
+        key = fast_key(
+            tensors,
+            (dt_softplus, pad_slot_id, disable_state_update, philox_rounds, cache_steps, algorithm,
+             final_write_to_dst, accepted_writes_per_token, backend),
+        )  # fmt: skip
+        if key is not None:
+            recipe = _fast.get(key)
+            if recipe is not None:
+                if recipe is not _SLOW:
+                    return recipe.launch(tensors)
+                key = None
     call = normalize_ssu(
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        z=z,
-        dt_bias=dt_bias,
-        dt_softplus=dt_softplus,
-        state_batch_indices=state_batch_indices,
-        pad_slot_id=pad_slot_id,
-        state_scale=state_scale,
-        out=out,
-        disable_state_update=disable_state_update,
-        intermediate_states_buffer=intermediate_states_buffer,
-        intermediate_state_indices=intermediate_state_indices,
-        intermediate_state_scales=intermediate_state_scales,
-        rand_seed=rand_seed,
-        philox_rounds=philox_rounds,
-        cache_steps=cache_steps,
-        algorithm=algorithm,
-        dst_state_batch_indices=dst_state_batch_indices,
-        cu_seqlens=cu_seqlens,
-        num_accepted_tokens=num_accepted_tokens,
-    )
-    return run_ssu(call, backend)
+        state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+        state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, state_scale=state_scale, out=out,
+        disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
+        intermediate_state_indices=intermediate_state_indices, intermediate_state_scales=intermediate_state_scales,
+        rand_seed=rand_seed, philox_rounds=philox_rounds, cache_steps=cache_steps, algorithm=algorithm,
+        dst_state_batch_indices=dst_state_batch_indices, cu_seqlens=cu_seqlens,
+        num_accepted_tokens=num_accepted_tokens, retrieve_parent_token=retrieve_parent_token,
+        final_write_to_dst=final_write_to_dst, accepted_writes_per_token=accepted_writes_per_token,
+    )  # fmt: skip
+    chosen = resolve_backend(backend, call.state.device)
+    if chosen == "torch":
+        from . import naive_ssu
+
+        result = naive_ssu.selective_state_update(call)
+        if key is not None:
+            _remember(key, _SLOW)
+        return result
+    from .._tilelang import ssu as tl_ssu
+
+    result = tl_ssu.selective_state_update(call)
+    if key is not None:
+        recipe = tl_ssu.make_recipe(call, dict(zip(FAST_TENSOR_ARGS, tensors, strict=True)), FAST_TENSOR_ARGS)
+        _remember(key, _SLOW if recipe is None else recipe)
+    return result
 
 
 def run_ssu(call: SSUCall, backend: str = "auto") -> torch.Tensor:
