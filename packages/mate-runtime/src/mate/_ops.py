@@ -243,39 +243,14 @@ def selective_state_update(
             accepted_writes_per_token,
             backend,
         )
-    from .mamba.ssu import run_ssu
+    from .mamba.ssu import eager_ssu  # normalise + dispatch, or replay a remembered call's launch
 
-    call = _ssu_normalize(
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        z,
-        dt_bias,
-        dt_softplus,
-        state_batch_indices,
-        pad_slot_id,
-        state_scale,
-        out,
-        disable_state_update,
-        intermediate_states_buffer,
-        intermediate_state_indices,
-        intermediate_state_scales,
-        rand_seed,
-        philox_rounds,
-        cache_steps,
-        algorithm,
-        dst_state_batch_indices,
-        cu_seqlens,
-        num_accepted_tokens,
-        retrieve_parent_token,
-        final_write_to_dst,
-        accepted_writes_per_token,
-    )
-    return run_ssu(call, backend)
+    return eager_ssu(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
+        disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
+        rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
+        retrieve_parent_token, final_write_to_dst, accepted_writes_per_token, backend,
+    )  # fmt: skip
 
 
 def ssu_compiled(
