@@ -360,3 +360,406 @@ def ssd_fused_kernel(
                                 states_out[d, h, p0 + p, n] = state[n, p]
 
     return fused
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Split variant: chunk-parallel local work (A), a sequential fp32 state hand-over (B), chunk-parallel output (C).
+#
+# Every chunk is cut into ``chunk_size // block_L`` tiles aligned to its start (the tail tiles of a short chunk
+# are empty: dt' = 0), and tile ``t = c * S + sub`` is the unit of all three kernels. A tile boundary is a state
+# hand-over like a chunk boundary, so the split is exact algebra:
+#
+#   y_m     = [S x]_m + D x_m + exp(dA_m) C_m · h_enter(t)          (dA: cumsum of A dt' from the tile's start)
+#   h_end(t) = exp(dA_last) h_enter(t) + local(t),  local(t) = Bᵀ (x_k exp(dA_last - dA_k) dt'_k)
+#
+# A computes everything that does not depend on the entering state (dt', dA, C Bᵀ once per group and head
+# block, ``S x + D x`` into ``out``, ``local`` and ``dA`` into workspaces); B walks each run's tiles in order
+# doing only ``s = exp(dA_last) s + local`` in fp32 (writing the entering state of every tile in the io dtype,
+# exactly what the fused kernel feeds its C·state wgmma, and the chunk-end states the call returns); C adds
+# ``exp(dA_m) C · h_enter`` to ``out`` and applies silu(z).
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def split_chunk_smem_bytes(*, dim_block: int, dstate: int, block_L: int, io_bytes: int, num_stages: int,
+                           threads: int = 256, scores_in_shared: bool = False) -> int:  # fmt: skip
+    """Dynamic shared memory of the split variant's chunk kernel (B and C tiles once, x multi-buffered)."""
+    scan = max(block_L, threads)
+    fixed = 2 * block_L * dstate * io_bytes + block_L * dim_block * io_bytes + block_L * 4 + 2 * scan * 4
+    if scores_in_shared:
+        fixed += block_L * block_L * io_bytes
+    return fixed + num_stages * block_L * dim_block * io_bytes
+
+
+def split_out_smem_bytes(*, dim_block: int, dstate: int, block_L: int, io_bytes: int, num_stages: int) -> int:
+    """Dynamic shared memory of the split variant's output kernel (C tile once, entering states multi-buffered)."""
+    return block_L * dstate * io_bytes + block_L * dim_block * io_bytes + num_stages * dim_block * dstate * io_bytes
+
+
+def ssd_chunk_kernel(
+    *,
+    heads: int,
+    groups: int,
+    dim: int,
+    dstate: int,
+    chunk_size: int,
+    io_dtype: str = "bfloat16",
+    dt_dtype: str = "float32",
+    dt_bias_dtype: str = "float32",
+    D_dtype: str = "float32",
+    cu_dtype: str = "int32",
+    local_dtype: str = "float32",
+    has_dt_bias: bool = True,
+    dt_softplus: bool = True,
+    dt_min: float = 0.0,
+    dt_max: float = math.inf,
+    has_D: bool = True,
+    D_per_dim: bool = False,
+    block_L: int = 128,
+    heads_per_cta: int = 8,
+    block_P: int = 64,
+    threads: int = 256,
+    num_stages: int = 2,
+    scores_in_shared: bool = False,
+):
+    """Split variant, kernel A: one CTA per (tile, block of ``heads_per_cta`` heads of one group).
+
+    ``CB = C Bᵀ`` is computed once per CTA and reused for its heads; a pipelined loop over (head, P-block)
+    then computes dt', the in-tile cumsum ``dA``, the masked scores ``S``, ``out = S x + D x`` (the partial
+    output, in the io dtype: kernel C adds the inter-tile term), ``dA_ws[t, h, :] = dA`` and the tile-local end
+    state ``local_ws[t, h] = Bᵀ (x exp(dA_last - dA_k) dt'_k)``.
+
+    Arguments in order: ``x [T, H, P]``, ``dt [T, H]``, ``A [H]`` fp32, ``B, C [T, G, N]``,
+    ``cu_chunk_seqlens [nchunks + 1]``, ``dt_bias [H]``, ``D [H]`` or ``[H, P]``, ``out [T, H, P]``,
+    ``dA_ws [ntiles, H, block_L]`` fp32, ``local_ws [ntiles, H, P, N]`` (``ntiles = nchunks * chunk_size /
+    block_L``: the grid).
+    """
+    import tilelang.language as T
+
+    H, G, P, N, L = heads, groups, dim, dstate, chunk_size
+    if H % G:
+        raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
+    rep = H // G
+    if rep % heads_per_cta:
+        raise ValueError(f"heads_per_cta ({heads_per_cta}) must divide heads per group ({rep})")
+    if P % block_P:
+        raise ValueError(f"block_P ({block_P}) must divide dim ({P})")
+    if L % block_L:
+        raise ValueError(f"block_L ({block_L}) must divide chunk_size ({L})")
+    HB = heads_per_cta
+    n_pb = P // block_P
+    S = L // block_L
+    BP, BL = block_P, block_L
+    accum = "float32"
+    hi_finite = dt_max != math.inf
+    lo_active = dt_min != -math.inf
+
+    T_ = T.dynamic("T")
+    nchunks1 = T.dynamic("nchunks1")
+    ntiles = T.dynamic("ntiles")
+    x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs = T.dynamic("x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs")
+    o_rs, o_hs = T.dynamic("o_rs, o_hs")
+    D_shape = (H, P) if D_per_dim else (H,)
+    # Scores feeding wgmma from registers need the row-split (FullRow) layout; a 64-token tile cannot split its
+    # rows over two consumer warpgroups, so there the scores go through shared memory (any policy).
+    policy = T.GemmWarpPolicy.Square if scores_in_shared else T.GemmWarpPolicy.FullRow
+    SCAN = max(BL, threads)
+    scan_offsets = [1 << i for i in range(int(math.log2(SCAN)))]
+
+    @T.prim_func
+    def chunk(
+        x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
+        dt: T.StridedTensor((T_, H), (dt_rs, 1), dt_dtype),
+        A: T.Tensor((H,), "float32"),
+        B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
+        C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
+        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
+        dt_bias: T.Tensor((H,), dt_bias_dtype),
+        D: T.Tensor(D_shape, D_dtype),
+        out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
+        dA_ws: T.Tensor((ntiles, H, BL), accum),
+        local_ws: T.Tensor((ntiles, H, P, N), local_dtype),
+    ):
+        with T.Kernel(H // HB, ntiles, threads=threads) as (hbk, t):
+            B_s = T.alloc_shared((BL, N), io_dtype)
+            C_s = T.alloc_shared((BL, N), io_dtype)
+            x_s = T.alloc_shared((BL, BP), io_dtype)
+            # One buffer serves the partial output tile and then x weighted for the local state.
+            y_s = T.alloc_shared((BL, BP), io_dtype)
+            xw_s = y_s
+            dt_sh = T.alloc_shared((BL,), accum)
+            dA_sh = T.alloc_shared((SCAN,), accum)
+            dA_tmp = T.alloc_shared((SCAN,), accum)
+
+            cb = T.alloc_fragment((BL, BL), accum)
+            if scores_in_shared:
+                cb_c = T.alloc_shared((BL, BL), io_dtype)
+            else:
+                cb_c = T.alloc_fragment((BL, BL), io_dtype)
+            y = T.alloc_fragment((BL, BP), accum)
+            st = T.alloc_fragment((N, BP), accum)
+            dt_f = T.alloc_fragment((BL,), accum)
+
+            c = t // S
+            sub = t % S
+            s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
+            n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
+            h0 = hbk * HB
+            g = h0 // rep
+
+            # Plain (non-TMA) loads: with T.copy, TileLang 0.1.15 issues B's TMA load here but places the
+            # barrier wait at B_s's first use *inside* the pipelined loop, so the C B^T wgmma below would read
+            # B_s before it lands. Rows past the end of the tokens are zero.
+            for i, n in T.Parallel(BL, N):
+                B_s[i, n] = T.if_then_else(s0 + i < T_, B[s0 + i, g, n], T.Cast(io_dtype, 0))
+            for i, n in T.Parallel(BL, N):
+                C_s[i, n] = T.if_then_else(s0 + i < T_, C[s0 + i, g, n], T.Cast(io_dtype, 0))
+            T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
+
+            for j in T.Pipelined(HB * n_pb, num_stages=num_stages):
+                h = h0 + j // n_pb
+                p0 = (j % n_pb) * BP
+                T.copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s)
+
+                # dt' and the in-tile inclusive cumsum of A dt' (zero past the chunk's end).
+                for i in T.Parallel(BL):
+                    v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+                    if has_dt_bias:
+                        v = v + T.Cast(accum, dt_bias[h])
+                    if dt_softplus:
+                        v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
+                    if hi_finite:
+                        v = T.min(v, T.float32(dt_max))
+                    if lo_active:
+                        v = T.max(v, T.float32(dt_min))
+                    v = T.if_then_else(i < n_valid, v, T.float32(0))
+                    dt_f[i] = v
+                T.copy(dt_f, dt_sh)
+                for i in T.Parallel(SCAN):
+                    dA_sh[i] = T.if_then_else(i < BL, dt_sh[i] * A[h], T.float32(0))
+                src_buf, dst_buf = dA_sh, dA_tmp
+                for off in scan_offsets:
+                    for i in T.Parallel(SCAN):
+                        dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+                    src_buf, dst_buf = dst_buf, src_buf
+                dA_cs = src_buf
+                for i in T.Parallel(BL):
+                    dA_ws[t, h, i] = dA_cs[i]
+
+                # Partial output: S x (+ D x), S[m, k] = CB[m, k] exp(dA_m - dA_k) dt'_k for k <= m.
+                for m, k in T.Parallel(BL, BL):
+                    cb_c[m, k] = T.if_then_else(
+                        k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
+                    )
+                T.gemm(cb_c, x_s, y, clear_accum=True, policy=policy)
+                if has_D:
+                    for m, p in T.Parallel(BL, BP):
+                        if D_per_dim:
+                            y[m, p] = y[m, p] + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
+                        else:
+                            y[m, p] = y[m, p] + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
+                T.copy(y, y_s)
+                for m, p in T.Parallel(BL, BP):
+                    if m < n_valid:
+                        out[s0 + m, h, p0 + p] = y_s[m, p]
+
+                # Tile-local end state (zero entering state): B^T (x exp(dA_last - dA_k) dt'_k).
+                for k, p in T.Parallel(BL, BP):
+                    xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
+                T.gemm(B_s, xw_s, st, transpose_A=True, clear_accum=True, policy=policy)
+                for n, p in T.Parallel(N, BP):
+                    local_ws[t, h, p0 + p, n] = st[n, p]
+
+    return chunk
+
+
+def ssd_state_pass_kernel(
+    *,
+    heads: int,
+    dim: int,
+    dstate: int,
+    chunk_size: int,
+    block_L: int,
+    ent_dtype: str = "bfloat16",
+    local_dtype: str = "float32",
+    state_dtype: str = "float32",
+    init_dtype: str = "float32",
+    seq_idx_dtype: str = "int32",
+    intermediate: bool = False,
+    block_E: int = 1024,
+    threads: int = 128,
+):
+    """Split variant, kernel B: one CTA per (block of ``block_E`` state elements, head, run) walks the run's
+    tiles in order with the fp32 state in registers: at a tile opening a sequence ``s = initial_states[seq]``
+    (or zero), then ``ent_ws[t] = s`` (io dtype) and ``s = exp(dA_last(t)) s + local_ws[t]``; at a chunk's
+    end the state goes to ``states_out`` (every chunk with intermediate states, else where ``dest`` names).
+
+    Arguments in order: ``dA_ws [ntiles, H, block_L]``, ``local_ws [ntiles, H, P*N]``, ``seq_idx [nchunks]``,
+    ``bounds [batch + 1]``, ``dest [nchunks]``, ``initial_states [Bi, H, P*N]``, ``ent_ws [ntiles, H, P*N]``,
+    ``states_out [S, H, P*N]``, ``flags`` (``FLAG_INIT``).
+    """
+    import tilelang.language as T
+
+    H, P, N, L, BL = heads, dim, dstate, chunk_size, block_L
+    PN = P * N
+    if L % BL:
+        raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
+    if PN % block_E:
+        raise ValueError(f"block_E ({block_E}) must divide dim * dstate ({PN})")
+    S = L // BL
+    BE = block_E
+    accum = "float32"
+
+    ntiles = T.dynamic("ntiles")
+    nchunks = T.dynamic("nchunks")
+    batch1 = T.dynamic("batch1")
+    Bi = T.dynamic("Bi")
+    So = T.dynamic("So")
+    i_bs, s_bs = T.dynamic("i_bs, s_bs")
+
+    @T.prim_func
+    def state_pass(
+        dA_ws: T.Tensor((ntiles, H, BL), accum),
+        local_ws: T.Tensor((ntiles, H, PN), local_dtype),
+        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
+        bounds: T.Tensor((batch1,), "int32"),
+        dest: T.Tensor((nchunks,), "int32"),
+        initial_states: T.StridedTensor((Bi, H, PN), (i_bs, PN, 1), init_dtype),
+        ent_ws: T.Tensor((ntiles, H, PN), ent_dtype),
+        states_out: T.StridedTensor((So, H, PN), (s_bs, PN, 1), state_dtype),
+        flags: T.int32,
+    ):
+        with T.Kernel(PN // BE, H, batch1 - 1, threads=threads) as (eb, h, b):
+            s = T.alloc_fragment((BE,), accum)
+            has_init = (flags & FLAG_INIT) != 0
+            e0 = eb * BE
+            t_first = bounds[b] * S
+            n_t = (bounds[b + 1] - bounds[b]) * S
+            T.clear(s)
+            for i in T.serial(n_t):
+                t = t_first + i
+                c = t // S
+                sub = t % S
+                opens = T.if_then_else(
+                    sub == 0,
+                    T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
+                    0,
+                )
+                sq = T.Cast("int32", seq_idx[c])
+                for e in T.Parallel(BE):
+                    s[e] = T.if_then_else(
+                        opens == 1,
+                        T.if_then_else(has_init, T.Cast(accum, initial_states[sq, h, e0 + e]), T.float32(0)),
+                        s[e],
+                    )
+                for e in T.Parallel(BE):
+                    ent_ws[t, h, e0 + e] = s[e]
+                decay = T.exp2(dA_ws[t, h, BL - 1] * LOG2E)
+                for e in T.Parallel(BE):
+                    s[e] = s[e] * decay + T.Cast(accum, local_ws[t, h, e0 + e])
+                if sub == S - 1:
+                    if intermediate:
+                        for e in T.Parallel(BE):
+                            states_out[c, h, e0 + e] = s[e]
+                    else:
+                        d = dest[c]
+                        if d >= 0:
+                            for e in T.Parallel(BE):
+                                states_out[d, h, e0 + e] = s[e]
+
+    return state_pass
+
+
+def ssd_chunk_out_kernel(
+    *,
+    heads: int,
+    groups: int,
+    dim: int,
+    dstate: int,
+    chunk_size: int,
+    io_dtype: str = "bfloat16",
+    cu_dtype: str = "int32",
+    block_L: int = 128,
+    heads_per_cta: int = 8,
+    block_P: int = 64,
+    threads: int = 128,
+    num_stages: int = 2,
+):
+    """Split variant, kernel C: one CTA per (tile, block of ``heads_per_cta`` heads of one group) loads the
+    tile's C once and, per (head, P-block), ``y = out + exp(dA_m) C · ent_ws[t, h]ᵀ`` (wgmma), ``* silu(z)``,
+    stored to ``out`` for the tile's valid rows.
+
+    Arguments in order: ``C [T, G, N]``, ``cu_chunk_seqlens [nchunks + 1]``, ``dA_ws [ntiles, H, block_L]``,
+    ``ent_ws [ntiles, H, P, N]``, ``z [Tz, H, P]``, ``out [T, H, P]``, ``flags`` (``FLAG_Z``).
+    """
+    import tilelang.language as T
+
+    H, G, P, N, L = heads, groups, dim, dstate, chunk_size
+    if H % G:
+        raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
+    rep = H // G
+    if rep % heads_per_cta:
+        raise ValueError(f"heads_per_cta ({heads_per_cta}) must divide heads per group ({rep})")
+    if P % block_P or L % block_L:
+        raise ValueError(f"block_P ({block_P}) must divide dim ({P}) and block_L ({block_L}) chunk_size ({L})")
+    HB = heads_per_cta
+    n_pb = P // block_P
+    S = L // block_L
+    BP, BL = block_P, block_L
+    accum = "float32"
+
+    T_ = T.dynamic("T")
+    nchunks1 = T.dynamic("nchunks1")
+    ntiles = T.dynamic("ntiles")
+    Tz = T.dynamic("Tz")
+    c_rs, c_gs, z_rs, z_hs, o_rs, o_hs = T.dynamic("c_rs, c_gs, z_rs, z_hs, o_rs, o_hs")
+
+    @T.prim_func
+    def chunk_out(
+        C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
+        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
+        dA_ws: T.Tensor((ntiles, H, BL), accum),
+        ent_ws: T.Tensor((ntiles, H, P, N), io_dtype),
+        z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
+        out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
+        flags: T.int32,
+    ):
+        with T.Kernel(H // HB, ntiles, threads=threads) as (hbk, t):
+            C_s = T.alloc_shared((BL, N), io_dtype)
+            e_s = T.alloc_shared((BP, N), io_dtype)
+            o_s = T.alloc_shared((BL, BP), io_dtype)
+            z_s = T.alloc_shared((BL, BP), io_dtype)
+            dA_s = T.alloc_shared((BL,), accum)
+            y_s = T.alloc_shared((BL, BP), io_dtype)
+            y = T.alloc_fragment((BL, BP), accum)
+
+            has_z = (flags & FLAG_Z) != 0
+            c = t // S
+            sub = t % S
+            s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
+            n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
+            h0 = hbk * HB
+            g = h0 // rep
+
+            T.copy(C[s0 : s0 + BL, g, 0:N], C_s)
+            for j in T.Pipelined(HB * n_pb, num_stages=num_stages):
+                h = h0 + j // n_pb
+                p0 = (j % n_pb) * BP
+                # Producer (TMA) loads: the entering state, the partial output kernel A wrote, z (a 1-row
+                # dummy without z: out-of-range rows read as zero), the tile's dA.
+                T.copy(ent_ws[t, h, p0 : p0 + BP, 0:N], e_s)
+                T.copy(out[s0 : s0 + BL, h, p0 : p0 + BP], o_s)
+                T.copy(z[s0 : s0 + BL, h, p0 : p0 + BP], z_s)
+                T.copy(dA_ws[t, h, 0:BL], dA_s)
+                T.gemm(C_s, e_s, y, transpose_B=True, clear_accum=True)
+                # Update the accumulator fragment in place (see the fused kernel's epilogue note).
+                for m, p in T.Parallel(BL, BP):
+                    y[m, p] = T.Cast(accum, o_s[m, p]) + y[m, p] * T.exp2(dA_s[m] * LOG2E)
+                for m, p in T.Parallel(BL, BP):
+                    zv = T.Cast(accum, z_s[m, p])
+                    y[m, p] = T.if_then_else(has_z, y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E)), y[m, p])
+                T.copy(y, y_s)
+                for m, p in T.Parallel(BL, BP):
+                    if m < n_valid:
+                        out[s0 + m, h, p0 + p] = y_s[m, p]
+
+    return chunk_out
