@@ -11,6 +11,8 @@ recorder (nothing compiles or runs).
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from mate._tilelang import ssu as tl_ssu
@@ -372,3 +374,75 @@ def test_public_function_takes_the_fast_path(stub):
         y = selective_state_update(state, x, dt, A, B, C, D, **kw)
         assert y is kw["out"]
     assert len(normalised) == 1 and len(launches) == 2
+
+
+# ------------------------------------------------------------------------------- direct tvm_ffi call
+
+
+class TVMFFIKernelAdapter:  # named like TileLang's adapter: direct_callable checks the class name
+    def __init__(self, result_idx, main):
+        self.result_idx = result_idx
+        self._main = main
+
+    def _get_executable(self):
+        return type("Module", (), {"main": staticmethod(self._main)})()
+
+
+class FakeKernel:
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.wrapped = []
+
+    def __call__(self, *args):
+        self.wrapped.append(args)
+
+
+def test_direct_callable_picks_the_ffi_function_only_without_outputs(monkeypatch):
+    def main(*args):
+        return None
+
+    plain = FakeKernel(TVMFFIKernelAdapter([], main))
+    assert tl_ssu.direct_callable(plain) is main
+    with_output = FakeKernel(TVMFFIKernelAdapter([3], main))
+    assert tl_ssu.direct_callable(with_output) is with_output
+    other = FakeKernel(type("CythonKernelAdapter", (), {"result_idx": []})())
+    assert tl_ssu.direct_callable(other) is other
+    assert tl_ssu.direct_callable(lambda *a: None) is not main
+    monkeypatch.setattr(tl_ssu, "DIRECT_FFI_CALL", False)
+    assert tl_ssu.direct_callable(plain) is plain
+
+
+def test_recipes_launch_through_the_direct_function(stub, monkeypatch):
+    launches, _ = stub
+    direct = []
+    kern = FakeKernel(TVMFFIKernelAdapter([], lambda *args: direct.append(args)))
+    monkeypatch.setattr(tl_ssu, "_get", lambda key, device: tl_ssu._kernels.setdefault(key, kern))
+    eager(vllm_decode())  # miss: the slow path calls the kernel object
+    kw = vllm_decode()
+    expected = slow_plan(kw)
+    eager(kw)  # hit: the recipe calls the ffi function with the same arguments
+    assert len(kern.wrapped) == 1 and len(direct) == 1
+    assert_same_launch((expected[0], direct[0]), expected)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiling a CUDA kernel needs nvcc")
+def test_direct_function_of_a_compiled_kernel():
+    """A real compiled (sm_90a) kernel: the direct function is TileLang's tvm_ffi entry, reached with the same
+    arguments as the wrapper (both reject CPU tensors with the kernel's own device check)."""
+    pytest.importorskip("tilelang")
+    from mate._tilelang.cache import CACHE
+
+    key, args = slow_plan(vllm_decode(1))
+    kern = CACHE.compile_only(
+        key, tl_ssu._builder(key), target={"kind": "cuda", "arch": "sm_90a"}, pass_configs=tl_ssu._pass_configs()
+    )
+    fn = tl_ssu.direct_callable(kern)
+    assert fn is not kern and callable(fn)
+    errors = []
+    for f in (kern, fn):
+        with pytest.raises(RuntimeError, match="device_type mismatch") as e:
+            f(*args)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+    with pytest.raises(RuntimeError, match="num_args"):
+        fn(*args[:-1])

@@ -10,6 +10,8 @@ is read back from the device, and every launch goes to the current stream (TileL
 
 from __future__ import annotations
 
+import os
+
 import torch
 from mate_kernels.ssu import (
     FLAG_ACC,
@@ -344,6 +346,34 @@ _ARG_SOURCES = (
 _A_STATE, _A_B, _A_C, _A_IBUF = 0, 4, 5, 14  # positions _vector_access reads
 
 
+# Recipes call the tvm_ffi function behind a kept kernel directly: TileLang's Python call wrapper (argument
+# count check, output-slot loops, executable lookup; ~9 us per call on the CI CPU) does nothing for these
+# kernels, which have no outputs to allocate. MATE_TILELANG_WRAPPER=1 keeps the wrapper.
+DIRECT_FFI_CALL = os.environ.get("MATE_TILELANG_WRAPPER", "0") != "1"
+
+
+def direct_callable(kern):
+    """The function ``kern(*args)`` ends up calling (``<module>.main`` of TileLang's tvm_ffi adapter) when calling
+    it directly is equivalent, i.e. a tvm_ffi adapter without outputs to allocate; else ``kern`` itself."""
+    if not DIRECT_FFI_CALL:
+        return kern
+    adapter = getattr(kern, "adapter", None)
+    if (
+        adapter is None
+        or type(adapter).__name__ != "TVMFFIKernelAdapter"
+        or getattr(adapter, "result_idx", None)
+        or getattr(adapter, "_ffi_callee_allocated_output_abi", False)
+    ):
+        return kern
+    try:
+        ex = adapter._get_executable()
+        mod = ex.jit() if getattr(type(ex), "jit", None) is not None else ex  # a fresh compile / a disk-cache load
+        fn = mod.main
+    except Exception:  # another TileLang layout: keep the wrapper
+        return kern
+    return fn if callable(fn) else kern
+
+
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     p = a.untyped_storage().data_ptr()
     return p != 0 and p == b.untyped_storage().data_ptr()
@@ -387,7 +417,7 @@ class LaunchRecipe:
         if key is not None:
             kern = self.kernels.get(key)
             if kern is None:  # a new pointer alignment: the kernel cache (and its capture check) decides
-                kern = self.kernels[key] = _get(key, self.device)
+                kern = self.kernels[key] = direct_callable(_get(key, self.device))
             kern(*args)
         return result
 
@@ -451,7 +481,7 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
         return None  # the positions the recipe re-checks are not the tensors plan() checked
     rec.base_key = key[:-2]
     kern = _kernels.get(key)
-    rec.kernels = {key: kern if kern is not None else _get(key, rec.device)}
+    rec.kernels = {key: direct_callable(kern if kern is not None else _get(key, rec.device))}
     return rec
 
 
@@ -531,5 +561,5 @@ def compile_grid() -> list[CompileItem]:
 
 __all__ = [
     "selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS",
-    "LaunchRecipe", "make_recipe",
+    "LaunchRecipe", "make_recipe", "direct_callable",
 ]  # fmt: skip
