@@ -237,9 +237,13 @@ def test_split_plan_raises_where_the_fused_plan_does():
         tl_ssd.split_plan(8, 2, 64, 128, 128, torch.float32)
 
 
-def test_split_local_dtype_knob(monkeypatch):
+def test_split_tuning_knobs(monkeypatch):
     monkeypatch.setenv("MATE_SSD_SPLIT_LOCAL", "io")
     assert tl_ssd.split_plan(8, 2, 64, 128, 128, torch.float16)["local_dtype"] == "float16"
+    monkeypatch.setenv("MATE_SSD_SPLIT_HEADS", "2")
+    assert tl_ssd.split_plan(128, 8, 64, 128, 128, torch.bfloat16)["heads_per_cta"] == 2
+    monkeypatch.setenv("MATE_SSD_SPLIT_HEADS", "3")  # must divide heads / groups, else the default
+    assert tl_ssd.split_plan(128, 8, 64, 128, 128, torch.bfloat16)["heads_per_cta"] == 8
 
 
 def _bf16_call(**kw):

@@ -391,8 +391,10 @@ def split_chunk_smem_bytes(*, dim_block: int, dstate: int, block_L: int, io_byte
 
 
 def split_out_smem_bytes(*, dim_block: int, dstate: int, block_L: int, io_bytes: int, num_stages: int) -> int:
-    """Dynamic shared memory of the split variant's output kernel (C tile once, entering states multi-buffered)."""
-    return block_L * dstate * io_bytes + block_L * dim_block * io_bytes + num_stages * dim_block * dstate * io_bytes
+    """Dynamic shared memory of the split variant's output kernel (C tile and the output tile once; entering
+    state, partial output, z and dA multi-buffered)."""
+    per_stage = dim_block * dstate * io_bytes + 2 * block_L * dim_block * io_bytes + block_L * 4
+    return block_L * dstate * io_bytes + block_L * dim_block * io_bytes + num_stages * per_stage
 
 
 def ssd_chunk_kernel(

@@ -122,13 +122,15 @@ def split_plan(heads: int, groups: int, dim: int, dstate: int, chunk_size: int, 
     ``block_L``: the tile every split kernel works on (128 tokens for N <= 128, else 64: the chunk kernel keeps
     ``C Bᵀ`` [block_L, block_L] and the local state [N, 64] in fp32 registers; 64-token tiles put the scores
     in shared memory, ``scores_in_shared``); ``heads_per_cta``: the heads
-    of one group sharing a CTA's ``C Bᵀ`` (the largest of 8, 4, 2, 1 dividing heads / groups);
+    of one group sharing a CTA's ``C Bᵀ`` (the largest of 8, 4, 2, 1 dividing heads / groups, or
+    ``MATE_SSD_SPLIT_HEADS`` where it divides heads / groups: a tuning knob, set before the process starts);
     ``local_dtype``: the tile-local states' workspace dtype (fp32; ``MATE_SSD_SPLIT_LOCAL=io`` stores them in
     the io dtype, halving that traffic at the cost of one more rounding of the returned states)."""
     plan(dim, dstate, chunk_size, io_dtype)
     rep = heads // groups
     block_L = 128 if dstate <= 128 and chunk_size % 128 == 0 else 64
-    hb = next(h for h in (8, 4, 2, 1) if rep % h == 0)
+    forced = int(os.environ.get("MATE_SSD_SPLIT_HEADS", "0"))  # tuning knob, read when a kernel is built
+    hb = forced if forced > 0 and rep % forced == 0 else next(h for h in (8, 4, 2, 1) if rep % h == 0)
     local = _DT[io_dtype] if os.environ.get("MATE_SSD_SPLIT_LOCAL", "fp32") == "io" else "float32"
     kmod = _kmod()
     smem = max(
