@@ -1,5 +1,8 @@
 """TileLang SSD varlen prefill (``backend="tilelang"``) against the PyTorch reference (``backend="torch"``).
 
+Every kernel test runs for both launcher variants (``fused`` and ``split``, ``MATE_SSD_KERNEL``), selected per
+test through ``mate._tilelang.ssd.SSD_VARIANT``.
+
 Both backends see the same device tensors (the reference is pure PyTorch, fp32 inside). Compared: ``out`` and
 the returned (or pool-written) states, relative to the reference's largest magnitude, with tolerances of the
 kernels' bf16/fp16 tensor-core operands (scores, the state fed to ``C·state``, ``x`` weighted by the decay).
@@ -26,10 +29,20 @@ pytestmark = [
     pytest.mark.skipif(not (cuda_ok and tl_ok), reason="needs a CUDA device and TileLang"),
 ]
 
+from mate._tilelang import ssd as tl_ssd  # noqa: E402
 from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402
 from mate.mamba.chunking import chunk_metadata  # noqa: E402
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+@pytest.fixture(params=tl_ssd.VARIANTS)
+def variant(request, monkeypatch):
+    """The launcher variant under test (the process-wide MATE_SSD_KERNEL setting, patched per test)."""
+    monkeypatch.setattr(tl_ssd, "SSD_VARIANT", request.param)
+    return request.param
+
+
 OUT_TOL = {BF16: 3e-2, F16: 1e-2}
 STATE_TOL = {BF16: 3e-2, F16: 1e-2}
 
@@ -163,7 +176,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_kernels_match_reference(case: Case):
+def test_kernels_match_reference(case: Case, variant):
     out_k, st_k = run(case, "tilelang")
     out_r, st_r = run(case, "torch")
     torch.cuda.synchronize()
@@ -182,25 +195,25 @@ def test_kernels_match_reference(case: Case):
         assert torch.equal(st_k[untouched], pool0[untouched])
 
 
-def test_fp32_io_raises():
+def test_fp32_io_raises(variant):
     kw = build(Case(io=F32))
     with pytest.raises(NotImplementedError, match="float32"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-def test_dim_80_raises():
+def test_dim_80_raises(variant):
     kw = build(Case(P=80))
     with pytest.raises(NotImplementedError, match="dim=80"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-def test_small_chunk_raises():
+def test_small_chunk_raises(variant):
     kw = build(Case(chunk=32))
     with pytest.raises(NotImplementedError, match="chunk_size"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-def test_graph_replay_equals_eager():
+def test_graph_replay_equals_eager(variant):
     case = Case(seqlens=(1, 100, 300), z=True)
     kw = build(case)
     out = torch.empty_like(kw["x"])
@@ -233,7 +246,7 @@ def test_graph_replay_equals_eager():
     assert torch.equal(states, ref_states)
 
 
-def test_steady_state_allocates_only_the_returned_states():
+def test_steady_state_allocates_only_the_returned_states(variant):
     case = Case(seqlens=(17, 300, 129), z=True)
     kw = build(case)
     out = torch.empty_like(kw["x"])
