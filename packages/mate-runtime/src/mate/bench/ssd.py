@@ -1,9 +1,10 @@
 """``mate bench ssd``: SSD varlen prefill, MATE (TileLang) vs vLLM 0.33's Triton ``mamba_chunk_scan_combined_varlen``.
 
-Both run in the same process on the same inputs, each call captured in a CUDA graph (one call per window of
-disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per shape and chunk
-size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak ~790 TFLOP/s; the
-device copy bandwidth measured in the same run), and MATE's speed-up over vLLM.
+MATE runs once per launcher variant named by ``--variants`` (``fused``, ``split``: rows ``mate-fused``,
+``mate-split``). All run in the same process on the same inputs, each call captured in a CUDA graph (one call
+per window of disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per
+shape and chunk size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak
+~790 TFLOP/s; the device copy bandwidth measured in the same run), and MATE's speed-up over vLLM.
 
 FLOP count (the algorithm's useful work, identical for both implementations; L = chunk size):
 ``T * (2 G L N  [C B^T]  +  H (L P  [causal intra-chunk scan]  +  4 P N  [chunk state + C·state]))``.
@@ -87,17 +88,19 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
     )
 
 
-def mate_fn(w, L):
+def mate_fn(w, L, variant="fused"):
+    from .._tilelang.ssd import use_variant
     from ..mamba import ssd_combined_fwd_varlen
 
     m = w["meta"]
 
     def fn():
-        return ssd_combined_fwd_varlen(
-            w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
-            m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True, initial_states=w["init"],
-            state_dtype=torch.float32, backend="tilelang",
-        )  # fmt: skip
+        with use_variant(variant):
+            return ssd_combined_fwd_varlen(
+                w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
+                m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
+                initial_states=w["init"], state_dtype=torch.float32, backend="tilelang",
+            )  # fmt: skip
 
     return fn
 
@@ -117,10 +120,10 @@ def vllm_fn(w, L):
     return fn
 
 
-def check_agreement(s, seqlens, L, dev) -> float:
-    """Relative difference of MATE's and vLLM's outputs and final states on one window."""
+def check_agreement(s, seqlens, L, dev, variant="fused") -> float:
+    """Relative difference of MATE's (one variant) and vLLM's outputs and final states on one window."""
     w = make_window(s, seqlens, L, 1234, dev)
-    st_m = mate_fn(w, L)()
+    st_m = mate_fn(w, L, variant)()
     out_m = w["out"].float().clone()
     st_v = vllm_fn(w, L)()
     out_v = w["out"].float()
@@ -168,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
     ap.add_argument("--name", default="ssd")
     ap.add_argument("--impls", default="mate,vllm")
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help="MATE launcher variants to measure, e.g. fused,split (default: the selected one)",
+    )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
@@ -176,7 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         print("mate bench ssd: needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
-    impls = [i for i in args.impls.split(",") if i]
+    from .._tilelang.ssd import VARIANTS, selected_variant
+
+    variants = [v for v in (args.variants or selected_variant()).split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise ValueError(f"--variants: expected a comma list of {', '.join(VARIANTS)}; got {args.variants!r}")
+    impls = []
+    for i in (i for i in args.impls.split(",") if i):
+        impls.extend([f"mate-{v}" for v in variants] if i == "mate" else [i])
     ceiling = copy_ceiling_tbps(dev)
     print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
 
@@ -210,14 +226,18 @@ def main(argv: list[str] | None = None) -> int:
                 nwin = min(windows_for(per_call), 4)
                 wins = [make_window(s, seqlens, L, 17 + i, dev) for i in range(nwin)]
                 base = {}
-                agree = None
-                if "mate" in impls and "vllm" in impls:
-                    try:
-                        agree = check_agreement(s, seqlens, L, dev)
-                    except Exception as exc:  # report, keep measuring
-                        print(f"agreement check failed: {type(exc).__name__}: {exc}", flush=True)
+                agree = {}
+                if "vllm" in impls:
+                    for impl in (i for i in impls if i.startswith("mate-")):
+                        try:
+                            agree[impl] = check_agreement(s, seqlens, L, dev, impl.removeprefix("mate-"))
+                        except Exception as exc:  # report, keep measuring
+                            print(f"{impl} agreement check failed: {type(exc).__name__}: {exc}", flush=True)
                 for impl in impls:
-                    fns = [(mate_fn if impl == "mate" else vllm_fn)(w, L) for w in wins]
+                    if impl.startswith("mate-"):
+                        fns = [mate_fn(w, L, impl.removeprefix("mate-")) for w in wins]
+                    else:
+                        fns = [vllm_fn(w, L) for w in wins]
                     try:
                         us = graph_time_us(fns, replays=args.replays, repeats=args.repeats, device=dev)
                     except Exception as exc:
@@ -231,14 +251,14 @@ def main(argv: list[str] | None = None) -> int:
                         pct_copy=round(100 * per_call / us / 1e6 / ceiling, 1),
                         pct_peak=round(100 * flops(T, s, L) / us / 1e6 / PEAK_TFLOPS_BF16, 1),
                     )  # fmt: skip
-                    if impl == "mate" and agree is not None:
-                        row["max_rel_diff_vs_vllm"] = f"{agree:.1e}"
+                    if impl in agree:
+                        row["max_rel_diff_vs_vllm"] = f"{agree[impl]:.1e}"
                     rows.append(row)
                     print(row, flush=True)
-                if "mate" in base and "vllm" in base:
+                if "vllm" in base:
                     for r in rows[-len(base) :]:
-                        if r["impl"] == "mate":
-                            r["speedup_vs_vllm"] = round(base["vllm"] / base["mate"], 2)
+                        if r["impl"].startswith("mate-"):
+                            r["speedup_vs_vllm"] = round(base["vllm"] / base[r["impl"]], 2)
                 del wins
                 torch.cuda.empty_cache()
                 report()  # partial results survive a time limit
