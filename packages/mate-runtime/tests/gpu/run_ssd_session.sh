@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One GPU device call for the SSD prefill kernels: compile, test both launcher variants, benchmark both beside
+# vLLM. Run from the repository root on the GPU machine, carrying .gpu (see /work/shared/gpu/README.md):
+#
+#     bash packages/mate-runtime/tests/gpu/run_ssd_session.sh [stage ...]
+#
+# Stages (default: all, in this order; each under its own time limit so the later ones still run and the
+# partial results come back):
+#     precompile  every SSD kernel of the tests and the benchmark, both variants, in parallel processes
+#     tests       tests/gpu/test_ssd_kernels.py (every case for fused and split), junit XML + log
+#     ptxas       registers / spills / shared memory of the split kernels (nvcc -Xptxas -v on TileLang's source)
+#     quick       mate bench ssd --quick --variants fused,split (headline shape, two batches)
+#     bench       mate bench ssd --variants fused,split (the whole plan; writes after every shape)
+# Everything goes under $OUT (default ./ssd-session-out). Budget on the H200: precompile ~2 min on 16 cores,
+# tests ~2 min, quick ~1 min, bench the rest of the 10-minute call.
+set -u
+OUT="${OUT:-$PWD/ssd-session-out}"
+mkdir -p "$OUT"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(precompile tests ptxas quick bench)
+if [ -f .gpu/setup.sh ]; then
+    # shellcheck disable=SC1091
+    source .gpu/setup.sh --peers 2>&1 | tee "$OUT/setup.log"
+fi
+export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}"
+JOBS="${JOBS:-$(nproc)}"
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$OUT/session.log"; }
+
+for stage in "${stages[@]}"; do
+    case "$stage" in
+    precompile)
+        stamp "precompile (jobs $JOBS)"
+        timeout 240 python3 packages/mate-runtime/tests/gpu/ssd_precompile.py --jobs "$JOBS" --variants fused,split \
+            >"$OUT/precompile.log" 2>&1
+        stamp "precompile rc=$? ($(grep -c '^precompiled' "$OUT/precompile.log") ok, $(grep -c FAILED "$OUT/precompile.log") failed)"
+        ;;
+    tests)
+        stamp "tests"
+        timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider packages/mate-runtime/tests/gpu/test_ssd_kernels.py \
+            --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
+        stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
+        ;;
+    ptxas)
+        stamp "ptxas"
+        timeout 90 python3 packages/mate-runtime/tests/gpu/ssd_ptxas.py --out "$OUT/ptxas" >"$OUT/ptxas.log" 2>&1
+        stamp "ptxas rc=$?"
+        ;;
+    quick)
+        stamp "bench quick"
+        timeout 120 python3 -m mate.bench.ssd --quick --variants fused,split --out "$OUT" --name ssd_quick \
+            >"$OUT/bench_quick.log" 2>&1
+        stamp "bench quick rc=$?"
+        ;;
+    bench)
+        left=$((570 - ($(date +%s) - t0)))
+        [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
+        stamp "bench (${left}s)"
+        timeout "$left" python3 -m mate.bench.ssd --variants fused,split --out "$OUT" --name ssd_variants \
+            >"$OUT/bench.log" 2>&1
+        stamp "bench rc=$?"
+        ;;
+    *)
+        stamp "unknown stage $stage"
+        ;;
+    esac
+done
+stamp "done"
