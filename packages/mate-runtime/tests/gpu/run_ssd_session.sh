@@ -13,14 +13,15 @@
 #     bench       mate bench ssd --variants fused,split (the whole plan; writes after every shape)
 # Everything goes under $OUT (default ./ssd-session-out). Budget on the H200: precompile ~2 min on 16 cores,
 # tests ~2 min, quick ~1 min, bench the rest of the 10-minute call.
-set -u
 OUT="${OUT:-$PWD/ssd-session-out}"
 mkdir -p "$OUT"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(precompile tests ptxas quick bench)
 if [ -f .gpu/setup.sh ]; then
+    # sourced in this shell (not in a pipeline: its exports must stay)
     # shellcheck disable=SC1091
-    source .gpu/setup.sh --peers 2>&1 | tee "$OUT/setup.log"
+    source .gpu/setup.sh --peers >"$OUT/setup.log" 2>&1
+    cat "$OUT/setup.log"
 fi
 export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}"
 JOBS="${JOBS:-$(nproc)}"
