@@ -406,7 +406,10 @@ class LaunchRecipe:
             args[pos] = ins[i]
         for pos, i, shape, stride, delta in self.views:
             src = ins[i]
-            args[pos] = torch.as_strided(src, shape, stride, src.storage_offset() + delta)
+            if shape is None:  # the whole (contiguous) tensor as 1-D: a 2-D slot table's base
+                args[pos] = src.view(-1)
+            else:
+                args[pos] = torch.as_strided(src, shape, stride, src.storage_offset() + delta)
         vflags = _vector_pointers(
             self.vterms, args[_A_STATE], args[_A_B], args[_A_C], args[_A_IBUF] if self.has_ibuf else None
         )
@@ -469,7 +472,10 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
         elif a.dtype == src.dtype and _same_storage(a, src):
             # the normaliser's views keep their source's storage offset up to a metadata-determined shift
             delta = a.storage_offset() - src.storage_offset()
-            views.append((pos, index[name], tuple(a.shape), tuple(a.stride()), delta))
+            shape, stride = tuple(a.shape), tuple(a.stride())
+            if delta == 0 and shape == (src.numel(),) and stride == (1,) and src.is_contiguous():
+                shape = stride = None  # src.view(-1): the same view, ~1 us cheaper than as_strided
+            views.append((pos, index[name], shape, stride, delta))
         else:
             return None
     rec.template, rec.idents, rec.views = tuple(template), tuple(idents), tuple(views)

@@ -9,8 +9,10 @@ call wrapper, which needs a loaded device module). Reported: the median µs per 
 
 * ``normalise``: ``normalize_ssu`` alone (the validation every slow-path call pays);
 * ``plan``: the launcher's ``plan()`` on an already-normalised call;
-* ``mate.mamba``: the public ``mate.mamba.selective_state_update`` end to end (stubbed launch);
-* ``vllm op``: the vLLM adapter's ``mate_vllm.ops.selective_state_update`` end to end, when importable.
+* ``mate.mamba``: the public ``mate.mamba.selective_state_update`` end to end (stubbed launch), with the
+  metadata-keyed fast path (repeated calls of one form replay its launch recipe) and, as ``slow``, without it
+  (``mate.mamba.ssu.FAST_PATH = False``: every call normalises and plans, the behaviour before the fast path);
+* ``vllm op``: the same for the vLLM adapter's ``mate_vllm.ops.selective_state_update``, when importable.
 
 Run ``python -m mate.bench.host [--iters N] [--repeats R]``. Numbers depend on the CPU: compare runs made on
 one machine.
@@ -105,13 +107,33 @@ def production_calls() -> list[Call]:
     return [vllm_decode(1), vllm_decode(8), vllm_mtp(1), vllm_mtp(8)]
 
 
+class _NoopModule:
+    """Stands in for a loaded kernel module: its entry function does nothing."""
+
+    def __init__(self, launched: list):
+        def main(*args):
+            launched.append(len(args))
+
+        self.main = main
+
+    def __call__(self, *args):
+        return self.main(*args)
+
+
 @contextmanager
-def stubbed_launch():
-    """Pick the TileLang launcher for CPU tensors and make every kernel a no-op (nothing compiles or runs)."""
+def stubbed_launch(wrapper: bool = False):
+    """Pick the TileLang launcher for CPU tensors and make every kernel launch a no-op.
+
+    ``wrapper=False``: every kernel is a plain no-op function (nothing compiles). ``wrapper=True``: every
+    kernel is the real compiled TileLang kernel object (compiled for sm_90a, needs nvcc) whose loaded module is
+    replaced by a no-op, so TileLang's Python call wrapper (slow path) or the direct tvm_ffi entry lookup
+    (fast path) is part of the measurement; only the tvm_ffi argument conversion and the launch are left out."""
     from mate._tilelang import ssu as tl_ssu
+    from mate._tilelang.cache import CACHE
     from mate.mamba import ssu as api
 
     launched = []
+    patched = []  # (adapter, executable) to restore
 
     def noop(*args):
         launched.append(len(args))
@@ -119,8 +141,16 @@ def stubbed_launch():
     saved = (api.resolve_backend, tl_ssu._get, dict(tl_ssu._kernels))
 
     def fake_get(key, device):
-        tl_ssu._kernels[key] = noop
-        return noop
+        kern = noop
+        if wrapper:
+            kern = CACHE.compile_only(
+                key, tl_ssu._builder(key), target={"kind": "cuda", "arch": "sm_90a"},
+                pass_configs=tl_ssu._pass_configs(),
+            )  # fmt: skip
+            patched.append((kern.adapter, kern.adapter.executable))
+            kern.adapter.executable = _NoopModule(launched)
+        tl_ssu._kernels[key] = kern
+        return kern
 
     def fake_resolve(requested, device):
         if requested not in ("auto", "tilelang", "torch"):
@@ -130,17 +160,29 @@ def stubbed_launch():
     api.resolve_backend = fake_resolve
     tl_ssu._get = fake_get
     tl_ssu._kernels.clear()
-    clear = getattr(api, "clear_fast_path_cache", None)
-    if clear is not None:
-        clear()
+    api.clear_fast_path_cache()
     try:
         yield launched
     finally:
         api.resolve_backend, tl_ssu._get = saved[0], saved[1]
         tl_ssu._kernels.clear()
         tl_ssu._kernels.update(saved[2])
-        if clear is not None:
-            clear()
+        for adapter, executable in patched:
+            adapter.executable = executable
+        api.clear_fast_path_cache()
+
+
+@contextmanager
+def slow_path():
+    """The fast path switched off: every call normalises and plans."""
+    from mate.mamba import ssu as api
+
+    saved = api.FAST_PATH
+    api.FAST_PATH = False
+    try:
+        yield
+    finally:
+        api.FAST_PATH = saved
 
 
 def median_us(fn: Callable[[], object], iters: int, repeats: int) -> float:
@@ -155,20 +197,22 @@ def median_us(fn: Callable[[], object], iters: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def measure(call: Call, iters: int = 2000, repeats: int = 7) -> dict:
+def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = False) -> dict:
     from mate._tilelang import ssu as tl_ssu
     from mate.mamba import selective_state_update
     from mate.mamba._ssu_call import normalize_ssu
 
     pos, kw = call.positional(), call.keywords()
     res = {"call": call.label}
-    with stubbed_launch() as launched:
+    with stubbed_launch(wrapper) as launched:
         res["normalise"] = median_us(lambda: normalize_ssu(*pos, **kw), iters, repeats)
         normalised = normalize_ssu(*pos, **kw)
         res["plan"] = median_us(lambda: tl_ssu.plan(normalised), iters, repeats)
         res["mate.mamba"] = median_us(lambda: selective_state_update(*pos, **kw), iters, repeats)
         if not launched:
             raise RuntimeError("the stubbed kernel was never called: the measurement did not reach the launch")
+        with slow_path():
+            res["mate.mamba slow"] = median_us(lambda: selective_state_update(*pos, **kw), iters, repeats)
         try:
             from mate_vllm import ops as vllm_ops
         except ImportError:
@@ -180,6 +224,8 @@ def measure(call: Call, iters: int = 2000, repeats: int = 7) -> dict:
             dt_bias = vkw.pop("dt_bias")
             args = pos[:6] + (D, dt_bias)
             res["vllm op"] = median_us(lambda: vllm_ops.selective_state_update(*args, **vkw), iters, repeats)
+            with slow_path():
+                res["vllm op slow"] = median_us(lambda: vllm_ops.selective_state_update(*args, **vkw), iters, repeats)
     return res
 
 
@@ -187,15 +233,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mate.bench.host", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=2000, help="calls per timed repeat")
     ap.add_argument("--repeats", type=int, default=7, help="timed repeats (the median is reported)")
+    ap.add_argument(
+        "--tilelang-wrapper",
+        action="store_true",
+        help="launch through the real compiled kernel objects (sm_90a, needs nvcc) with a no-op module, so "
+        "TileLang's Python call wrapper is measured too",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cols = ("normalise", "plan", "mate.mamba", "vllm op")
-    print(f"CPU-host proxy, kernel launch stubbed; median µs per call (H {H}, P {P}, N {N}, G {G}, bf16)")
+    cols = ("normalise", "plan", "mate.mamba slow", "mate.mamba", "vllm op slow", "vllm op")
+    how = "TileLang wrapper kept, module stubbed" if args.tilelang_wrapper else "kernel object stubbed"
+    print(f"CPU-host proxy ({how}); median µs per call (H {H}, P {P}, N {N}, G {G}, bf16)")
     print(f"| call | {' | '.join(cols)} |")
     print(f"|---|{'---:|' * len(cols)}")
     for call in production_calls():
-        r = measure(call, args.iters, args.repeats)
+        r = measure(call, args.iters, args.repeats, args.tilelang_wrapper)
         print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in cols) + " |", flush=True)
+    print("slow: fast path off (every call normalises and plans); fast path: repeated calls replay a recipe")
     return 0
 
 
