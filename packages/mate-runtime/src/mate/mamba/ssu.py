@@ -100,7 +100,7 @@ FAST_TENSOR_ARGS = (
     "num_accepted_tokens", "retrieve_parent_token",
 )  # fmt: skip
 FAST_PATH = True  # False: every call normalises (the pre-fast-path behaviour; benchmarks compare both)
-FAST_CACHE_SIZE = 256  # metadata keys remembered (oldest dropped first)
+FAST_CACHE_SIZE = 1024  # metadata keys remembered (oldest dropped first): batch sizes x call forms
 _SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, non-replayable launch)
 _fast: dict = {}
 _Tensor = torch.Tensor
