@@ -234,6 +234,31 @@ def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = Fal
     return res
 
 
+def hit_breakdown(call: Call, iters: int = 2000, repeats: int = 7) -> dict:
+    """µs of the parts of a fast-path hit: the metadata key, the cache lookup, building the launch arguments
+    from the recipe, and the whole public call."""
+    from mate.mamba import selective_state_update
+    from mate.mamba import ssu as api
+
+    pos, kw = call.positional(), call.keywords()
+    full = {**dict(zip(("state", "x", "dt", "A", "B", "C", "D"), pos, strict=True)), **kw}
+    tensors = tuple(full.get(n) for n in api.FAST_TENSOR_ARGS)
+    scalars = (full["dt_softplus"], full["pad_slot_id"], False, 10, 0, "auto", False, True, "auto")
+    with stubbed_launch():
+        selective_state_update(*pos, **kw)
+        key = api.fast_key(tensors, scalars)
+        recipe = api._fast.get(key)
+        if recipe is None or recipe is api._SLOW:
+            raise RuntimeError(f"{call.label}: no launch recipe was remembered")
+        return {
+            "call": call.label,
+            "key": median_us(lambda: api.fast_key(tensors, scalars), iters, repeats),
+            "lookup": median_us(lambda: api._fast.get(key), iters, repeats),
+            "recipe args": median_us(lambda: recipe.build(tensors), iters, repeats),
+            "public call": median_us(lambda: selective_state_update(*pos, **kw), iters, repeats),
+        }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mate.bench.host", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=2000, help="calls per timed repeat")
@@ -245,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "TileLang's Python call wrapper is measured too",
     )
     ap.add_argument("--stat", choices=("median", "min"), default="median", help="statistic over the repeats")
+    ap.add_argument("--breakdown", action="store_true", help="also time the parts of a fast-path hit")
     args = ap.parse_args(argv)
     global STAT
     STAT = args.stat
@@ -258,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         r = measure(call, args.iters, args.repeats, args.tilelang_wrapper)
         print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in cols) + " |", flush=True)
     print("slow: fast path off (every call normalises and plans); fast path: repeated calls replay a recipe")
+    if args.breakdown:
+        parts = ("key", "lookup", "recipe args", "public call")
+        print(f"\nfast-path hit, {STAT} µs\n| call | {' | '.join(parts)} |\n|---|{'---:|' * len(parts)}")
+        for call in production_calls():
+            r = hit_breakdown(call, args.iters, args.repeats)
+            print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" for c in parts) + " |", flush=True)
     return 0
 
 
