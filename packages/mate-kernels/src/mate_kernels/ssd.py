@@ -381,10 +381,9 @@ def ssd_fused_kernel(
 
 
 def split_chunk_smem_bytes(*, dim_block: int, dstate: int, block_L: int, io_bytes: int, num_stages: int,
-                           threads: int = 256, scores_in_shared: bool = False) -> int:  # fmt: skip
+                           heads_per_cta: int = 8, scores_in_shared: bool = False) -> int:  # fmt: skip
     """Dynamic shared memory of the split variant's chunk kernel (B and C tiles once, x multi-buffered)."""
-    scan = max(block_L, threads)
-    fixed = 2 * block_L * dstate * io_bytes + block_L * dim_block * io_bytes + block_L * 4 + 2 * scan * 4
+    fixed = 2 * block_L * dstate * io_bytes + block_L * dim_block * io_bytes + 3 * heads_per_cta * block_L * 4
     if scores_in_shared:
         fixed += block_L * block_L * io_bytes
     return fixed + num_stages * block_L * dim_block * io_bytes
@@ -464,8 +463,7 @@ def ssd_chunk_kernel(
     # Scores feeding wgmma from registers need the row-split (FullRow) layout; a 64-token tile cannot split its
     # rows over two consumer warpgroups, so there the scores go through shared memory (any policy).
     policy = T.GemmWarpPolicy.Square if scores_in_shared else T.GemmWarpPolicy.FullRow
-    SCAN = max(BL, threads)
-    scan_offsets = [1 << i for i in range(int(math.log2(SCAN)))]
+    scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
 
     @T.prim_func
     def chunk(
@@ -488,9 +486,10 @@ def ssd_chunk_kernel(
             # One buffer serves the partial output tile and then x weighted for the local state.
             y_s = T.alloc_shared((BL, BP), io_dtype)
             xw_s = y_s
-            dt_sh = T.alloc_shared((BL,), accum)
-            dA_sh = T.alloc_shared((SCAN,), accum)
-            dA_tmp = T.alloc_shared((SCAN,), accum)
+            # dt' and the in-tile cumsum of A dt' of every head of the block (rows: heads)
+            dt_hb = T.alloc_shared((HB, BL), accum)
+            dA_hb = T.alloc_shared((HB, BL), accum)
+            dA_tmp = T.alloc_shared((HB, BL), accum)
 
             cb = T.alloc_fragment((BL, BL), accum)
             if scores_in_shared:
@@ -499,7 +498,6 @@ def ssd_chunk_kernel(
                 cb_c = T.alloc_fragment((BL, BL), io_dtype)
             y = T.alloc_fragment((BL, BP), accum)
             st = T.alloc_fragment((N, BP), accum)
-            dt_f = T.alloc_fragment((BL,), accum)
 
             c = t // S
             sub = t % S
@@ -515,42 +513,42 @@ def ssd_chunk_kernel(
                 B_s[i, n] = T.if_then_else(s0 + i < T_, B[s0 + i, g, n], T.Cast(io_dtype, 0))
             for i, n in T.Parallel(BL, N):
                 C_s[i, n] = T.if_then_else(s0 + i < T_, C[s0 + i, g, n], T.Cast(io_dtype, 0))
+            # dt' and the in-tile inclusive cumsum of A dt' (zero past the chunk's end) of all the block's heads
+            # at once, before the head loop (one Hillis-Steele scan over [HB, BL] instead of one per head):
+            # the loop below then has no scan barriers on its serial path.
+            for hh, i in T.Parallel(HB, BL):
+                v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h0 + hh]), T.float32(0))
+                if has_dt_bias:
+                    v = v + T.Cast(accum, dt_bias[h0 + hh])
+                if dt_softplus:
+                    v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
+                if hi_finite:
+                    v = T.min(v, T.float32(dt_max))
+                if lo_active:
+                    v = T.max(v, T.float32(dt_min))
+                v = T.if_then_else(i < n_valid, v, T.float32(0))
+                dt_hb[hh, i] = v
+                dA_hb[hh, i] = v * A[h0 + hh]
+            src_buf, dst_buf = dA_hb, dA_tmp
+            for off in scan_offsets:
+                for hh, i in T.Parallel(HB, BL):
+                    dst_buf[hh, i] = src_buf[hh, i] + T.if_then_else(i >= off, src_buf[hh, i - off], T.float32(0))
+                src_buf, dst_buf = dst_buf, src_buf
+            dA_all = src_buf
+            for hh, i in T.Parallel(HB, BL):
+                dA_ws[t, h0 + hh, i] = dA_all[hh, i]
             T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
 
             for j in T.Pipelined(HB * n_pb, num_stages=num_stages):
-                h = h0 + j // n_pb
+                hh = j // n_pb
+                h = h0 + hh
                 p0 = (j % n_pb) * BP
                 T.copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s)
-
-                # dt' and the in-tile inclusive cumsum of A dt' (zero past the chunk's end).
-                for i in T.Parallel(BL):
-                    v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
-                    if has_dt_bias:
-                        v = v + T.Cast(accum, dt_bias[h])
-                    if dt_softplus:
-                        v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
-                    if hi_finite:
-                        v = T.min(v, T.float32(dt_max))
-                    if lo_active:
-                        v = T.max(v, T.float32(dt_min))
-                    v = T.if_then_else(i < n_valid, v, T.float32(0))
-                    dt_f[i] = v
-                T.copy(dt_f, dt_sh)
-                for i in T.Parallel(SCAN):
-                    dA_sh[i] = T.if_then_else(i < BL, dt_sh[i] * A[h], T.float32(0))
-                src_buf, dst_buf = dA_sh, dA_tmp
-                for off in scan_offsets:
-                    for i in T.Parallel(SCAN):
-                        dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
-                    src_buf, dst_buf = dst_buf, src_buf
-                dA_cs = src_buf
-                for i in T.Parallel(BL):
-                    dA_ws[t, h, i] = dA_cs[i]
 
                 # Partial output: S x (+ D x), S[m, k] = CB[m, k] exp(dA_m - dA_k) dt'_k for k <= m.
                 for m, k in T.Parallel(BL, BL):
                     cb_c[m, k] = T.if_then_else(
-                        k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
+                        k <= m, cb[m, k] * T.exp2((dA_all[hh, m] - dA_all[hh, k]) * LOG2E) * dt_hb[hh, k], T.float32(0)
                     )
                 T.gemm(cb_c, x_s, y, clear_accum=True, policy=policy)
                 if has_D:
@@ -566,7 +564,7 @@ def ssd_chunk_kernel(
 
                 # Tile-local end state (zero entering state): B^T (x exp(dA_last - dA_k) dt'_k).
                 for k, p in T.Parallel(BL, BP):
-                    xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
+                    xw_s[k, p] = x_s[k, p] * T.exp2((dA_all[hh, BL - 1] - dA_all[hh, k]) * LOG2E) * dt_hb[hh, k]
                 T.gemm(B_s, xw_s, st, transpose_A=True, clear_accum=True, policy=policy)
                 for n, p in T.Parallel(N, BP):
                     local_ws[t, h, p0 + p, n] = st[n, p]

@@ -135,8 +135,14 @@ def split_plan(heads: int, groups: int, dim: int, dstate: int, chunk_size: int, 
     kmod = _kmod()
     smem = max(
         kmod.split_chunk_smem_bytes(
-            dim_block=64, dstate=dstate, block_L=block_L, io_bytes=2, num_stages=2, scores_in_shared=block_L < 128
-        ),
+            dim_block=64,
+            dstate=dstate,
+            block_L=block_L,
+            io_bytes=2,
+            num_stages=2,
+            heads_per_cta=hb,
+            scores_in_shared=block_L < 128,
+        ),  # fmt: skip
         kmod.split_out_smem_bytes(dim_block=64, dstate=dstate, block_L=block_L, io_bytes=2, num_stages=2),
     )
     if smem > SMEM_LIMIT:  # pragma: no cover - every supported (N, block_L) fits
