@@ -165,8 +165,26 @@ def build(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """`mate demo` on this machine: the GPU when one is there (needs `pip install 'mate-runtime[cuda]'`),
-    the pure-PyTorch reference otherwise. Extra arguments go to `mate demo`."""
+    """`mate demo` on this machine: the TileLang kernels on an NVIDIA GPU (TileLang is installed through the
+    `cuda` extra when `nvidia-smi` sees one), the pure-PyTorch reference otherwise. Extra arguments go to
+    `mate demo`."""
     install_torch(session)
     install_packages(session)
-    session.run("mate", "demo", *session.posargs)
+    if has_nvidia_gpu():
+        kernels, runtime = ROOT / "packages" / "mate-kernels", ROOT / "packages" / "mate-runtime"
+        session.install("-c", constraints(session), "-e", f"{kernels}[cuda]", "-e", f"{runtime}[cuda]")
+    session.run("mate", "demo", *session.posargs, env=cuda_env())
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible (nvidia-smi lists one); checked without importing torch here."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    import subprocess
+
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
