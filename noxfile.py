@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import subprocess
 import zipfile
 
 import nox
@@ -181,8 +182,6 @@ def has_nvidia_gpu() -> bool:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return False
-    import subprocess
-
     try:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
