@@ -11,6 +11,8 @@
 #     ptxas       registers / spills / shared memory of the split kernels (nvcc -Xptxas -v on TileLang's source)
 #     quick       mate bench ssd --quick --variants fused,split (headline shape, two batches)
 #     bench       mate bench ssd --variants fused,split (the whole plan; writes after every shape)
+#     quick-io    (not in the default list) the quick bench of split with MATE_SSD_SPLIT_LOCAL=io (local states
+#                 in bf16: less traffic) and MATE_SSD_SPLIT_HEADS=${SPLIT_HEADS:-4}; compiles its kernels on the fly
 # Everything goes under $OUT (default ./ssd-session-out). Budget on the H200: precompile ~2 min on 16 cores,
 # tests ~2 min, quick ~1 min, bench the rest of the 10-minute call.
 OUT="${OUT:-$PWD/ssd-session-out}"
@@ -52,6 +54,12 @@ for stage in "${stages[@]}"; do
         timeout 120 python3 -m mate.bench.ssd --quick --variants fused,split --out "$OUT" --name ssd_quick \
             >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
+        ;;
+    quick-io)
+        stamp "bench quick, split with bf16 local states, ${SPLIT_HEADS:-4} heads per CTA"
+        MATE_SSD_SPLIT_LOCAL=io MATE_SSD_SPLIT_HEADS="${SPLIT_HEADS:-4}" timeout 240 python3 -m mate.bench.ssd --quick \
+            --variants split --out "$OUT" --name ssd_quick_split_io >"$OUT/bench_quick_io.log" 2>&1
+        stamp "bench quick-io rc=$?"
         ;;
     bench)
         left=$((570 - ($(date +%s) - t0)))
