@@ -160,6 +160,8 @@ CASES = [
     pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 300, 513)), id="c256_P128_N256_G1_falcon"),
     pytest.param(Case(P=128, io=F16, D="full", z=True, seqlens=(77, 129, 2)), id="P128_fp16_Dfull_z"),
     pytest.param(Case(H=16, G=8, seqlens=(300, 10, 129, 1), history=(0, 37, 200, 5)), id="G8_continuing_short_first"),
+    # 8 heads per group: the split variant's CTAs cover 8 heads (as at the benchmark shapes), chunk 256 = 2 tiles
+    pytest.param(Case(H=16, G=2, chunk=256, z=True, seqlens=(1, 300, 700, 129)), id="rep8_c256_z"),
     pytest.param(Case(state=BF16, seqlens=(200, 33)), id="bf16-state_bf16-init"),
     pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D=""), id="dt-limit_no-softplus_no-D"),
     pytest.param(Case(intermediate=True, history=(0, 100, 0, 64)), id="intermediate-states"),
