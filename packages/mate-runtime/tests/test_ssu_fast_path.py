@@ -446,3 +446,15 @@ def test_direct_function_of_a_compiled_kernel():
     assert errors[0] == errors[1]
     with pytest.raises(RuntimeError, match="num_args"):
         fn(*args[:-1])
+
+
+def test_alternating_forms_each_replay_their_own_recipe(stub):
+    """The latest-hit shortcut and the keyed lookup agree: two forms interleaved, each launch equals the slow
+    path's for its own tensors."""
+    launches, normalised = stub
+    for i in range(6):
+        kw = vllm_decode(3) if i % 2 else mtp()
+        expected = slow_plan(kw)
+        eager(kw)
+        assert_same_launch(launches[-1], expected)
+    assert len(normalised) == 2
