@@ -390,8 +390,8 @@ class LaunchRecipe:
     __slots__ = ("template", "idents", "views", "alloc", "result_index", "vterms", "has_ibuf", "base_key", "kernels",
                  "device")  # fmt: skip
 
-    def build(self, tensors: tuple):
-        """``(result, kernel key, launch arguments)`` for new tensors (key and arguments None: nothing to launch)."""
+    def _fill(self, tensors: tuple):
+        """``(result, vector-access flags, launch arguments)`` (flags and arguments None: nothing to launch)."""
         alloc = self.alloc
         if alloc is None:
             result = tensors[self.result_index]
@@ -413,14 +413,19 @@ class LaunchRecipe:
         vflags = _vector_pointers(
             self.vterms, args[_A_STATE], args[_A_B], args[_A_C], args[_A_IBUF] if self.has_ibuf else None
         )
-        return result, self.base_key + vflags, args
+        return result, vflags, args
+
+    def build(self, tensors: tuple):
+        """``(result, kernel key, launch arguments)`` for new tensors (key and arguments None: nothing to launch)."""
+        result, vflags, args = self._fill(tensors)
+        return result, None if vflags is None else self.base_key + vflags, args
 
     def launch(self, tensors: tuple) -> torch.Tensor:
-        result, key, args = self.build(tensors)
-        if key is not None:
-            kern = self.kernels.get(key)
+        result, vflags, args = self._fill(tensors)
+        if vflags is not None:
+            kern = self.kernels.get(vflags)  # kernels by (vector state, vector B/C): the rest of the key is fixed
             if kern is None:  # a new pointer alignment: the kernel cache (and its capture check) decides
-                kern = self.kernels[key] = direct_callable(_get(key, self.device))
+                kern = self.kernels[vflags] = direct_callable(_get(self.base_key + vflags, self.device))
             kern(*args)
         return result
 
@@ -487,7 +492,7 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
         return None  # the positions the recipe re-checks are not the tensors plan() checked
     rec.base_key = key[:-2]
     kern = _kernels.get(key)
-    rec.kernels = {key: direct_callable(kern if kern is not None else _get(key, rec.device))}
+    rec.kernels = {key[-2:]: direct_callable(kern if kern is not None else _get(key, rec.device))}
     return rec
 
 

@@ -104,8 +104,6 @@ FAST_CACHE_SIZE = 1024  # metadata keys remembered (oldest dropped first): batch
 _SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, non-replayable launch)
 _fast: dict = {}
 _last: tuple = (None, None)  # (key, recipe) of the latest hit: consecutive calls usually share metadata
-_Tensor = torch.Tensor
-_Parameter = torch.nn.Parameter
 
 
 def clear_fast_path_cache() -> None:
@@ -115,7 +113,7 @@ def clear_fast_path_cache() -> None:
     _last = (None, None)
 
 
-def fast_key(tensors: tuple, scalars: tuple):
+def fast_key(tensors: tuple, scalars: tuple, _tensor=torch.Tensor, _parameter=torch.nn.Parameter):
     """The metadata key of a call, or None when a value cannot be keyed exactly (the call is then not cached): a
     tensor subclass other than ``nn.Parameter``, or a non-tensor where a tensor belongs.
 
@@ -124,16 +122,19 @@ def fast_key(tensors: tuple, scalars: tuple):
     reads them, the pointer alignment they feed is re-checked per call, and a recipe's views are rebuilt
     relative to the new tensor's own offset."""
     state = tensors[0]
-    if state.__class__ is not _Tensor and state.__class__ is not _Parameter:
+    cls = state.__class__
+    if cls is not _tensor and cls is not _parameter:
         return None
     key = [scalars, state.device]
+    append = key.append
     for t in tensors:
         if t is None:
-            key.append(None)
-        elif t.__class__ is _Tensor or t.__class__ is _Parameter:
-            key.append((t.shape, t.stride(), t.dtype, t.get_device()))
-        else:
+            append(None)
+            continue
+        cls = t.__class__
+        if cls is not _tensor and cls is not _parameter:
             return None
+        append((t.shape, t.stride(), t.dtype, t.get_device()))
     return tuple(key)
 
 
