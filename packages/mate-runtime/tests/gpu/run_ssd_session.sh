@@ -63,6 +63,7 @@ for stage in "${stages[@]}"; do
             timeout 90 python3 -m mate.bench.ssd --quick --variants fused --out "$OUT" --name ssd_quick_fused \
                 >"$OUT/bench_quick_fused.log" 2>&1
             stamp "bench quick (fused only) rc=$?"
+            BENCH_VARIANTS=fused
         fi
         ;;
     quick-io)
@@ -74,8 +75,8 @@ for stage in "${stages[@]}"; do
     bench)
         left=$((570 - ($(date +%s) - t0)))
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
-        stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.bench.ssd --variants fused,split --out "$OUT" --name ssd_variants \
+        stamp "bench ${BENCH_VARIANTS:-fused,split} (${left}s)"
+        timeout "$left" python3 -m mate.bench.ssd --variants "${BENCH_VARIANTS:-fused,split}" --out "$OUT" --name ssd_variants \
             >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
