@@ -1,5 +1,5 @@
 """flashinfer.mamba served by MATE: vLLM's FlashInferSSUBackend calls and FlashInfer's own write rules, checked
-against a float64 recurrence with hand-written slot expectations (fi_oracle.py)."""
+against a float64 recurrence with hand-written slot expectations (mate.testing)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import mate_flashinfer_compat
 import pytest
 import torch
-from fi_oracle import consumer_tensors, run_sequence
+from mate.testing import consumer_tensors, run_sequence
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 RUNTIME_SRC = Path(__file__).resolve().parents[2] / "mate-runtime" / "src"

@@ -1,6 +1,9 @@
-"""Float64 Mamba2 recurrence for one sequence, written from contracts.md §1 (imports nothing from MATE), and
-builders for consumer-shaped tensors (tied per-head dt/A/D/dt_bias, x/B/C as row views of one conv buffer, a
-strided state pool with a storage offset)."""
+"""Test support shared by MATE's adapter packages (``mate-flashinfer-compat``, ``mate-vllm``, ``mate-sglang``).
+
+A float64 Mamba2 recurrence for one sequence, written from contracts.md §1 and independent of the reference
+backend (it imports nothing else from MATE), and builders for consumer-shaped tensors (tied per-head
+dt/A/D/dt_bias, x/B/C as row views of one conv buffer, a strided state pool with a storage offset). Each
+adapter's tests apply their consumer's slot rules on top of it."""
 
 from __future__ import annotations
 
