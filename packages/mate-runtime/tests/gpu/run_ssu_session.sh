@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One GPU device call for the SSU decode kernels and everything that rides on them: compile, the SSU GPU tests,
+# the eager fast path's GPU tests, the adapters' and custom ops' GPU tests, the demo, and the benchmark beside
+# vLLM and FlashInfer. Run from the repository root on the GPU machine, carrying .gpu
+# (see /work/shared/gpu/README.md):
+#
+#     bash packages/mate-runtime/tests/gpu/run_ssu_session.sh [stage ...]
+#
+# Stages (default: all, in this order; each under its own time limit, so later stages still run and partial
+# results come back):
+#     precompile  every SSU kernel the tests use, in parallel processes (tests/gpu/precompile_ssu.py)
+#     tests       tests/gpu/test_ssu_kernels.py + test_ssu_fast_path_gpu.py (the fast path's direct tvm_ffi
+#                 call has only been checked on the CPU so far), junit XML + log
+#     adapters    the gpu-marked tests of the three adapters and of the custom ops (torch.compile on CUDA)
+#     demo        mate demo on the GPU (TileLang backend)
+#     bench       mate bench ssu (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per call)
+# Everything goes under $OUT (default ./ssu-session-out).
+OUT="${OUT:-$PWD/ssu-session-out}"
+mkdir -p "$OUT"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(precompile tests adapters demo bench)
+if [ -f .gpu/setup.sh ]; then
+    # sourced in this shell (not in a pipeline: its exports must stay)
+    # shellcheck disable=SC1091
+    source .gpu/setup.sh --peers >"$OUT/setup.log" 2>&1
+    cat "$OUT/setup.log"
+fi
+export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}"
+JOBS="${JOBS:-$(nproc)}"
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$OUT/session.log"; }
+gpu_pytest() {  # name, time limit, test paths...
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider "$@" --junitxml="$OUT/$name.xml" \
+        >"$OUT/$name.log" 2>&1
+    stamp "$name rc=$? $(tail -1 "$OUT/$name.log")"
+}
+
+for stage in "${stages[@]}"; do
+    case "$stage" in
+    precompile)
+        stamp "precompile (jobs $JOBS)"
+        timeout 180 python3 packages/mate-runtime/tests/gpu/precompile_ssu.py "$JOBS" >"$OUT/precompile.log" 2>&1
+        stamp "precompile rc=$? $(tail -1 "$OUT/precompile.log")"
+        ;;
+    tests)
+        stamp "tests"
+        gpu_pytest test_ssu_kernels 200 packages/mate-runtime/tests/gpu/test_ssu_kernels.py \
+            packages/mate-runtime/tests/gpu/test_ssu_fast_path_gpu.py
+        ;;
+    adapters)
+        stamp "adapters"
+        # one pytest run per package: their test modules are not packages, so names must not meet
+        for t in packages/mate-flashinfer-compat/tests packages/mate-vllm/tests packages/mate-sglang/tests \
+            packages/mate-runtime/tests/test_ops_compile.py; do
+            gpu_pytest "gpu_$(basename "$(dirname "$t")")_$(basename "$t" .py)" 120 "$t"
+        done
+        ;;
+    demo)
+        stamp "demo"
+        timeout 120 python3 -m mate demo >"$OUT/demo.log" 2>&1
+        stamp "demo rc=$? $(tail -1 "$OUT/demo.log")"
+        ;;
+    bench)
+        left=$((570 - ($(date +%s) - t0)))
+        [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
+        stamp "bench (${left}s)"
+        timeout "$left" python3 -m mate.bench.ssu --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
+        stamp "bench rc=$?"
+        ;;
+    *)
+        stamp "unknown stage $stage"
+        ;;
+    esac
+done
+stamp "done"
