@@ -18,12 +18,12 @@ or signatures differ gets a warning naming what is missing and is left untouched
 
 from __future__ import annotations
 
-import importlib.abc
 import inspect
 import os
 import sys
 import warnings
 
+OWNER = "mate-sglang"
 ENV_ENABLE = "MATE_SGLANG_ENABLE"
 ENV_SSU = "MATE_SGLANG_SSU_BACKENDS"
 ENV_PREFILL = "MATE_SGLANG_PREFILL"
@@ -50,48 +50,10 @@ def _warn(msg: str) -> None:
     warnings.warn(f"mate-sglang: {msg}", stacklevel=3)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after ``name`` executes (before whoever imported it resumes)."""
+def _when_imported(name: str, callback) -> None:
+    from mate._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
 
-    def __init__(self, name, callback):
-        self.name, self.callback = name, callback
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or isinstance(finder, _AfterImport):
-                continue
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find else None
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Wrapped(spec.loader, self)
-                return spec
-        return None
-
-
-class _Wrapped(importlib.abc.Loader):
-    def __init__(self, loader, hook):
-        self.loader, self.hook = loader, hook
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        if self.hook in sys.meta_path:
-            sys.meta_path.remove(self.hook)
-        self.hook.callback(module)
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-
-
-def _when_imported(name, callback) -> None:
-    if name in sys.modules:
-        callback(sys.modules[name])
-        return
-    sys.meta_path.insert(0, _AfterImport(name, callback))
+    _hook(name, callback, owner=OWNER)
 
 
 def _guard(fn):
@@ -257,7 +219,9 @@ def disable() -> None:
             ):
                 m.mamba_chunk_scan_combined = orig
     _replaced_prefill.clear()
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+    from mate._import_hooks import cancel
+
+    cancel(OWNER)  # only this adapter's pending hooks
     _state.update(ssu=None, prefill=None)
 
 

@@ -18,13 +18,12 @@ warning naming what is missing, and is left untouched. :func:`unregister` restor
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import inspect
 import os
 import sys
 import warnings
 
+OWNER = "mate-vllm"
 ENV_ENABLE = "MATE_VLLM_ENABLE"
 ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
 ENV_PREFILL = "MATE_VLLM_PREFILL"
@@ -57,48 +56,10 @@ def _warn(msg: str) -> None:
 # --------------------------------------------------------------------------------------- post-import hook
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after ``name`` executes (before whoever imported it resumes)."""
-
-    def __init__(self, name, callback):
-        self.name, self.callback = name, callback
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or isinstance(finder, _AfterImport):
-                continue
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find else None
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Wrapped(spec.loader, self)
-                return spec
-        return None
-
-
-class _Wrapped(importlib.abc.Loader):
-    def __init__(self, loader, hook):
-        self.loader, self.hook = loader, hook
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        if self.hook in sys.meta_path:
-            sys.meta_path.remove(self.hook)
-        self.hook.callback(module)
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-
-
 def when_imported(name: str, callback) -> None:
-    if name in sys.modules:
-        callback(sys.modules[name])
-        return
-    sys.meta_path.insert(0, _AfterImport(name, callback))
+    from mate._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
+
+    _hook(name, callback, owner=OWNER)
 
 
 # ------------------------------------------------------------------------------------------------ SSU
@@ -280,7 +241,9 @@ def unregister() -> None:
             ):
                 m.mamba_chunk_scan_combined_varlen = orig
     _replaced_prefill.clear()
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+    from mate._import_hooks import cancel
+
+    cancel(OWNER)  # only this adapter's pending hooks
     _state.update(ssu=None, prefill=None)
 
 

@@ -1,0 +1,61 @@
+"""Post-import hooks for the adapters: run a callback right after a consumer's module executes.
+
+The vLLM plugin and the SGLang hook patch a serving engine's registry and prefill op when the engine imports
+those modules, so they never import the engine themselves. Each hook carries its owner's name, so one adapter
+can drop its pending hooks without touching another's. Standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after module ``name`` executes (before whoever imported it resumes)."""
+
+    def __init__(self, name, callback, owner):
+        self.name, self.callback, self.owner = name, callback, owner
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, _AfterImport):
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Wrapped(spec.loader, self)
+                return spec
+        return None
+
+
+class _Wrapped(importlib.abc.Loader):
+    def __init__(self, loader, hook):
+        self.loader, self.hook = loader, hook
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        if self.hook in sys.meta_path:
+            sys.meta_path.remove(self.hook)
+        self.hook.callback(module)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+def when_imported(name: str, callback, owner: str) -> None:
+    """``callback(module)`` once module ``name`` is imported: now if it already is, else right after it executes."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+        return
+    sys.meta_path.insert(0, _AfterImport(name, callback, owner))
+
+
+def cancel(owner: str) -> None:
+    """Drop ``owner``'s hooks that have not fired yet."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _AfterImport) and f.owner == owner)]
