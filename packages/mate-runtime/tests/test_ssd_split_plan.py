@@ -385,3 +385,15 @@ def test_split_launcher_argument_counts_match_the_kernels(monkeypatch):
         tl_ssd.ssd_combined_fwd_varlen(_call({**args, "out": torch.empty_like(args["x"])}))
     for key, nargs in calls:
         assert len(tl_ssd.builder_for(key)().params) == nargs, key[0]
+
+
+def test_tma_ok_checks_every_stride():
+    """TMA-read tensors (x, B, C; z and out under split): a size-1 dim's stride reaches the TMA descriptor as
+    given, so an unaligned or zero one must send the tensor to staging instead of failing the launch."""
+    buf = torch.zeros(4096, dtype=torch.float16)
+    assert tl_ssd._tma_ok(buf[: 2 * 4 * 64].view(2, 4, 64))
+    assert tl_ssd._tma_ok(buf.as_strided((1, 4, 64), (264, 64, 1)))  # one token, 16-byte aligned row stride
+    assert not tl_ssd._tma_ok(buf.as_strided((1, 4, 64), (261, 64, 1)))  # one token, 522-byte row stride
+    assert not tl_ssd._tma_ok(buf.as_strided((2, 1, 64), (264, 3, 1)))  # G = 1 with an odd group stride
+    assert not tl_ssd._tma_ok(buf[:64].view(1, 1, 64).expand(3, 1, 64))  # a broadcast (zero-stride) dim
+    assert not tl_ssd._tma_ok(buf[1:257].view(1, 4, 64))  # base not 16-byte aligned

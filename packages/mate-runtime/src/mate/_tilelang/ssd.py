@@ -272,11 +272,14 @@ def _inner_dense(t: torch.Tensor, inner: int) -> bool:
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
-    """A TMA-read tensor: 16-byte aligned base, dense last dim, other strides multiples of 16 bytes."""
+    """A TMA-read tensor: 16-byte aligned base, dense last dim, every other stride a positive multiple of 16
+    bytes. Size-1 dims count too: the TMA descriptor carries their stride as given (DLPack passes it through
+    unnormalised), and TileLang's descriptor check rejects a zero or unaligned one at launch (e.g. a 1-token
+    call whose x is a row view of an odd-width projection buffer)."""
     es = t.element_size()
     if t.data_ptr() % 16 or t.stride(-1) != 1:
         return False
-    return all((t.stride(d) * es) % 16 == 0 for d in range(t.dim() - 1) if t.shape[d] != 1)
+    return all(t.stride(d) > 0 and (t.stride(d) * es) % 16 == 0 for d in range(t.dim() - 1))
 
 
 def _stage(skey, name, t: torch.Tensor) -> torch.Tensor:
