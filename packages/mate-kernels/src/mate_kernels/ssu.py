@@ -66,9 +66,14 @@ class SSUTiling:
         return self.threads // self.lanes
 
 
-def choose_tiling(dim: int, dstate: int, state_dtype: str) -> SSUTiling:
+def choose_tiling(dim: int, dstate: int, state_dtype: str, per_thread: int = 4) -> SSUTiling:
     """The tiling for (P, N, state dtype): 16-byte state chunks, at most 32 lanes per row, 128 threads,
-    ``block_p`` ~16 rows per CTA (so batch 1 at H 128, P 64 already launches 512 CTAs)."""
+    ``block_p`` ~16 rows per CTA (so batch 1 at H 128, P 64 already launches 512 CTAs).
+
+    ``per_thread``: 16-byte state chunks per thread when P allows (default 4: 8 KB of state per 128-thread CTA).
+    A power of two; 8 is an A/B option for 2-byte states (``MATE_SSU_BF16_CHUNKS``)."""
+    if per_thread < 1 or per_thread & (per_thread - 1):
+        raise ValueError(f"per_thread: expected a power of two >= 1, got {per_thread!r}")
     if state_dtype not in _BYTES:
         raise ValueError(f"state_dtype: expected one of {tuple(_BYTES)}, got {state_dtype!r}")
     vec = 16 // _BYTES[state_dtype]
@@ -85,8 +90,8 @@ def choose_tiling(dim: int, dstate: int, state_dtype: str) -> SSUTiling:
     while threads > 32 and dim % rows_per_pass and rows_per_pass > 1:
         threads //= 2
         rows_per_pass = threads // lanes
-    # four 16-byte state chunks per thread (8 KB of state per CTA at 128 threads) when P allows
-    rows_per_thread = max(1, 4 // vecs)
+    # ``per_thread`` (default four) 16-byte state chunks per thread (8 KB of state per 128-thread CTA) when P allows
+    rows_per_thread = max(1, per_thread // vecs)
     while rows_per_thread > 1 and dim % (rows_per_pass * rows_per_thread):
         rows_per_thread //= 2
     return SSUTiling(vec, vecs, lanes, rows_per_thread, threads, rows_per_pass * rows_per_thread)
@@ -111,6 +116,8 @@ def ssu_kernel(
     vector_state: bool = True,
     vector_io: bool = True,
     tiling: SSUTiling | None = None,
+    pack_early: bool = False,
+    min_blocks: int = 0,
 ):
     """Return the ``T.prim_func`` of one SSU kernel configuration (see the module docstring).
 
@@ -118,6 +125,15 @@ def ssu_kernel(
     ``state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, [cu, acc, ibuf, iidx, parent,]``
     ``nseq, seqlen, src_sb, src_st, dst_sb, dst_st, pad, flags, mode, [cache_steps]``
     (bracketed arguments only for the packed kernel).
+
+    A/B options (defaults: the measured kernels):
+
+    * ``pack_early`` (one-token kernel, 2-byte states): each updated state value is converted back to the stored
+      dtype right after its recurrence step (into the registers it was loaded into), so no fp32 copy of the
+      whole state stays live across the row reduction, the ``y`` write and the store. Same arithmetic, same
+      rounding; fewer registers per thread (96 -> 64 for Nemotron-H bf16, so 8 instead of 5 CTAs per SM).
+    * ``min_blocks``: > 0 emits ``__launch_bounds__(threads, min_blocks)`` (ptxas caps the registers so that
+      many CTAs fit on an SM; it may spill).
     """
     import tilelang.language as T
 
@@ -187,6 +203,7 @@ def ssu_kernel(
         shfl_offsets.append(off)
         off //= 2
     NA = 1 if tied else NS
+    pack_early = bool(pack_early) and one_token and _BYTES[state_dtype] == 2
 
     # ---- state: fetched raw (in the stored dtype) so other loads can be issued before it is used
     @T.macro
@@ -289,6 +306,49 @@ def ssu_kernel(
                 acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
 
     @T.macro
+    def recur_reduce_pack(raw, Av, acc, xv, dtv, bv, cv):
+        """``recur_and_reduce`` on the raw (stored-dtype) registers: each value is widened, updated, added into
+        the row's dot product and narrowed back into ``raw`` at once (``pack_early``)."""
+        if tied:
+            dtv[1] = T.exp(Av[0] * dtv[0])
+        for r in T.unroll(R):
+            acc[r] = 0.0
+            for v in T.unroll(NV):
+                for i in T.unroll(VEC):
+                    k = (r * NV + v) * VEC + i
+                    s0 = T.cast(raw[k], f32)  # zeros were put in ``raw`` for a sentinel slot
+                    if tied:
+                        s1 = s0 * dtv[1] + (dtv[0] * xv[r]) * bv[v * VEC + i]
+                    else:
+                        s1 = s0 * T.exp(Av[k] * dtv[r]) + (dtv[r] * xv[r]) * bv[v * VEC + i]
+                    acc[r] = acc[r] + s1 * cv[v * VEC + i]
+                    raw[k] = T.cast(s1, state_dtype)
+        for j in T.unroll(len(shfl_offsets)):
+            for r in T.unroll(R):
+                acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
+
+    @T.macro
+    def store_raw(raw, pool, slot, h, pb, tx):
+        """Store the stored-dtype registers ``raw`` (``pack_early``)."""
+        lane = tx % L
+        rg = tx // L
+        for r in T.unroll(R):
+            p = pb * BP + r * RP + rg
+            for v in T.unroll(NV):
+                n0 = (v * L + lane) * VEC
+                k0 = (r * NV + v) * VEC
+                if guard_p:
+                    if p < P:
+                        for i in T.unroll(VEC):
+                            pool[slot, h, p, n0 + i] = raw[k0 + i]
+                elif vector_state:
+                    for i in T.vectorized(VEC):
+                        pool[slot, h, p, n0 + i] = raw[k0 + i]
+                else:
+                    for i in T.unroll(VEC):
+                        pool[slot, h, p, n0 + i] = raw[k0 + i]
+
+    @T.macro
     def write_y(acc, xv, dv, zv, out, row, h, pb, tx, flags):
         lane = tx % L
         rg = tx // L
@@ -344,6 +404,8 @@ def ssu_kernel(
             Bv = aligned(B, vector_io)
             Cv = aligned(C, vector_io)
             with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
+                if min_blocks > 0:
+                    T.annotate_min_blocks_per_sm(min_blocks)
                 tx = T.get_thread_binding()
                 s = T.alloc_local((NS,), f32)
                 raw = T.alloc_local((NS,), state_dtype)
@@ -394,19 +456,30 @@ def ssu_kernel(
                 slot = T.if_then_else(hs != 0, src_val, b64)
                 if slot != pad:
                     fetch_state(raw, pool, slot, h, pb, tx)
+                if pack_early:
+                    if slot == pad:
+                        for k in T.unroll(NS):
+                            raw[k] = T.cast(T.float32(0), state_dtype)
                 apply_softplus(dtv, 1 if tied else R, flags)
-                convert_state(s, raw, slot != pad)
+                if not pack_early:
+                    convert_state(s, raw, slot != pad)
                 for k in T.unroll(NV * VEC):
                     bv[k] = T.cast(rb[k], f32)
                     cv[k] = T.cast(rc[k], f32)
-                recur_and_reduce(s, Av, acc, xv, dtv, bv, cv)
+                if pack_early:
+                    recur_reduce_pack(raw, Av, acc, xv, dtv, bv, cv)
+                else:
+                    recur_and_reduce(s, Av, acc, xv, dtv, bv, cv)
                 write_y(acc, xv, dv, zv, out, b, h, pb, tx, flags)
                 if mode != MODE_NONE and slot != pad:
                     wslot = slot
                     if (flags & FLAG_DST) != 0:
                         wslot = T.cast(dst[b64 * dst_sb], i64)
                     if wslot != pad:
-                        store_state(s, buf, pool, wslot, h, pb, tx)
+                        if pack_early:
+                            store_raw(raw, pool, wslot, h, pb, tx)
+                        else:
+                            store_state(s, buf, pool, wslot, h, pb, tx)
 
         return ssu_one_token
 
@@ -530,6 +603,8 @@ def ssu_kernel(
         Cv = aligned(C, vector_io)
         ibv_buf = aligned(ibuf, vector_state)
         with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
+            if min_blocks > 0:
+                T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             Bs = T.alloc_shared((TMAX, N), io_dtype)
             Cs = T.alloc_shared((TMAX, N), io_dtype)

@@ -329,6 +329,38 @@ def test_packed(case):
     check(case)
 
 
+# The bf16-state A/B options (MATE_SSU_BF16_*, docs/ssu-kernels.md "bf16 state: what the generated code shows"):
+# the same cases must pass with them; the default setting is every other test of this file.
+BF16_OPTIONS = [
+    pytest.param({"pack_early": True, "min_blocks": 8}, id="pack-mb8"),
+    pytest.param({"per_thread": 8}, id="chunks8"),
+]
+BF16_OPTION_CASES = [
+    pytest.param(Case(state=BF16, H=128, G=8, batch=8, rows_view=True), id="one-bf16-h128g8-b8-rowsview"),
+    pytest.param(Case(table="flat", dst=True, pad=0, idx=I64), id="one-dst-pad0"),
+    pytest.param(Case(state=F16, io=F16, H=16, G=1, N=64, batch=5), id="one-f16io16-n64"),
+    pytest.param(Case(paged="odd"), id="one-paged-odd-offset"),
+    pytest.param(Case(form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8), id="mtp-t6-h128"),
+]
+
+
+@pytest.mark.parametrize("opts", BF16_OPTIONS)
+@pytest.mark.parametrize("case", BF16_OPTION_CASES)
+def test_bf16_state_options(case, opts, monkeypatch):
+    import mate.mamba.ssu as mssu
+    from mate._tilelang import ssu as tl_ssu
+
+    monkeypatch.setattr(mssu, "FAST_PATH", False)  # recipes keep the kernels they were built with
+    prev = tl_ssu.set_bf16_options(opts)
+    try:
+        tag = tl_ssu._TAG_2B
+        assert tag != "ssu"
+        check(case)
+        assert any(k[0] == tag for k in tl_ssu._kernels), "the option's kernel was not the one launched"
+    finally:
+        tl_ssu._TAG_2B = prev
+
+
 def test_one_token_kernel_chosen_by_shape():
     from mate._tilelang import ssu as tl_ssu
 

@@ -134,17 +134,87 @@ def _vector_access(vec: int, state, B, C, ibuf) -> tuple[bool, bool]:
     return _vector_pointers(_vector_strides(vec, state, B, C, ibuf), state, B, C, ibuf)
 
 
+# ---- A/B options for 2-byte (bf16/fp16) states (docs/ssu-kernels.md, "bf16 state: what the generated code
+# shows"). Read once from the environment at import; the defaults are the kernels measured on the H200, and with
+# them every kernel key is unchanged. A non-default setting is part of the key's first entry ("ssu:..."), so
+# kernels of both settings can live in one process (``mate bench ssu --env``) and never mix in the caches.
+#   MATE_SSU_BF16_PACK=1        one-token kernel: narrow each updated value back into its load registers at once
+#   MATE_SSU_BF16_MIN_BLOCKS=n  one-token kernel: __launch_bounds__(threads, n), ptxas caps registers for n CTAs/SM
+#   MATE_SSU_BF16_CHUNKS=c      16-byte state chunks per thread (default 4)
+BF16_ENV = ("MATE_SSU_BF16_PACK", "MATE_SSU_BF16_MIN_BLOCKS", "MATE_SSU_BF16_CHUNKS")
+BF16_DEFAULTS = {"pack_early": False, "min_blocks": 0, "per_thread": 4}
+
+
+def parse_bf16_options(env) -> dict:
+    """The 2-byte-state kernel options from an environment mapping (ValueError on a malformed value)."""
+    opts = dict(BF16_DEFAULTS)
+    pack = env.get("MATE_SSU_BF16_PACK", "0")
+    if pack not in ("0", "1"):
+        raise ValueError(f"MATE_SSU_BF16_PACK: expected 0 or 1, got {pack!r}")
+    opts["pack_early"] = pack == "1"
+    for name, field, default in (("MATE_SSU_BF16_MIN_BLOCKS", "min_blocks", "0"),
+                                 ("MATE_SSU_BF16_CHUNKS", "per_thread", "4")):  # fmt: skip
+        value = env.get(name, default)
+        try:
+            opts[field] = int(value)
+        except ValueError:
+            raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+    if not 0 <= opts["min_blocks"] <= 32:
+        raise ValueError(f"MATE_SSU_BF16_MIN_BLOCKS: expected 0..32, got {opts['min_blocks']}")
+    if opts["per_thread"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"MATE_SSU_BF16_CHUNKS: expected 1, 2, 4, 8 or 16, got {opts['per_thread']}")
+    return opts
+
+
+def bf16_tag(opts: dict) -> str:
+    """The kernel key's first entry for 2-byte states: "ssu" for the defaults, else "ssu:pack=..:mb=..:chunks=.."."""
+    if opts == BF16_DEFAULTS:
+        return "ssu"
+    return f"ssu:pack={int(opts['pack_early'])}:mb={opts['min_blocks']}:chunks={opts['per_thread']}"
+
+
+def _tag_options(tag: str) -> dict:
+    if tag == "ssu":
+        return {}
+    fields = dict(f.split("=") for f in tag.split(":")[1:])
+    return {"pack_early": fields["pack"] == "1", "min_blocks": int(fields["mb"]), "per_thread": int(fields["chunks"])}
+
+
+_TAG_2B = bf16_tag(parse_bf16_options(os.environ))
+
+
+def set_bf16_options(opts: dict | None) -> str:
+    """Switch the 2-byte-state options for kernels planned from now on (None: the defaults); returns the previous
+    tag. For A/B benchmarks; the eager fast path keeps the kernels its recipes were built with, so callers turn
+    it off (``mate.mamba.ssu.FAST_PATH = False``) while switching."""
+    global _TAG_2B
+    prev = _TAG_2B
+    _TAG_2B = bf16_tag(dict(BF16_DEFAULTS) if opts is None else {**BF16_DEFAULTS, **opts})
+    return prev
+
+
 def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
          vstate, vio):  # fmt: skip
-    return ("ssu", one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
+    tag = _TAG_2B if state_dt in (torch.bfloat16, torch.float16) else "ssu"
+    return (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
             tied, vstate, vio)  # fmt: skip
 
 
 def _builder(key):
-    (_, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
+    (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
      vio) = key  # fmt: skip
+    opts = _tag_options(tag)
 
     def build():
+        extra = {}
+        if opts:
+            kmod = _kmod()
+            extra = dict(
+                tiling=kmod.choose_tiling(P, N, _DT[state_dt], opts["per_thread"]),
+                pack_early=opts["pack_early"],
+                # one-token only: the packed bf16 kernel (139 registers) spills 152 bytes under an 8-CTA cap
+                min_blocks=opts["min_blocks"] if one_token else 0,
+            )
         return _kmod().ssu_kernel(
             dim=P,
             dstate=N,
@@ -162,6 +232,7 @@ def _builder(key):
             one_token=one_token,
             vector_state=vstate,
             vector_io=vio,
+            **extra,
         )
 
     return build
@@ -567,10 +638,17 @@ def compile_grid() -> list[CompileItem]:
             f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}"
         )
         items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
+    # the bf16 A/B option the next H200 run measures (MATE_SSU_BF16_PACK=1 MATE_SSU_BF16_MIN_BLOCKS=8)
+    ab = {"pack_early": True, "min_blocks": 8, "per_thread": 4}
+    base = _key(True, 64, 128, 16, bf16, bf16, f32, f32, f32, i32, i32, i32, bf16, True, True, True)
+    key = (bf16_tag(ab),) + base[1:]
+    items.append(CompileItem(family="ssu", label="one_token P64 N128 H/G16 state=bfloat16 io=bfloat16 dt=float32 "
+                             f"tied {key[0]}", build=_builder(key), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
 __all__ = [
     "selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS",
-    "LaunchRecipe", "make_recipe", "direct_callable",
+    "LaunchRecipe", "make_recipe", "direct_callable", "parse_bf16_options", "bf16_tag", "set_bf16_options",
+    "BF16_ENV", "BF16_DEFAULTS",
 ]  # fmt: skip

@@ -1,0 +1,72 @@
+"""The bf16-state A/B kernel options (MATE_SSU_BF16_*): defaults leave every kernel key unchanged, a setting
+reaches the kernel factory through the key, malformed values raise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+tl_ssu = pytest.importorskip("mate._tilelang.ssu")
+kssu = pytest.importorskip("mate_kernels.ssu")
+
+F32, BF16, I32 = torch.float32, torch.bfloat16, torch.int32
+
+
+def _key(state):
+    return tl_ssu._key(True, 64, 128, 16, state, BF16, F32, F32, F32, I32, I32, I32, state, True, True, True)
+
+
+def test_defaults_keep_the_key():
+    assert tl_ssu.parse_bf16_options({}) == tl_ssu.BF16_DEFAULTS
+    assert tl_ssu.bf16_tag(tl_ssu.parse_bf16_options({})) == "ssu"
+    assert _key(BF16)[0] == "ssu" and _key(F32)[0] == "ssu" and len(_key(BF16)) == 17
+
+
+def test_parse_and_tag():
+    env = {"MATE_SSU_BF16_PACK": "1", "MATE_SSU_BF16_MIN_BLOCKS": "8", "MATE_SSU_BF16_CHUNKS": "8"}
+    opts = tl_ssu.parse_bf16_options(env)
+    assert opts == {"pack_early": True, "min_blocks": 8, "per_thread": 8}
+    tag = tl_ssu.bf16_tag(opts)
+    assert tag == "ssu:pack=1:mb=8:chunks=8"
+    assert tl_ssu._tag_options(tag) == opts
+    for bad in ({"MATE_SSU_BF16_PACK": "yes"}, {"MATE_SSU_BF16_MIN_BLOCKS": "x"}, {"MATE_SSU_BF16_CHUNKS": "3"},
+                {"MATE_SSU_BF16_MIN_BLOCKS": "64"}):  # fmt: skip
+        with pytest.raises(ValueError, match="MATE_SSU_BF16"):
+            tl_ssu.parse_bf16_options(bad)
+
+
+def test_switch_reaches_only_two_byte_states(monkeypatch):
+    prev = tl_ssu.set_bf16_options({"pack_early": True, "min_blocks": 8})
+    try:
+        assert _key(BF16)[0] == "ssu:pack=1:mb=8:chunks=4"
+        assert _key(torch.float16)[0] == "ssu:pack=1:mb=8:chunks=4"
+        assert _key(F32)[0] == "ssu"
+        seen = {}
+
+        def fake_kernel(**kw):
+            seen.update(kw)
+            return "prim"
+
+        monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+        assert tl_ssu.build_kernel(_key(BF16)) == "prim"
+        assert seen["pack_early"] is True and seen["min_blocks"] == 8
+        assert seen["tiling"] == kssu.choose_tiling(64, 128, "bfloat16", 4)
+        seen.clear()
+        tl_ssu.build_kernel((_key(BF16)[0], False) + _key(BF16)[2:])  # packed: no register cap
+        assert seen["pack_early"] is True and seen["min_blocks"] == 0
+        seen.clear()
+        tl_ssu.build_kernel(_key(F32))
+        assert "pack_early" not in seen and "tiling" not in seen
+    finally:
+        tl_ssu._TAG_2B = prev
+    assert _key(BF16)[0] == "ssu"
+
+
+def test_chunks_option_tiling():
+    t4 = kssu.choose_tiling(64, 128, "bfloat16")
+    t8 = kssu.choose_tiling(64, 128, "bfloat16", 8)
+    assert (t4.rows_per_thread, t4.block_p) == (4, 32)
+    assert (t8.rows_per_thread, t8.block_p) == (8, 64)
+    assert t4 == kssu.choose_tiling(64, 128, "bfloat16", 4)
+    with pytest.raises(ValueError, match="per_thread"):
+        kssu.choose_tiling(64, 128, "bfloat16", 3)
