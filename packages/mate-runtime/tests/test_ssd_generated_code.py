@@ -1,0 +1,162 @@
+"""The SSD kernels' generated CUDA (sm_90a, compiled on the CPU with nvcc): hazards that TileLang 0.1.15's
+warp specialisation can introduce and that neither the CPU stand-ins (``test_ssd_split_plan.py``) nor a
+compile check sees.
+
+- The producer warpgroup (``threadIdx.x < 128`` under warp specialisation) must only issue TMA loads and wait
+  on / arm barriers. A consumer loop that reads global memory was once moved there (the fused kernel's
+  z-reading epilogue without D: wrong output on the H200, fixed in f420745); the split kernels read dt, D and
+  B/C with plain loads, which must stay with the consumers or with every thread before the split.
+- Every shared buffer a TMA load fills must be waited on (its mbarrier) in the consumer before its first use.
+  TileLang issued the split chunk kernel's B TMA load before the pipelined loop but placed the wait inside
+  it, after the wgmma that read B (why that kernel loads B/C with plain loads).
+
+Both checks read the text of ``get_kernel_source()``; ``test_checks_can_fail`` mutates a real source to show
+each check flags what it is meant to.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import re
+import shutil
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="needs TileLang"),
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiling for sm_90a needs nvcc"),
+]
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+# What a producer branch may contain: loops, TMA issue by an elected thread, barrier waits / arms, and the
+# chunk-offset bookkeeping that feeds the TMA coordinates.
+_PRODUCER_OK = re.compile(
+    r"^\s*(#pragma unroll|for \(int \w+ = 0; \w+ < [\w() +\-*]+; \+\+\w+\) \{|\}|"
+    r"tl::warpgroup_reg_dealloc<\d+>\(\);|tl::fence_proxy_async\(\);|"
+    r"mbarrier\[.*\]\.(wait|arrive_and_expect_tx)\(.*\);|if \(tl::tl_shuffle_elect<\d+>\(\)\) \{|"
+    r"tl::tma_load\(.*\);|int (condval\w*|s0\w*|c_first\w*|n_tiles\w*);|"
+    r"condval\w* = (cu_chunk_seqlens|bounds)\[.*\];|condval\w* = 0;|if \(.*\) \{|\} else \{|"
+    r"int (s0|c_first|n_tiles)\w* = .*;)\s*$"
+)
+_TMA_DESC = re.compile(r"tl::tma_load\(\w+_desc, mbarrier\[(.+?)\], \(&\(\(\(\w+\*\)(\w+)\)")
+_TMA_BULK = re.compile(r"tl::tma_load\(\(&\(\(\(\w+\*\)(\w+)\)\[.*\]\)\), .*, mbarrier\[(.+?)\], \d+\);")
+_SPLIT = "if (((int)threadIdx.x) < 128) {"
+
+
+def _norm(expr: str) -> str:
+    """A barrier index with the loop variable's numeric suffix dropped (producer ``j``, consumer ``j_1``)."""
+    return re.sub(r"\b([a-z]+)_\d+\b", r"\1", expr).replace(" ", "")
+
+
+def _wait_bar(line: str) -> str | None:
+    """The (normalised) barrier index a ``mbarrier[...].wait(...)`` line waits on, else None."""
+    m = re.match(r"\s*mbarrier\[(.+)\]\.wait\(", line)
+    return _norm(m.group(1)) if m else None
+
+
+def branches(src: str) -> tuple[list[str], list[str], list[str]]:
+    """(before the warp-specialised split, producer branch, consumer branch) lines of a kernel's source."""
+    lines = src.splitlines()
+    i0 = next(i for i, line in enumerate(lines) if line.strip() == _SPLIT)
+    depth = 0
+    for i in range(i0, len(lines)):
+        if depth == 1 and lines[i].strip() == "} else {":
+            return lines[:i0], lines[i0 + 1 : i], lines[i + 1 :]
+        depth += lines[i].count("{") - lines[i].count("}")
+    raise AssertionError("no consumer branch")
+
+
+def producer_foreign(src: str) -> list[str]:
+    """Producer-branch statements other than TMA issue, barriers and chunk-offset bookkeeping."""
+    _, producer, _ = branches(src)
+    return [line.strip() for line in producer if not _PRODUCER_OK.match(line)]
+
+
+def tma_wait_problems(src: str) -> list[str]:
+    """TMA-filled shared buffers whose first consumer use comes before a wait on their barrier."""
+    loads = {}
+    for line in src.splitlines():
+        if m := _TMA_DESC.search(line):
+            loads[m.group(2)] = _norm(m.group(1))
+        if m := _TMA_BULK.search(line):
+            loads[m.group(1)] = _norm(m.group(2))
+    _, _, consumer = branches(src)
+    problems = []
+    for buf, bar in loads.items():
+        use = next((k for k, line in enumerate(consumer) if re.search(rf"\b{buf}\b", line)), None)
+        wait = next((k for k, line in enumerate(consumer) if _wait_bar(line) == bar), None)
+        if use is not None and (wait is None or wait > use):
+            problems.append(f"{buf}: first consumer use at +{use}, wait on mbarrier[{bar}] at {wait}")
+    assert loads, "no TMA loads found: the parser no longer matches TileLang's output"
+    return problems
+
+
+def _key(kind, *, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False):
+    from mate._tilelang import ssd as tl_ssd
+
+    if kind == "ssd_out":
+        return tl_ssd._out_key(H=H, G=G, P=P, N=N, L=L, io="bfloat16", cu="int32")
+    common = dict(H=H, G=G, P=P, N=N, L=L, io="bfloat16", dt="float32", dtb="float32", D="float32",
+                  D_per_dim=D_per_dim, cu="int32", softplus=softplus, lo=lo, hi=hi, has_dtb=True,
+                  has_D=has_D)  # fmt: skip
+    if kind == "ssd_chunk":
+        return tl_ssd._chunk_key(**common, local="float32")
+    return tl_ssd._fused_key(**common, state="float32", init="float32", sq="int32", intermediate=False)
+
+
+@functools.cache
+def source(key) -> str:
+    from mate._tilelang import ssd as tl_ssd
+    from mate._tilelang.cache import compile_prim_func
+
+    kern = compile_prim_func(tl_ssd.builder_for(key)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
+    return kern.get_kernel_source()
+
+
+NEMO = dict(H=16, G=2, P=64, N=128, L=256)  # 8 heads per group: 8-head CTAs, 128-token tiles, scores in registers
+FALCON = dict(H=8, G=1, P=128, N=256, L=256)  # 64-token tiles, scores in shared memory, two P blocks
+KERNELS = [
+    pytest.param(("ssd_chunk", NEMO, {}), id="split-chunk_tile128"),
+    pytest.param(("ssd_chunk", FALCON, {}), id="split-chunk_tile64_P128_N256"),
+    pytest.param(
+        ("ssd_chunk", dict(H=8, G=2, P=64, N=128, L=128), dict(has_D=False, softplus=False, lo=0.02, hi=0.15)),
+        id="split-chunk_no-D_dt-limit",
+    ),
+    pytest.param(("ssd_out", NEMO, {}), id="split-out_tile128"),
+    pytest.param(("ssd_out", FALCON, {}), id="split-out_tile64_P128_N256"),
+    pytest.param(("ssd_fused", dict(H=8, G=2, P=64, N=128, L=128), dict(has_D=False)), id="fused_no-D"),
+    pytest.param(("ssd_fused", dict(H=8, G=2, P=64, N=128, L=128), {}), id="fused"),
+]
+
+
+@pytest.mark.parametrize("spec", KERNELS)
+def test_producer_branch_only_issues_tma(spec):
+    kind, shape, opts = spec
+    src = source(_key(kind, **shape, **opts))
+    assert producer_foreign(src) == []
+    if kind == "ssd_fused":  # the epilogue's z read (f420745) stays with the consumers
+        _, _, consumer = branches(src)
+        assert any("z[" in line for line in consumer)
+
+
+@pytest.mark.parametrize("spec", KERNELS)
+def test_tma_buffers_are_waited_on_before_use(spec):
+    kind, shape, opts = spec
+    assert tma_wait_problems(source(_key(kind, **shape, **opts))) == []
+
+
+def test_checks_can_fail():
+    src = source(_key("ssd_out", **NEMO))
+    _, producer, consumer = branches(src)
+    # drop the consumer's first wait on the barrier of the entering-state tile: e_s is read unwaited
+    bar = _norm(_TMA_DESC.search(next(line for line in producer if "ent_ws_desc" in line)).group(1))
+    k = next(i for i, line in enumerate(consumer) if _wait_bar(line) == bar)
+    mutated = src.replace(consumer[k] + "\n", "", 1)
+    assert any(p.startswith("e_s:") for p in tma_wait_problems(mutated))
+    # a global read moved into the producer (what the warp-specialisation pass did to the fused epilogue)
+    mutated = src.replace(producer[0] + "\n", producer[0] + "\n    float zv = z_probe[threadIdx.x];\n", 1)
+    assert producer_foreign(mutated) == ["float zv = z_probe[threadIdx.x];"]
