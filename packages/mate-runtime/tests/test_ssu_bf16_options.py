@@ -70,3 +70,27 @@ def test_chunks_option_tiling():
     assert t4 == kssu.choose_tiling(64, 128, "bfloat16", 4)
     with pytest.raises(ValueError, match="per_thread"):
         kssu.choose_tiling(64, 128, "bfloat16", 3)
+
+
+def test_bench_env_variants():
+    from mate.bench import ssu as bench
+
+    spec = "MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8"
+    assert bench.variant_name(spec) == "mate[PACK=1,MIN_BLOCKS=8]"
+    impls, skipped = bench.load_impls(["mate"], (spec,))
+    assert list(impls) == ["mate", "mate[PACK=1,MIN_BLOCKS=8]"] and not skipped
+    with pytest.raises(ValueError, match="--env"):
+        bench.load_impls(["mate"], ("MATE_SSU_OTHER=1",))
+    with pytest.raises(ValueError, match="MATE_SSU_BF16_CHUNKS"):
+        bench.load_impls(["mate"], ("MATE_SSU_BF16_CHUNKS=3",))
+    base = dict(op="one-token", shape="s", heads=128, dim=64, dstate=128, groups=8, state="bf16", batch=64)
+    rows = [
+        dict(base, impl="mate", us=10.0, tbps=4.0),
+        dict(base, impl="mate[PACK=1,MIN_BLOCKS=8]", us=5.0, tbps=8.0),
+        dict(base, impl="vllm", us=11.0, tbps=3.6),
+    ]
+    (line,) = bench.pivot(rows)
+    assert line["best peer / MATE"] == 1.1  # the variant is a column, not a peer
+    assert line["mate[PACK=1,MIN_BLOCKS=8]"] == "5.00 (8.00)"
+    sel = bench.selected_cases(True, "bf16")
+    assert sel and all(c.state == torch.bfloat16 for c in sel) and len(sel) < len(bench.cases(True))

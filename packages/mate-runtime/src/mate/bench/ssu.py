@@ -112,6 +112,41 @@ def _mate(st: Setup, w: Window):
     )  # fmt: skip
 
 
+def _mate_with_options(spec: str):
+    """MATE with the bf16-state kernel options of ``spec`` ("MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8"):
+    each call plans its kernel under those options (the eager fast path is off for it, so the time includes no
+    host-side difference that matters under graph replay; no host time is reported for it)."""
+    import mate.mamba.ssu as mssu
+    from mate._tilelang import ssu as tl_ssu
+
+    env = {}
+    for item in spec.replace(" ", ",").split(","):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or name not in tl_ssu.BF16_ENV:
+            raise ValueError(f"--env {spec!r}: expected NAME=VALUE items with NAME in {tl_ssu.BF16_ENV}")
+        env[name] = value
+    opts = tl_ssu.parse_bf16_options(env)
+
+    def call(st: Setup, w: Window):
+        fast, mssu.FAST_PATH = mssu.FAST_PATH, False
+        prev = tl_ssu.set_bf16_options(opts)
+        try:
+            return _mate(st, w)
+        finally:
+            tl_ssu._TAG_2B = prev
+            mssu.FAST_PATH = fast
+
+    return call
+
+
+def variant_name(spec: str) -> str:
+    """The implementation name of a ``--env`` variant: mate[PACK=1,MIN_BLOCKS=8]."""
+    items = [i for i in spec.replace(" ", ",").split(",") if i]
+    return "mate[" + ",".join(i.replace("MATE_SSU_BF16_", "") for i in items) + "]"
+
+
 def _load_vllm():
     from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update as fn
 
@@ -142,7 +177,9 @@ def _load_flashinfer():
     return call
 
 
-def load_impls(names: list[str]) -> tuple[dict, dict]:
+def load_impls(names: list[str], variants: tuple = ()) -> tuple[dict, dict]:
+    """({name: call}, {name: why skipped}); ``variants``: ``--env`` specs, each one more MATE implementation
+    (placed right after "mate")."""
     impls, skipped = {}, {}
     for name in names:
         try:
@@ -156,6 +193,9 @@ def load_impls(names: list[str]) -> tuple[dict, dict]:
                 raise ValueError(f"unknown implementation {name!r}")
         except Exception as exc:  # a peer that is not importable is reported, not fatal
             skipped[name] = f"{type(exc).__name__}: {exc}"
+        if name == "mate":
+            for spec in variants:
+                impls[variant_name(spec)] = _mate_with_options(spec)  # a malformed spec raises
     return impls, skipped
 
 
@@ -182,17 +222,22 @@ def _y_err(st: Setup, impls: dict) -> tuple[dict, dict]:
     return {n: (y - ref).abs().max().item() / scale for n, y in ys.items() if n != "mate"}, failed
 
 
-def warm_cases(quick: bool) -> list[Case]:
+def selected_cases(quick: bool, state: str | None = None) -> list[Case]:
+    """``cases(quick)``, only those of one state dtype ("bf16" / "fp32") when ``state`` is given."""
+    return [c for c in cases(quick) if state is None or DT_NAME[c.state] == state]
+
+
+def warm_cases(quick: bool, state: str | None = None) -> list[Case]:
     """One case per distinct compiled configuration (batch is a runtime dimension everywhere)."""
-    return list(dict.fromkeys(replace(c, batch=1) for c in cases(quick)))
+    return list(dict.fromkeys(replace(c, batch=1) for c in selected_cases(quick, state)))
 
 
 def warm(args) -> int:
     """Build every implementation's kernels for the selected cases on a one-window setup (fills the peers'
     JIT caches; several of these processes can run in parallel, one per ``--case``)."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    impls, _ = load_impls(args.impls.split(","))
-    sel = warm_cases(args.quick)
+    impls, _ = load_impls(args.impls.split(","), tuple(args.env))
+    sel = warm_cases(args.quick, args.state)
     if args.case is not None:
         sel = [sel[args.case]]
     for case in sel:
@@ -204,13 +249,13 @@ def warm(args) -> int:
 
 def run(args) -> tuple[list[dict], dict]:
     dev = torch.device("cuda", torch.cuda.current_device())
-    impls, skipped = load_impls(args.impls.split(","))
+    impls, skipped = load_impls(args.impls.split(","), tuple(args.env))
     for name, why in skipped.items():
         print(f"[skip] {name}: {why}", flush=True)
     ceiling = copy_ceiling_tbps(dev)
     print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
     rows = []
-    for case in cases(args.quick):
+    for case in selected_cases(args.quick, args.state):
         st = Setup(case, dev)
         errs, failed = _y_err(st, impls)
         for name, fn in impls.items():
@@ -232,7 +277,7 @@ def run(args) -> tuple[list[dict], dict]:
                 )
                 row.update(us=us, tbps=st.bytes_per_call / (us * 1e-6) / 1e12)
                 row["pct_ceiling"] = 100 * row["tbps"] / ceiling
-                if case.batch in (1, 8) and case.shape.name == "nemotron-h-8b":
+                if case.batch in (1, 8) and case.shape.name == "nemotron-h-8b" and not name.startswith("mate["):
                     row["host_us"] = host_time_us(lambda fn=fn, st=st: fn(st, st.windows[0]))
                 row["y_err"] = errs.get(name)
             except Exception as exc:
@@ -270,7 +315,8 @@ def pivot(rows: list[dict]) -> list[dict]:
     res = []
     for line in out.values():
         mate = line.pop("_mate", None)
-        peers = [v for k, v in list(line.items()) if k.startswith("_") and v is not None]
+        # peers only: MATE's --env variants are columns of their own, never the "best peer"
+        peers = [v for k, v in list(line.items()) if k.startswith("_") and not k.startswith("_mate") and v is not None]
         for k in [k for k in line if k.startswith("_")]:
             line.pop(k)
         line["best peer / MATE"] = round(min(peers) / mate, 2) if mate and peers else None
@@ -288,6 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warm-only", action="store_true", help="only build every implementation's kernels")
     ap.add_argument("--case", type=int, default=None, help="with --warm-only: one case index")
+    ap.add_argument("--state", choices=("bf16", "fp32"), default=None, help="only the cases of this state dtype")
+    ap.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+        help="one more MATE column with these bf16-state kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS; "
+        "docs/ssu-kernels.md), beside the default kernels; repeatable",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("mate bench ssu: needs a CUDA device", file=sys.stderr)
@@ -296,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         return warm(args)
     rows, meta = run(args)
     table = pivot(rows)
-    cols = ["op", "shape", "state", "batch", "mate", "vllm", "flashinfer", "best peer / MATE"]
+    cols = ["op", "shape", "state", "batch", "mate", *map(variant_name, args.env), "vllm", "flashinfer"]
+    cols += ["best peer / MATE"]
     cols += sorted({k for r in table for k in r if k.startswith("host ")})
     preface = (
         f"# selective_state_update on {meta['device']}\n\n"
