@@ -513,6 +513,10 @@ def ssd_chunk_kernel(
                 B_s[i, n] = T.if_then_else(s0 + i < T_, B[s0 + i, g, n], T.Cast(io_dtype, 0))
             for i, n in T.Parallel(BL, N):
                 C_s[i, n] = T.if_then_else(s0 + i < T_, C[s0 + i, g, n], T.Cast(io_dtype, 0))
+            # Writer-side proxy fence (the CUTLASS order: fence, barrier, wgmma): every thread, producer warps
+            # included, wrote part of B_s/C_s through the generic proxy, and the wgmma reads them through the
+            # async proxy. TileLang's own fence sits on the reader's side after the barrier.
+            T.fence_proxy_async()
             # dt' and the in-tile inclusive cumsum of A dt' (zero past the chunk's end) of all the block's heads
             # at once, before the head loop (one Hillis-Steele scan over [HB, BL] instead of one per head):
             # the loop below then has no scan barriers on its serial path.
