@@ -23,23 +23,24 @@ def test_defaults_keep_the_key():
 
 
 def test_parse_and_tag():
-    env = {"MATE_SSU_BF16_PACK": "1", "MATE_SSU_BF16_MIN_BLOCKS": "8", "MATE_SSU_BF16_CHUNKS": "8"}
+    env = {"MATE_SSU_BF16_PACK": "1", "MATE_SSU_BF16_MIN_BLOCKS": "8", "MATE_SSU_BF16_CHUNKS": "8",
+           "MATE_SSU_BF16_PACKED_MIN_BLOCKS": "4"}  # fmt: skip
     opts = tl_ssu.parse_bf16_options(env)
-    assert opts == {"pack_early": True, "min_blocks": 8, "per_thread": 8}
+    assert opts == {"pack_early": True, "min_blocks": 8, "per_thread": 8, "packed_min_blocks": 4}
     tag = tl_ssu.bf16_tag(opts)
-    assert tag == "ssu:pack=1:mb=8:chunks=8"
+    assert tag == "ssu:pack=1:mb=8:chunks=8:pmb=4"
     assert tl_ssu._tag_options(tag) == opts
     for bad in ({"MATE_SSU_BF16_PACK": "yes"}, {"MATE_SSU_BF16_MIN_BLOCKS": "x"}, {"MATE_SSU_BF16_CHUNKS": "3"},
-                {"MATE_SSU_BF16_MIN_BLOCKS": "64"}):  # fmt: skip
+                {"MATE_SSU_BF16_MIN_BLOCKS": "64"}, {"MATE_SSU_BF16_PACKED_MIN_BLOCKS": "-1"}):  # fmt: skip
         with pytest.raises(ValueError, match="MATE_SSU_BF16"):
             tl_ssu.parse_bf16_options(bad)
 
 
 def test_switch_reaches_only_two_byte_states(monkeypatch):
-    prev = tl_ssu.set_bf16_options({"pack_early": True, "min_blocks": 8})
+    prev = tl_ssu.set_bf16_options({"pack_early": True, "min_blocks": 8, "packed_min_blocks": 4})
     try:
-        assert _key(BF16)[0] == "ssu:pack=1:mb=8:chunks=4"
-        assert _key(torch.float16)[0] == "ssu:pack=1:mb=8:chunks=4"
+        assert _key(BF16)[0] == "ssu:pack=1:mb=8:chunks=4:pmb=4"
+        assert _key(torch.float16)[0] == "ssu:pack=1:mb=8:chunks=4:pmb=4"
         assert _key(F32)[0] == "ssu"
         seen = {}
 
@@ -52,8 +53,8 @@ def test_switch_reaches_only_two_byte_states(monkeypatch):
         assert seen["pack_early"] is True and seen["min_blocks"] == 8
         assert seen["tiling"] == kssu.choose_tiling(64, 128, "bfloat16", 4)
         seen.clear()
-        tl_ssu.build_kernel((_key(BF16)[0], False) + _key(BF16)[2:])  # packed: no register cap
-        assert seen["pack_early"] is True and seen["min_blocks"] == 0
+        tl_ssu.build_kernel((_key(BF16)[0], False) + _key(BF16)[2:])  # packed: its own register cap
+        assert seen["pack_early"] is True and seen["min_blocks"] == 4
         seen.clear()
         tl_ssu.build_kernel(_key(F32))
         assert "pack_early" not in seen and "tiling" not in seen

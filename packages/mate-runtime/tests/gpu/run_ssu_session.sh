@@ -78,7 +78,8 @@ for stage in "${stages[@]}"; do
         [ "$left" -lt 30 ] && { stamp "bench-bf16 skipped: ${left}s left"; continue; }
         stamp "bench-bf16 (${left}s)"
         timeout "$left" python3 -m mate.bench.ssu --quick --state bf16 --out "$OUT" --name ssu-bf16-ab \
-            --env MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8 --env MATE_SSU_BF16_PACK=1 \
+            --env MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8,MATE_SSU_BF16_PACKED_MIN_BLOCKS=4 \
+            --env MATE_SSU_BF16_PACK=1 \
             --env MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_CHUNKS=8,MATE_SSU_BF16_MIN_BLOCKS=4 \
             >"$OUT/bench-bf16.log" 2>&1
         stamp "bench-bf16 rc=$?"

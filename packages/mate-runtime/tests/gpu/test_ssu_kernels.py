@@ -347,6 +347,22 @@ BF16_OPTION_CASES = [
 @pytest.mark.parametrize("opts", BF16_OPTIONS)
 @pytest.mark.parametrize("case", BF16_OPTION_CASES)
 def test_bf16_state_options(case, opts, monkeypatch):
+    _check_with_options(case, opts, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(Case(form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8), id="mtp-t6"),
+        pytest.param(Case(form="packed", T=4, varlen=True, accepted=True, table="2d", dst=True, batch=9), id="varlen"),
+        pytest.param(Case(form="dense", T=5, table="flat", ibuf=True, disable=True, parent=True), id="sglang-parent"),
+    ],
+)
+def test_bf16_packed_register_cap(case, monkeypatch):
+    _check_with_options(case, {"packed_min_blocks": 4}, monkeypatch)
+
+
+def _check_with_options(case, opts, monkeypatch):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 

@@ -141,8 +141,9 @@ def _vector_access(vec: int, state, B, C, ibuf) -> tuple[bool, bool]:
 #   MATE_SSU_BF16_PACK=1        one-token kernel: narrow each updated value back into its load registers at once
 #   MATE_SSU_BF16_MIN_BLOCKS=n  one-token kernel: __launch_bounds__(threads, n), ptxas caps registers for n CTAs/SM
 #   MATE_SSU_BF16_CHUNKS=c      16-byte state chunks per thread (default 4)
-BF16_ENV = ("MATE_SSU_BF16_PACK", "MATE_SSU_BF16_MIN_BLOCKS", "MATE_SSU_BF16_CHUNKS")
-BF16_DEFAULTS = {"pack_early": False, "min_blocks": 0, "per_thread": 4}
+#   MATE_SSU_BF16_PACKED_MIN_BLOCKS=n  the same register cap for the packed kernel
+BF16_ENV = ("MATE_SSU_BF16_PACK", "MATE_SSU_BF16_MIN_BLOCKS", "MATE_SSU_BF16_CHUNKS", "MATE_SSU_BF16_PACKED_MIN_BLOCKS")
+BF16_DEFAULTS = {"pack_early": False, "min_blocks": 0, "per_thread": 4, "packed_min_blocks": 0}
 
 
 def parse_bf16_options(env) -> dict:
@@ -153,31 +154,37 @@ def parse_bf16_options(env) -> dict:
         raise ValueError(f"MATE_SSU_BF16_PACK: expected 0 or 1, got {pack!r}")
     opts["pack_early"] = pack == "1"
     for name, field, default in (("MATE_SSU_BF16_MIN_BLOCKS", "min_blocks", "0"),
-                                 ("MATE_SSU_BF16_CHUNKS", "per_thread", "4")):  # fmt: skip
+                                 ("MATE_SSU_BF16_CHUNKS", "per_thread", "4"),
+                                 ("MATE_SSU_BF16_PACKED_MIN_BLOCKS", "packed_min_blocks", "0")):  # fmt: skip
         value = env.get(name, default)
         try:
             opts[field] = int(value)
         except ValueError:
             raise ValueError(f"{name}: expected an integer, got {value!r}") from None
-    if not 0 <= opts["min_blocks"] <= 32:
-        raise ValueError(f"MATE_SSU_BF16_MIN_BLOCKS: expected 0..32, got {opts['min_blocks']}")
+    for name, field in (("MATE_SSU_BF16_MIN_BLOCKS", "min_blocks"), ("MATE_SSU_BF16_PACKED_MIN_BLOCKS",
+                                                                       "packed_min_blocks")):  # fmt: skip
+        if not 0 <= opts[field] <= 32:
+            raise ValueError(f"{name}: expected 0..32, got {opts[field]}")
     if opts["per_thread"] not in (1, 2, 4, 8, 16):
         raise ValueError(f"MATE_SSU_BF16_CHUNKS: expected 1, 2, 4, 8 or 16, got {opts['per_thread']}")
     return opts
 
 
 def bf16_tag(opts: dict) -> str:
-    """The kernel key's first entry for 2-byte states: "ssu" for the defaults, else "ssu:pack=..:mb=..:chunks=.."."""
+    """The kernel key's first entry for 2-byte states: "ssu" for the defaults, else
+    "ssu:pack=..:mb=..:chunks=..:pmb=.."."""
     if opts == BF16_DEFAULTS:
         return "ssu"
-    return f"ssu:pack={int(opts['pack_early'])}:mb={opts['min_blocks']}:chunks={opts['per_thread']}"
+    return (f"ssu:pack={int(opts['pack_early'])}:mb={opts['min_blocks']}:chunks={opts['per_thread']}"
+            f":pmb={opts['packed_min_blocks']}")  # fmt: skip
 
 
 def _tag_options(tag: str) -> dict:
     if tag == "ssu":
         return {}
     fields = dict(f.split("=") for f in tag.split(":")[1:])
-    return {"pack_early": fields["pack"] == "1", "min_blocks": int(fields["mb"]), "per_thread": int(fields["chunks"])}
+    return {"pack_early": fields["pack"] == "1", "min_blocks": int(fields["mb"]), "per_thread": int(fields["chunks"]),
+            "packed_min_blocks": int(fields["pmb"])}  # fmt: skip
 
 
 _TAG_2B = bf16_tag(parse_bf16_options(os.environ))
@@ -212,8 +219,9 @@ def _builder(key):
             extra = dict(
                 tiling=kmod.choose_tiling(P, N, _DT[state_dt], opts["per_thread"]),
                 pack_early=opts["pack_early"],
-                # one-token only: the packed bf16 kernel (139 registers) spills 152 bytes under an 8-CTA cap
-                min_blocks=opts["min_blocks"] if one_token else 0,
+                # separate caps: the packed bf16 kernel (139 registers) spills 152 bytes under the one-token's
+                # 8-CTA cap, and none at 4 CTAs (119 registers)
+                min_blocks=opts["min_blocks"] if one_token else opts["packed_min_blocks"],
             )
         return _kmod().ssu_kernel(
             dim=P,
@@ -638,12 +646,15 @@ def compile_grid() -> list[CompileItem]:
             f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}"
         )
         items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
-    # the bf16 A/B option the next H200 run measures (MATE_SSU_BF16_PACK=1 MATE_SSU_BF16_MIN_BLOCKS=8)
-    ab = {"pack_early": True, "min_blocks": 8, "per_thread": 4}
-    base = _key(True, 64, 128, 16, bf16, bf16, f32, f32, f32, i32, i32, i32, bf16, True, True, True)
-    key = (bf16_tag(ab),) + base[1:]
-    items.append(CompileItem(family="ssu", label="one_token P64 N128 H/G16 state=bfloat16 io=bfloat16 dt=float32 "
-                             f"tied {key[0]}", build=_builder(key), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
+    # the bf16 A/B option the next H200 run measures (MATE_SSU_BF16_PACK=1, _MIN_BLOCKS=8, _PACKED_MIN_BLOCKS=4)
+    ab = {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 4}
+    for one_token in (True, False):
+        base = _key(one_token, 64, 128, 16, bf16, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32, bf16, True,
+                    True, True)  # fmt: skip
+        key = (bf16_tag(ab),) + base[1:]
+        label = f"{'one_token' if one_token else 'packed'} P64 N128 H/G16 state=bfloat16 io=bfloat16 dt=float32 tied"
+        items.append(CompileItem(family="ssu", label=f"{label} {key[0]}", build=_builder(key),
+                                 pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
