@@ -95,3 +95,16 @@ def test_bench_env_variants():
     assert line["mate[PACK=1,MIN_BLOCKS=8]"] == "5.00 (8.00)"
     sel = bench.selected_cases(True, "bf16")
     assert sel and all(c.state == torch.bfloat16 for c in sel) and len(sel) < len(bench.cases(True))
+
+
+def test_bench_variant_call_switches_and_restores(monkeypatch):
+    import mate.mamba.ssu as mssu
+    from mate.bench import ssu as bench
+
+    seen = []
+    monkeypatch.setattr(bench, "_mate", lambda st, w: seen.append((tl_ssu._TAG_2B, mssu.FAST_PATH)) or "y")
+    call = bench._mate_with_options("MATE_SSU_BF16_PACKED_MIN_BLOCKS=4")
+    fast, tag = mssu.FAST_PATH, tl_ssu._TAG_2B
+    assert call(None, None) == "y"
+    assert seen == [("ssu:pack=0:mb=0:chunks=4:pmb=4", False)]
+    assert (mssu.FAST_PATH, tl_ssu._TAG_2B) == (fast, tag)
