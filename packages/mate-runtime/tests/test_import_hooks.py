@@ -39,3 +39,35 @@ def test_cancel_drops_only_the_owners_pending_hooks():
     assert "owner-1" not in owners and "owner-2" in owners
     _import_hooks.cancel("owner-2")
     assert "owner-2" not in [getattr(f, "owner", None) for f in sys.meta_path]
+
+
+def test_patches_restore_registry_entries_and_rebound_functions(monkeypatch):
+    import types
+
+    def original():
+        return "engine"
+
+    def replacement():
+        return "mate"
+
+    engine = types.ModuleType("fakeengine.ops")
+    user = types.ModuleType("fakeengine.mixer")  # imported the function by name
+    other = types.ModuleType("elsewhere")
+    for m in (engine, user, other):
+        m.run = original
+        monkeypatch.setitem(sys.modules, m.__name__, m)
+    registry = {"triton": "TritonBackend"}
+
+    p = _import_hooks.Patches("owner-p", "fakeengine.")
+    p.set_entry(registry, "triton", "triton", "MateBackend")
+    p.set_entry(registry, "mate", "mate", "MateBackend")
+    p.set_entry(registry, "triton", "triton", "MateBackend2")  # the first replaced value is what comes back
+    assert sorted(p.rebind(engine, "run", original, replacement)) == ["fakeengine.mixer", "fakeengine.ops"]
+    assert registry == {"triton": "MateBackend2", "mate": "MateBackend"}
+    assert engine.run is replacement and user.run is replacement and other.run is original
+    _import_hooks.when_imported("fakeengine_never_imported", lambda m: None, owner="owner-p")
+
+    p.restore()
+    assert registry == {"triton": "TritonBackend"}
+    assert engine.run is original and user.run is original and other.run is original
+    assert "owner-p" not in [getattr(f, "owner", None) for f in sys.meta_path]

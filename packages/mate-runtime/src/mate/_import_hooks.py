@@ -59,3 +59,46 @@ def when_imported(name: str, callback, owner: str) -> None:
 def cancel(owner: str) -> None:
     """Drop ``owner``'s hooks that have not fired yet."""
     sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _AfterImport) and f.owner == owner)]
+
+
+class Patches:
+    """What one adapter replaced inside a serving engine (registry entries, a rebound function), so that
+    :meth:`restore` puts all of it back and drops the adapter's pending hooks."""
+
+    def __init__(self, owner: str, package_prefix: str):
+        self.owner, self.prefix = owner, package_prefix
+        self.entries: dict = {}  # (id(registry), name) -> (registry, key, previous value or None)
+        self.functions: list = []  # (attribute, original, replacement)
+
+    def set_entry(self, registry, name, key, value) -> None:
+        """``registry[key] = value``, remembering the first value it replaced."""
+        self.entries.setdefault((id(registry), name), (registry, key, registry.get(key)))
+        registry[key] = value
+
+    def rebind(self, module, attr: str, original, replacement) -> list[str]:
+        """``module.attr = replacement``, and the same in every imported engine module that imported the
+        original by name; returns the modules patched."""
+        patched = []
+        for m in list(sys.modules.values()):
+            name = getattr(m, "__name__", "") or ""
+            if (m is module or name.startswith(self.prefix)) and getattr(m, attr, None) is original:
+                setattr(m, attr, replacement)
+                patched.append(name)
+        self.functions.append((attr, original, replacement))
+        return patched
+
+    def restore(self) -> None:
+        for registry, key, prev in self.entries.values():
+            if prev is None:
+                registry.pop(key, None)
+            else:
+                registry[key] = prev
+        self.entries.clear()
+        # also the modules that imported the replacement after it was patched (e.g. mid-import at patch time)
+        for attr, original, replacement in self.functions:
+            for m in list(sys.modules.values()):
+                name = getattr(m, "__name__", "") or ""
+                if name.startswith(self.prefix) and getattr(m, attr, None) is replacement:
+                    setattr(m, attr, original)
+        self.functions.clear()
+        cancel(self.owner)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 import warnings
 
 OWNER = "mate-sglang"
@@ -41,8 +40,18 @@ PREFILL_PARAMS = (
     "return_intermediate_states", "state_dtype",
 )  # fmt: skip
 
-_replaced_registry: dict = {}
-_replaced_prefill: list = []
+_patches = None  # the mate._import_hooks.Patches ledger, made on first use (module import stays stdlib-only)
+
+
+def _ledger():
+    global _patches
+    if _patches is None:
+        from mate._import_hooks import Patches
+
+        _patches = Patches(OWNER, "sglang.")
+    return _patches
+
+
 _state = {"ssu": None, "prefill": None}
 
 
@@ -138,8 +147,7 @@ def _patch_ssu_dispatch(sd) -> None:
         if name != "mate" and name not in registry:
             _warn(f"{ENV_SSU}: SGLang has no mamba backend named {name!r}; valid: {sorted(registry)}")
             continue
-        _replaced_registry.setdefault((id(registry), name), (registry, name, registry.get(name)))
-        registry[name] = cls
+        _ledger().set_entry(registry, name, name, cls)
         names.append(name)
     current = getattr(sd, "_mamba_ssu_backend", None)
     if current is not None and not isinstance(current, cls):
@@ -171,13 +179,7 @@ def _patch_ssd_combined(mod) -> None:
             "scheme); the prefill is not routed to MATE"
         )
         return
-    patched = []
-    for m in list(sys.modules.values()):
-        name = getattr(m, "__name__", "") or ""
-        if (m is mod or name.startswith("sglang.")) and getattr(m, "mamba_chunk_scan_combined", None) is orig:
-            _replaced_prefill.append((m, orig))
-            m.mamba_chunk_scan_combined = ops.mamba_chunk_scan_combined
-            patched.append(name)
+    patched = _ledger().rebind(mod, "mamba_chunk_scan_combined", orig, ops.mamba_chunk_scan_combined)
     _state["prefill"] = f"routed in {patched}"
 
 
@@ -202,26 +204,7 @@ def enable_from_env() -> None:
 
 def disable() -> None:
     """Restore what was replaced and drop pending hooks."""
-    for registry, key, prev in _replaced_registry.values():
-        if prev is None:
-            registry.pop(key, None)
-        else:
-            registry[key] = prev
-    _replaced_registry.clear()
-    if _replaced_prefill:
-        from . import ops
-
-        orig = _replaced_prefill[0][1]
-        for m in list(sys.modules.values()):
-            name = getattr(m, "__name__", "") or ""
-            if name.startswith("sglang.") and getattr(m, "mamba_chunk_scan_combined", None) is (
-                ops.mamba_chunk_scan_combined
-            ):
-                m.mamba_chunk_scan_combined = orig
-    _replaced_prefill.clear()
-    from mate._import_hooks import cancel
-
-    cancel(OWNER)  # only this adapter's pending hooks
+    _ledger().restore()
     _state.update(ssu=None, prefill=None)
 
 

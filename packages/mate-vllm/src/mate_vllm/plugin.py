@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 import warnings
 
 OWNER = "mate-vllm"
@@ -40,8 +39,18 @@ PREFILL_PARAMS = (
     "state_dtype", "final_states_out", "final_state_indices",
 )  # fmt: skip
 
-_replaced_registry: dict = {}  # (registry id, key) -> (registry, key, previous value)
-_replaced_prefill: list = []  # (module, previous function)
+_patches = None  # the mate._import_hooks.Patches ledger, made on first use (module import stays stdlib-only)
+
+
+def _ledger():
+    global _patches
+    if _patches is None:
+        from mate._import_hooks import Patches
+
+        _patches = Patches(OWNER, "vllm.")
+    return _patches
+
+
 _state = {"ssu": None, "prefill": None}  # what happened, for mate_vllm.plugin.status()
 
 
@@ -150,8 +159,7 @@ def _patch_ssu_dispatch(sd) -> None:
             if name != "mate":
                 _warn(f"{ENV_SSU}: vLLM has no mamba backend named {name!r}; valid: {[str(k) for k in registry]}")
             continue
-        _replaced_registry.setdefault((id(registry), name), (registry, key, registry.get(key)))
-        registry[key] = cls
+        _ledger().set_entry(registry, name, key, cls)
         done.append(name)
     current = getattr(sd, "_mamba_ssu_backend", None)
     if current is not None and not isinstance(current, cls):
@@ -186,13 +194,7 @@ def _patch_ssd_combined(mod) -> None:
             "prefill is not routed to MATE"
         )
         return
-    patched = []
-    for m in list(sys.modules.values()):
-        name = getattr(m, "__name__", "")
-        if (m is mod or name.startswith("vllm.")) and getattr(m, "mamba_chunk_scan_combined_varlen", None) is orig:
-            _replaced_prefill.append((m, orig))
-            m.mamba_chunk_scan_combined_varlen = ops.mamba_chunk_scan_combined_varlen
-            patched.append(name)
+    patched = _ledger().rebind(mod, "mamba_chunk_scan_combined_varlen", orig, ops.mamba_chunk_scan_combined_varlen)
     _state["prefill"] = f"routed in {patched}"
 
 
@@ -223,27 +225,7 @@ def _guard(fn):
 
 def unregister() -> None:
     """Restore every registry entry and prefill function the plugin replaced, and drop pending hooks."""
-    for registry, key, prev in _replaced_registry.values():
-        if prev is None:
-            registry.pop(key, None)
-        else:
-            registry[key] = prev
-    _replaced_registry.clear()
-    if _replaced_prefill:
-        from . import ops
-
-        orig = _replaced_prefill[0][1]
-        # also the modules that imported the name after it was patched (e.g. a mixer mid-import at patch time)
-        for m in list(sys.modules.values()):
-            name = getattr(m, "__name__", "") or ""
-            if name.startswith("vllm.") and getattr(m, "mamba_chunk_scan_combined_varlen", None) is (
-                ops.mamba_chunk_scan_combined_varlen
-            ):
-                m.mamba_chunk_scan_combined_varlen = orig
-    _replaced_prefill.clear()
-    from mate._import_hooks import cancel
-
-    cancel(OWNER)  # only this adapter's pending hooks
+    _ledger().restore()
     _state.update(ssu=None, prefill=None)
 
 
