@@ -27,9 +27,9 @@ def fi_ssu():
     return selective_state_update
 
 
-def vllm_flashinfer_backend_call(t, src, dst, cu_seqlens=None, acc=None, null_block_id=0, algorithm="auto"):
+def vllm_flashinfer_backend_call(t, src, dst, cu_seqlens=None, acc=None, null_block_id=0, algorithm="auto", fn=None):
     """Exactly what vLLM 0.33's FlashInferSSUBackend.__call__ passes (stochastic rounding off)."""
-    return fi_ssu()(
+    return (fn or fi_ssu())(
         t.state, t.x, t.dt, t.A, t.B, t.C, D=t.D, z=t.z, dt_bias=t.dt_bias, dt_softplus=True,
         state_batch_indices=src, dst_state_batch_indices=dst, cu_seqlens=cu_seqlens, num_accepted_tokens=acc,
         cache_steps=src.size(-1) if cu_seqlens is not None and src is not None else 0,
@@ -391,8 +391,11 @@ def test_gpu_vllm_spec_decode_matches_cpu():
     for k, v in vars(gpu).items():
         if isinstance(v, torch.Tensor):
             setattr(gpu, k, v.cuda())
-    vllm_flashinfer_backend_call(cpu, src, dst, cu_seqlens=cu, acc=acc)
-    vllm_flashinfer_backend_call(gpu, src.cuda(), dst.cuda(), cu_seqlens=cu.cuda(), acc=acc.cuda())
+    # The compat function itself: on the GPU machine a real FlashInfer sits on the path, and in the default
+    # ``auto`` mode ``flashinfer.mamba`` is then the real one (which rejects CPU tensors).
+    fn = mate_flashinfer_compat.mamba.selective_state_update
+    vllm_flashinfer_backend_call(cpu, src, dst, cu_seqlens=cu, acc=acc, fn=fn)
+    vllm_flashinfer_backend_call(gpu, src.cuda(), dst.cuda(), cu_seqlens=cu.cuda(), acc=acc.cuda(), fn=fn)
     torch.testing.assert_close(gpu.out.cpu().float(), cpu.out.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(gpu.state.cpu(), cpu.state, atol=2e-3, rtol=2e-3)
 

@@ -74,22 +74,25 @@ def test_compiled_decode_with_caller_out_and_mtp_writes():
     assert torch.equal(o, o_ref) and torch.equal(s, s_ref) and torch.equal(r, r_ref)
 
 
-def _ssd_inputs(seed=0):
+def _ssd_inputs(seed=0, *, P=4, N=8, L=16, io_dtype=torch.float32):
+    """Two sequences (20 and 7 tokens; the first spans two chunks at L 16). The GPU test passes a shape the
+    TileLang kernels serve (P a multiple of 64, N 64/128/256, L >= 64, bf16/fp16 x/B/C)."""
     g = torch.Generator().manual_seed(seed)
-    H, P, N, G, L = 2, 4, 8, 1, 16
+    H, G = 2, 1
     lens = [20, 7]
     T = sum(lens)
+    cu_chunks = [0, 16, 20, 27] if L == 16 else [0, 20, 27]
     return dict(
-        x=torch.randn(T, H, P, generator=g),
+        x=torch.randn(T, H, P, generator=g).to(io_dtype),
         dt=torch.randn(T, H, generator=g),
         A=-torch.rand(H, generator=g),
-        B=torch.randn(T, G, N, generator=g),
-        C=torch.randn(T, G, N, generator=g),
+        B=torch.randn(T, G, N, generator=g).to(io_dtype),
+        C=torch.randn(T, G, N, generator=g).to(io_dtype),
         chunk_size=L,
         cu_seqlens=torch.tensor([0, 20, 27], dtype=torch.int32),
-        cu_chunk_seqlens=torch.tensor([0, 16, 20, 27], dtype=torch.int32),
-        last_chunk_indices=torch.tensor([1, 2], dtype=torch.int32),
-        seq_idx=torch.tensor([0, 0, 1], dtype=torch.int32),
+        cu_chunk_seqlens=torch.tensor(cu_chunks, dtype=torch.int32),
+        last_chunk_indices=torch.tensor([len(cu_chunks) - 3, len(cu_chunks) - 2], dtype=torch.int32),
+        seq_idx=torch.tensor([0, 0, 1] if L == 16 else [0, 1], dtype=torch.int32),
         D=torch.randn(H, generator=g),
         dt_bias=torch.rand(H, generator=g),
         initial_states=torch.randn(2, H, P, N, generator=g),
@@ -223,7 +226,8 @@ def test_gpu_compiled_decode_and_prefill_equal_eager():
     y = torch.compile(step, fullgraph=True, backend="aot_eager")(s)
     assert torch.equal(y, y_ref) and torch.equal(s, s_ref)
 
-    a = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in _ssd_inputs(6).items()}
+    gpu_shape = dict(P=64, N=64, L=64, io_dtype=torch.bfloat16)
+    a = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in _ssd_inputs(6, **gpu_shape).items()}
     out_ref = torch.empty_like(a["x"])
     st_ref = _prefill(**a, out=out_ref)
     out = torch.empty_like(a["x"])
