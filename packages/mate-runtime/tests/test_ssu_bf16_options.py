@@ -1,5 +1,5 @@
-"""The bf16-state A/B kernel options (MATE_SSU_BF16_*): defaults leave every kernel key unchanged, a setting
-reaches the kernel factory through the key, malformed values raise."""
+"""The 2-byte-state kernel options (MATE_SSU_BF16_*): the defaults (the H200 A/B's winner) keep the plain "ssu"
+key and reach the kernel factory, another setting reaches it through the key, malformed values raise."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def _key(state):
 
 def test_defaults_keep_the_key():
     assert tl_ssu.parse_bf16_options({}) == tl_ssu.BF16_DEFAULTS
+    assert tl_ssu.BF16_DEFAULTS == {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 4}
     assert tl_ssu.bf16_tag(tl_ssu.parse_bf16_options({})) == "ssu"
     assert _key(BF16)[0] == "ssu" and _key(F32)[0] == "ssu" and len(_key(BF16)) == 17
 
@@ -37,27 +38,32 @@ def test_parse_and_tag():
 
 
 def test_switch_reaches_only_two_byte_states(monkeypatch):
-    prev = tl_ssu.set_bf16_options({"pack_early": True, "min_blocks": 8, "packed_min_blocks": 4})
+    seen = {}
+
+    def fake_kernel(**kw):
+        seen.update(kw)
+        return "prim"
+
+    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+    # the defaults: register caps 8 (one-token) and 4 (packed), early narrowing
+    assert tl_ssu.build_kernel(_key(BF16)) == "prim"
+    assert seen["pack_early"] is True and seen["min_blocks"] == 8
+    assert seen["tiling"] == kssu.choose_tiling(64, 128, "bfloat16", 4)
+    seen.clear()
+    tl_ssu.build_kernel((_key(BF16)[0], False) + _key(BF16)[2:])  # packed: its own register cap
+    assert seen["pack_early"] is True and seen["min_blocks"] == 4
+    seen.clear()
+    tl_ssu.build_kernel(_key(F32))  # fp32 states: the factory's defaults
+    assert "pack_early" not in seen and "tiling" not in seen and "min_blocks" not in seen
+    # the former default, switched on for an A/B run
+    prev = tl_ssu.set_bf16_options({"pack_early": False, "min_blocks": 0, "packed_min_blocks": 0})
     try:
-        assert _key(BF16)[0] == "ssu:pack=1:mb=8:chunks=4:pmb=4"
-        assert _key(torch.float16)[0] == "ssu:pack=1:mb=8:chunks=4:pmb=4"
+        assert _key(BF16)[0] == "ssu:pack=0:mb=0:chunks=4:pmb=0"
+        assert _key(torch.float16)[0] == "ssu:pack=0:mb=0:chunks=4:pmb=0"
         assert _key(F32)[0] == "ssu"
-        seen = {}
-
-        def fake_kernel(**kw):
-            seen.update(kw)
-            return "prim"
-
-        monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
-        assert tl_ssu.build_kernel(_key(BF16)) == "prim"
-        assert seen["pack_early"] is True and seen["min_blocks"] == 8
-        assert seen["tiling"] == kssu.choose_tiling(64, 128, "bfloat16", 4)
         seen.clear()
-        tl_ssu.build_kernel((_key(BF16)[0], False) + _key(BF16)[2:])  # packed: its own register cap
-        assert seen["pack_early"] is True and seen["min_blocks"] == 4
-        seen.clear()
-        tl_ssu.build_kernel(_key(F32))
-        assert "pack_early" not in seen and "tiling" not in seen
+        tl_ssu.build_kernel(_key(BF16))
+        assert seen["pack_early"] is False and seen["min_blocks"] == 0
     finally:
         tl_ssu._TAG_2B = prev
     assert _key(BF16)[0] == "ssu"
@@ -103,8 +109,8 @@ def test_bench_variant_call_switches_and_restores(monkeypatch):
 
     seen = []
     monkeypatch.setattr(bench, "_mate", lambda st, w: seen.append((tl_ssu._TAG_2B, mssu.FAST_PATH)) or "y")
-    call = bench._mate_with_options("MATE_SSU_BF16_PACKED_MIN_BLOCKS=4")
+    call = bench._mate_with_options("MATE_SSU_BF16_PACKED_MIN_BLOCKS=0")
     fast, tag = mssu.FAST_PATH, tl_ssu._TAG_2B
     assert call(None, None) == "y"
-    assert seen == [("ssu:pack=0:mb=0:chunks=4:pmb=4", False)]
+    assert seen == [("ssu:pack=1:mb=8:chunks=4:pmb=0", False)]
     assert (mssu.FAST_PATH, tl_ssu._TAG_2B) == (fast, tag)

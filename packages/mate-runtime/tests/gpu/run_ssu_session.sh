@@ -16,7 +16,7 @@
 #     bench       mate bench ssu (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per call)
 #   not in the default list (run it by name, e.g. `... run_ssu_session.sh precompile bench-bf16`):
 #     bench-bf16  the bf16-state A/B (docs/ssu-kernels.md, "bf16 state: what the generated code shows"): bf16
-#                 cases of `mate bench ssu --quick`, default kernels beside three MATE_SSU_BF16_* settings and
+#                 cases of `mate bench ssu --quick`, default kernels beside three other MATE_SSU_BF16_* settings (the first: the former default) and
 #                 the peers, written as ssu-bf16-ab.{md,json,png}
 # Everything goes under $OUT (default ./ssu-session-out).
 OUT="${OUT:-$PWD/ssu-session-out}"
@@ -67,20 +67,20 @@ for stage in "${stages[@]}"; do
         stamp "demo rc=$? $(tail -1 "$OUT/demo.log")"
         ;;
     bench)
-        left=$((570 - ($(date +%s) - t0)))
+        left=$((${BUDGET:-570} - ($(date +%s) - t0)))
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
         timeout "$left" python3 -m mate.bench.ssu --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     bench-bf16)
-        left=$((570 - ($(date +%s) - t0)))
+        left=$((${BUDGET:-570} - ($(date +%s) - t0)))
         [ "$left" -lt 30 ] && { stamp "bench-bf16 skipped: ${left}s left"; continue; }
         stamp "bench-bf16 (${left}s)"
         timeout "$left" python3 -m mate.bench.ssu --quick --state bf16 --out "$OUT" --name ssu-bf16-ab \
-            --env MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8,MATE_SSU_BF16_PACKED_MIN_BLOCKS=4 \
-            --env MATE_SSU_BF16_PACK=1 \
-            --env MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_CHUNKS=8,MATE_SSU_BF16_MIN_BLOCKS=4 \
+            --env MATE_SSU_BF16_PACK=0,MATE_SSU_BF16_MIN_BLOCKS=0,MATE_SSU_BF16_PACKED_MIN_BLOCKS=0 \
+            --env MATE_SSU_BF16_MIN_BLOCKS=0 \
+            --env MATE_SSU_BF16_CHUNKS=8,MATE_SSU_BF16_MIN_BLOCKS=4 \
             >"$OUT/bench-bf16.log" 2>&1
         stamp "bench-bf16 rc=$?"
         ;;

@@ -134,29 +134,31 @@ def _vector_access(vec: int, state, B, C, ibuf) -> tuple[bool, bool]:
     return _vector_pointers(_vector_strides(vec, state, B, C, ibuf), state, B, C, ibuf)
 
 
-# ---- A/B options for 2-byte (bf16/fp16) states (docs/ssu-kernels.md, "bf16 state: what the generated code
-# shows"). Read once from the environment at import; the defaults are the kernels measured on the H200, and with
-# them every kernel key is unchanged. A non-default setting is part of the key's first entry ("ssu:..."), so
-# kernels of both settings can live in one process (``mate bench ssu --env``) and never mix in the caches.
-#   MATE_SSU_BF16_PACK=1        one-token kernel: narrow each updated value back into its load registers at once
+# ---- Options for 2-byte (bf16/fp16) states (docs/ssu-kernels.md, "bf16 state: what the generated code shows").
+# Read once from the environment at import. The defaults are the setting that won the H200 A/B of 2026-11-30
+# (one-token: 96 -> 64 registers, 5 -> 8 CTAs/SM; packed: 139 -> 119 registers, 3 -> 4 CTAs/SM; +8-11% TB/s at
+# batch 8-64); with them every kernel key keeps the plain "ssu" tag. Another setting is part of the key's first
+# entry ("ssu:..."), so kernels of both settings can live in one process (``mate bench ssu --env``) and never mix
+# in the caches.
+#   MATE_SSU_BF16_PACK=0|1      one-token kernel: narrow each updated value back into its load registers at once
 #   MATE_SSU_BF16_MIN_BLOCKS=n  one-token kernel: __launch_bounds__(threads, n), ptxas caps registers for n CTAs/SM
-#   MATE_SSU_BF16_CHUNKS=c      16-byte state chunks per thread (default 4)
+#                               (0: no cap)
+#   MATE_SSU_BF16_CHUNKS=c      16-byte state chunks per thread
 #   MATE_SSU_BF16_PACKED_MIN_BLOCKS=n  the same register cap for the packed kernel
 BF16_ENV = ("MATE_SSU_BF16_PACK", "MATE_SSU_BF16_MIN_BLOCKS", "MATE_SSU_BF16_CHUNKS", "MATE_SSU_BF16_PACKED_MIN_BLOCKS")
-BF16_DEFAULTS = {"pack_early": False, "min_blocks": 0, "per_thread": 4, "packed_min_blocks": 0}
+BF16_DEFAULTS = {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 4}
 
 
 def parse_bf16_options(env) -> dict:
     """The 2-byte-state kernel options from an environment mapping (ValueError on a malformed value)."""
     opts = dict(BF16_DEFAULTS)
-    pack = env.get("MATE_SSU_BF16_PACK", "0")
+    pack = env.get("MATE_SSU_BF16_PACK", str(int(BF16_DEFAULTS["pack_early"])))
     if pack not in ("0", "1"):
         raise ValueError(f"MATE_SSU_BF16_PACK: expected 0 or 1, got {pack!r}")
     opts["pack_early"] = pack == "1"
-    for name, field, default in (("MATE_SSU_BF16_MIN_BLOCKS", "min_blocks", "0"),
-                                 ("MATE_SSU_BF16_CHUNKS", "per_thread", "4"),
-                                 ("MATE_SSU_BF16_PACKED_MIN_BLOCKS", "packed_min_blocks", "0")):  # fmt: skip
-        value = env.get(name, default)
+    for name, field in (("MATE_SSU_BF16_MIN_BLOCKS", "min_blocks"), ("MATE_SSU_BF16_CHUNKS", "per_thread"),
+                        ("MATE_SSU_BF16_PACKED_MIN_BLOCKS", "packed_min_blocks")):  # fmt: skip
+        value = env.get(name, str(BF16_DEFAULTS[field]))
         try:
             opts[field] = int(value)
         except ValueError:
@@ -180,8 +182,9 @@ def bf16_tag(opts: dict) -> str:
 
 
 def _tag_options(tag: str) -> dict:
+    """The 2-byte-state options a kernel key's tag stands for ("ssu": the defaults)."""
     if tag == "ssu":
-        return {}
+        return dict(BF16_DEFAULTS)
     fields = dict(f.split("=") for f in tag.split(":")[1:])
     return {"pack_early": fields["pack"] == "1", "min_blocks": int(fields["mb"]), "per_thread": int(fields["chunks"]),
             "packed_min_blocks": int(fields["pmb"])}  # fmt: skip
@@ -210,7 +213,8 @@ def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, d
 def _builder(key):
     (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
      vio) = key  # fmt: skip
-    opts = _tag_options(tag)
+    # the options shape 2-byte-state kernels only; fp32 states keep the factory's defaults
+    opts = _tag_options(tag) if state_dt in (torch.bfloat16, torch.float16) else {}
 
     def build():
         extra = {}
@@ -646,8 +650,8 @@ def compile_grid() -> list[CompileItem]:
             f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}"
         )
         items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
-    # the bf16 A/B option the next H200 run measures (MATE_SSU_BF16_PACK=1, _MIN_BLOCKS=8, _PACKED_MIN_BLOCKS=4)
-    ab = {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 4}
+    # the former 2-byte default (no register caps, late narrowing): still selectable for A/B runs
+    ab = {"pack_early": False, "min_blocks": 0, "per_thread": 4, "packed_min_blocks": 0}
     for one_token in (True, False):
         base = _key(one_token, 64, 128, 16, bf16, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32, bf16, True,
                     True, True)  # fmt: skip
