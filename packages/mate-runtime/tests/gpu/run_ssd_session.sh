@@ -73,7 +73,7 @@ for stage in "${stages[@]}"; do
         stamp "bench quick-io rc=$?"
         ;;
     bench)
-        left=$((570 - ($(date +%s) - t0)))
+        left=$((${BUDGET:-570} - ($(date +%s) - t0)))
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench ${BENCH_VARIANTS:-fused,split} (${left}s)"
         timeout "$left" python3 -m mate.bench.ssd --variants "${BENCH_VARIANTS:-fused,split}" --out "$OUT" --name ssd_variants \

@@ -1,0 +1,66 @@
+"""Per-kernel GPU time of one SSD call, MATE (each launcher variant) beside vLLM, from torch.profiler:
+``python packages/mate-runtime/tests/gpu/ssd_profile.py [--shapes nemotron-h-8b:1x8192:256,...]``.
+
+The benchmark (``mate bench ssd``) times whole calls; this says which kernel of a call the time goes to, so a
+restructure can aim at it. Eager calls (the kernels run the same as in a replayed graph), after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+
+import torch
+
+
+def kernel_times(fn, reps: int) -> dict[str, float]:
+    """Mean device µs per call of every kernel ``fn`` launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    acc: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            acc[e.name[:90]] += e.device_time / reps
+    return dict(acc)
+
+
+def main(argv=None) -> int:
+    from mate.bench.ssd import BATCHES, SSD_SHAPES, make_window, mate_fn, vllm_fn
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="nemotron-h-8b:1x8192:256,nemotron-h-8b:32x512:256,mamba2-2.7b:1x8192:256")
+    ap.add_argument("--variants", default=os.environ.get("PROFILE_VARIANTS", "fused,split"))
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    for item in args.shapes.split(","):
+        shape, batch, L = item.split(":")
+        s, L = SSD_SHAPES[shape], int(L)
+        w = make_window(s, BATCHES[batch], L, 7, dev)
+        impls = [(f"mate-{v}", mate_fn(w, L, v)) for v in args.variants.split(",") if v]
+        try:
+            impls.append(("vllm", vllm_fn(w, L)))
+        except ImportError:
+            pass
+        for name, fn in impls:
+            try:
+                times = kernel_times(fn, args.reps)
+            except Exception as e:  # noqa: BLE001 - a faulting variant must not hide the others' numbers
+                print(f"{item} {name}: FAILED {type(e).__name__}: {e}", flush=True)
+                continue
+            total = sum(times.values())
+            print(f"{item} {name}: {total:.1f} us device time per call", flush=True)
+            for k, v in sorted(times.items(), key=lambda kv: -kv[1]):
+                print(f"    {v:9.1f} us  {k}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
