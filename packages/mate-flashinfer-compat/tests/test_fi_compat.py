@@ -394,6 +394,7 @@ def test_gpu_vllm_spec_decode_matches_cpu():
     # The compat function itself: on the GPU machine a real FlashInfer sits on the path, and in the default
     # ``auto`` mode ``flashinfer.mamba`` is then the real one (which rejects CPU tensors).
     from mate_flashinfer_compat.mamba import selective_state_update as fn
+
     vllm_flashinfer_backend_call(cpu, src, dst, cu_seqlens=cu, acc=acc, fn=fn)
     vllm_flashinfer_backend_call(gpu, src.cuda(), dst.cuda(), cu_seqlens=cu.cuda(), acc=acc.cuda(), fn=fn)
     torch.testing.assert_close(gpu.out.cpu().float(), cpu.out.float(), atol=2e-2, rtol=2e-2)

@@ -1,14 +1,12 @@
-"""The SSD kernels' generated CUDA (sm_90a, compiled on the CPU with nvcc): hazards that TileLang 0.1.15's
-warp specialisation can introduce and that neither the CPU stand-ins (``test_ssd_split_plan.py``) nor a
-compile check sees.
+"""The SSD kernel's generated CUDA (sm_90a, compiled on the CPU with nvcc): hazards that TileLang 0.1.15's
+warp specialisation can introduce and that a compile check does not see.
 
 - The producer warpgroup (``threadIdx.x < 128`` under warp specialisation) must only issue TMA loads and wait
   on / arm barriers. A consumer loop that reads global memory was once moved there (the fused kernel's
-  z-reading epilogue without D: wrong output on the H200, fixed in f420745); the split kernels read dt, D and
-  B/C with plain loads, which must stay with the consumers or with every thread before the split.
-- Every shared buffer a TMA load fills must be waited on (its mbarrier) in the consumer before its first use.
-  TileLang issued the split chunk kernel's B TMA load before the pipelined loop but placed the wait inside
-  it, after the wgmma that read B (why that kernel loads B/C with plain loads).
+  z-reading epilogue without D: wrong output on the H200, fixed in f420745).
+- Every shared buffer a TMA load fills must be waited on (its mbarrier) in the consumer before its first use
+  (TileLang once issued a TMA load before a pipelined loop but placed its wait inside the loop, after the
+  wgmma that read the buffer, in a since-removed chunk-parallel kernel).
 
 Both checks read the text of ``get_kernel_source()``; ``test_checks_can_fail`` mutates a real source to show
 each check flags what it is meant to.
@@ -95,17 +93,14 @@ def tma_wait_problems(src: str) -> list[str]:
     return problems
 
 
-def _key(kind, *, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False):
+def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False):
     from mate._tilelang import ssd as tl_ssd
 
-    if kind == "ssd_out":
-        return tl_ssd._out_key(H=H, G=G, P=P, N=N, L=L, io="bfloat16", cu="int32")
-    common = dict(H=H, G=G, P=P, N=N, L=L, io="bfloat16", dt="float32", dtb="float32", D="float32",
-                  D_per_dim=D_per_dim, cu="int32", softplus=softplus, lo=lo, hi=hi, has_dtb=True,
-                  has_D=has_D)  # fmt: skip
-    if kind == "ssd_chunk":
-        return tl_ssd._chunk_key(**common, local="float32")
-    return tl_ssd._fused_key(**common, state="float32", init="float32", sq="int32", intermediate=False)
+    return tl_ssd._fused_key(
+        H=H, G=G, P=P, N=N, L=L, io="bfloat16", dt="float32", dtb="float32", D="float32", D_per_dim=D_per_dim,
+        cu="int32", softplus=softplus, lo=lo, hi=hi, has_dtb=True, has_D=has_D, state="float32", init="float32",
+        sq="int32", intermediate=False,
+    )  # fmt: skip
 
 
 @functools.cache
@@ -117,46 +112,39 @@ def source(key) -> str:
     return kern.get_kernel_source()
 
 
-NEMO = dict(H=16, G=2, P=64, N=128, L=256)  # 8 heads per group: 8-head CTAs, 128-token tiles, scores in registers
+SMALL = dict(H=8, G=2, P=64, N=128, L=128)  # 128-token tiles, scores in registers
 FALCON = dict(H=8, G=1, P=128, N=256, L=256)  # 64-token tiles, scores in shared memory, two P blocks
 KERNELS = [
-    pytest.param(("ssd_chunk", NEMO, {}), id="split-chunk_tile128"),
-    pytest.param(("ssd_chunk", FALCON, {}), id="split-chunk_tile64_P128_N256"),
-    pytest.param(
-        ("ssd_chunk", dict(H=8, G=2, P=64, N=128, L=128), dict(has_D=False, softplus=False, lo=0.02, hi=0.15)),
-        id="split-chunk_no-D_dt-limit",
-    ),
-    pytest.param(("ssd_out", NEMO, {}), id="split-out_tile128"),
-    pytest.param(("ssd_out", FALCON, {}), id="split-out_tile64_P128_N256"),
-    pytest.param(("ssd_fused", dict(H=8, G=2, P=64, N=128, L=128), dict(has_D=False)), id="fused_no-D"),
-    pytest.param(("ssd_fused", dict(H=8, G=2, P=64, N=128, L=128), {}), id="fused"),
+    pytest.param((SMALL, {}), id="fused"),
+    pytest.param((SMALL, dict(has_D=False)), id="fused_no-D"),
+    pytest.param((SMALL, dict(has_D=False, softplus=False, lo=0.02, hi=0.15)), id="fused_no-D_dt-limit"),
+    pytest.param((FALCON, {}), id="fused_tile64_P128_N256"),
 ]
 
 
 @pytest.mark.parametrize("spec", KERNELS)
 def test_producer_branch_only_issues_tma(spec):
-    kind, shape, opts = spec
-    src = source(_key(kind, **shape, **opts))
+    shape, opts = spec
+    src = source(_key(**shape, **opts))
     assert producer_foreign(src) == []
-    if kind == "ssd_fused":  # the epilogue's z read (f420745) stays with the consumers
-        _, _, consumer = branches(src)
-        assert any("z[" in line for line in consumer)
+    _, _, consumer = branches(src)  # the epilogue's z read (f420745) stays with the consumers
+    assert any("z[" in line for line in consumer)
 
 
 @pytest.mark.parametrize("spec", KERNELS)
 def test_tma_buffers_are_waited_on_before_use(spec):
-    kind, shape, opts = spec
-    assert tma_wait_problems(source(_key(kind, **shape, **opts))) == []
+    shape, opts = spec
+    assert tma_wait_problems(source(_key(**shape, **opts))) == []
 
 
 def test_checks_can_fail():
-    src = source(_key("ssd_out", **NEMO))
+    src = source(_key(**SMALL))
     _, producer, consumer = branches(src)
-    # drop the consumer's first wait on the barrier of the entering-state tile: e_s is read unwaited
-    bar = _norm(_TMA_DESC.search(next(line for line in producer if "ent_ws_desc" in line)).group(1))
+    # drop the consumer's first wait on the barrier of the x tile: x_s is read unwaited
+    bar = _norm(_TMA_DESC.search(next(line for line in producer if "x_desc" in line)).group(1))
     k = next(i for i, line in enumerate(consumer) if _wait_bar(line) == bar)
     mutated = src.replace(consumer[k] + "\n", "", 1)
-    assert any(p.startswith("e_s:") for p in tma_wait_problems(mutated))
+    assert any(p.startswith("x_s:") for p in tma_wait_problems(mutated))
     # a global read moved into the producer (what the warp-specialisation pass did to the fused epilogue)
     mutated = src.replace(producer[0] + "\n", producer[0] + "\n    float zv = z_probe[threadIdx.x];\n", 1)
     assert producer_foreign(mutated) == ["float zv = z_probe[threadIdx.x];"]

@@ -337,5 +337,5 @@ def test_gpu_prefill_pseudo_chunks_matches_cpu():
         res.append((out.float().cpu(), varlen.float().cpu()))
     # Relative to the largest magnitude, as the SSD kernel tests compare (the tensor-core path feeds bf16
     # operands: a few elements differ by a bf16 ulp of the output's scale, not of their own value).
-    for got, ref in zip(res[1], res[0]):
+    for got, ref in zip(res[1], res[0], strict=True):
         assert ((got - ref).abs().max() / ref.abs().max()).item() < 3e-2

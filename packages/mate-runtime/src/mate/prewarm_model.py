@@ -108,7 +108,7 @@ def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens):
         heads=heads, groups=groups, dim=m.dim, dstate=m.dstate, chunk_size=m.chunk_size, io_dtype=io_dtype,
         state_dtype=state_dtype, dt_dtype=torch.float32,
     )  # fmt: skip
-    for key in fkeys:  # the variant MATE_SSD_KERNEL selects: ssd_fused, or ssd_chunk/ssd_pass/ssd_out
+    for key in fkeys:
         label = f"ssd {key[0].removeprefix('ssd_')}{' intermediate' if key[-1] is True else ''}"
         items.append(("ssd", label, key, tl_ssd.builder_for(key), tl_ssd.PASS_CONFIGS))
     for key in rkeys:

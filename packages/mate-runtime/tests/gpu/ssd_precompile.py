@@ -1,7 +1,6 @@
 """Compile every SSD kernel the GPU tests and the benchmark use, in parallel processes (fills TileLang's disk
-cache before ``pytest -m gpu``): ``python packages/mate-runtime/tests/gpu/ssd_precompile.py [--jobs N]
-[--variants fused,split]`` (both launcher variants by default). Runs on a machine without a GPU too (the calls
-are built on the CPU only to derive the kernel keys)."""
+cache before ``pytest -m gpu``): ``python packages/mate-runtime/tests/gpu/ssd_precompile.py [--jobs N]``.
+Runs on a machine without a GPU too (the calls are built on the CPU only to derive the kernel keys)."""
 
 from __future__ import annotations
 
@@ -18,9 +17,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--only-tests", action="store_true")
-    ap.add_argument("--variants", default="fused,split", help="launcher variants whose kernels to compile")
     args = ap.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
     import test_ssd_kernels as t
     from mate._tilelang import ssd as tl_ssd
     from mate.mamba._ssd_call import normalize_ssd
@@ -40,17 +37,16 @@ def main(argv=None) -> int:
                  "seq_idx"]  # fmt: skip
         pos = [kw.pop(n) for n in names]
         call = normalize_ssd(*pos, **kw)
-        for v in variants:
-            keys.extend(tl_ssd.variant_keys(call, v))
+        keys.extend(tl_ssd.call_keys(call))
     if not args.only_tests:
         from mate.bench.ssd import PLAN, SSD_SHAPES
 
         for shape_name, _b, chunks in PLAN:
             s = SSD_SHAPES[shape_name]
-            for L, v in ((L, v) for L in chunks for v in variants):
+            for L in chunks:
                 fk, rk = tl_ssd.prewarm_keys(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate,
                                              chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
-                                             dt_dtype=torch.float32, variant=v)  # fmt: skip
+                                             dt_dtype=torch.float32)  # fmt: skip
                 # the benchmark returns final states: no intermediate-state kernels
                 keys.extend([k for k in fk if k[-1] is not True] + [rk[0]])
     keys = list(dict.fromkeys(keys))

@@ -1,4 +1,4 @@
-"""Per-kernel GPU time of one SSD call, MATE (each launcher variant) beside vLLM, from torch.profiler:
+"""Per-kernel GPU time of one SSD call, MATE beside vLLM, from torch.profiler:
 ``python packages/mate-runtime/tests/gpu/ssd_profile.py [--shapes nemotron-h-8b:1x8192:256,...]``.
 
 The benchmark (``mate bench ssd``) times whole calls; this says which kernel of a call the time goes to, so a
@@ -8,7 +8,6 @@ restructure can aim at it. Eager calls (the kernels run the same as in a replaye
 from __future__ import annotations
 
 import argparse
-import os
 from collections import defaultdict
 
 import torch
@@ -36,7 +35,6 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="nemotron-h-8b:1x8192:256,nemotron-h-8b:32x512:256,mamba2-2.7b:1x8192:256")
-    ap.add_argument("--variants", default=os.environ.get("PROFILE_VARIANTS", "fused,split"))
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -44,7 +42,7 @@ def main(argv=None) -> int:
         shape, batch, L = item.split(":")
         s, L = SSD_SHAPES[shape], int(L)
         w = make_window(s, BATCHES[batch], L, 7, dev)
-        impls = [(f"mate-{v}", mate_fn(w, L, v)) for v in args.variants.split(",") if v]
+        impls = [("mate", mate_fn(w, L))]
         try:
             impls.append(("vllm", vllm_fn(w, L)))
         except ImportError:
@@ -52,7 +50,7 @@ def main(argv=None) -> int:
         for name, fn in impls:
             try:
                 times = kernel_times(fn, args.reps)
-            except Exception as e:  # noqa: BLE001 - a faulting variant must not hide the others' numbers
+            except Exception as e:  # noqa: BLE001 - a faulting implementation must not hide the others' numbers
                 print(f"{item} {name}: FAILED {type(e).__name__}: {e}", flush=True)
                 continue
             total = sum(times.values())

@@ -1,9 +1,8 @@
 """Registers, spills and shared memory of the SSD kernels (ptxas -v on the CUDA source TileLang generates).
 
 ``python packages/mate-runtime/tests/gpu/ssd_ptxas.py [--out DIR] [--shape nemotron-h-8b] [--chunk 256]``
-compiles the fused kernel and the three split kernels of one benchmark shape for sm_90a (no GPU needed: nvcc
-only), writes each kernel's ``.cu`` under ``--out`` and prints one line per kernel: registers per thread,
-spill bytes, dynamic shared memory (from the plan) and the CTA's thread count.
+compiles the fused kernel of one benchmark shape for sm_90a (no GPU needed: nvcc only), writes its ``.cu`` under
+``--out`` and prints registers per thread, spill bytes and the CTA's thread count (shared memory: the plan).
 """
 
 from __future__ import annotations
@@ -44,12 +43,10 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     kw = dict(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate, chunk_size=args.chunk,
               io_dtype=torch.bfloat16, state_dtype=torch.float32, dt_dtype=torch.float32)  # fmt: skip
-    fused, _ = tl_ssd.prewarm_keys(**kw, variant="fused")
-    split, _ = tl_ssd.prewarm_keys(**kw, variant="split")
-    keys = [fused[0], *[k for k in split if k[-1] is not True]]
+    fused, _ = tl_ssd.prewarm_keys(**kw)
+    keys = [fused[0]]
     fplan = tl_ssd.plan(s.dim, s.dstate, args.chunk, torch.bfloat16)
-    splan = tl_ssd.split_plan(s.heads, s.groups, s.dim, s.dstate, args.chunk, torch.bfloat16)
-    print(f"{args.shape} chunk {args.chunk}: fused plan {fplan}, split plan {splan}")
+    print(f"{args.shape} chunk {args.chunk}: fused plan {fplan}")
     for key in keys:
         kern = compile_prim_func(tl_ssd.builder_for(key)(), target={"kind": "cuda", "arch": "sm_90a"})
         src = kern.get_kernel_source()

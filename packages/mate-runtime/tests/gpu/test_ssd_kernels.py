@@ -1,8 +1,5 @@
 """TileLang SSD varlen prefill (``backend="tilelang"``) against the PyTorch reference (``backend="torch"``).
 
-Every kernel test runs for both launcher variants (``fused`` and ``split``, ``MATE_SSD_KERNEL``), selected per
-test through ``mate._tilelang.ssd.SSD_VARIANT``.
-
 Both backends see the same device tensors (the reference is pure PyTorch, fp32 inside). Compared: ``out`` and
 the returned (or pool-written) states, relative to the reference's largest magnitude, with tolerances of the
 kernels' bf16/fp16 tensor-core operands (scores, the state fed to ``C·state``, ``x`` weighted by the decay).
@@ -29,18 +26,10 @@ pytestmark = [
     pytest.mark.skipif(not (cuda_ok and tl_ok), reason="needs a CUDA device and TileLang"),
 ]
 
-from mate._tilelang import ssd as tl_ssd  # noqa: E402
 from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402
 from mate.mamba.chunking import chunk_metadata  # noqa: E402
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
-
-
-@pytest.fixture(params=tl_ssd.VARIANTS)
-def variant(request, monkeypatch):
-    """The launcher variant under test (the process-wide MATE_SSD_KERNEL setting, patched per test)."""
-    monkeypatch.setattr(tl_ssd, "SSD_VARIANT", request.param)
-    return request.param
 
 
 OUT_TOL = {BF16: 3e-2, F16: 1e-2}
@@ -160,7 +149,7 @@ CASES = [
     pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 300, 513)), id="c256_P128_N256_G1_falcon"),
     pytest.param(Case(P=128, io=F16, D="full", z=True, seqlens=(77, 129, 2)), id="P128_fp16_Dfull_z"),
     pytest.param(Case(H=16, G=8, seqlens=(300, 10, 129, 1), history=(0, 37, 200, 5)), id="G8_continuing_short_first"),
-    # 8 heads per group: the split variant's CTAs cover 8 heads (as at the benchmark shapes), chunk 256 = 2 tiles
+    # 8 heads per group (as at the benchmark shapes), chunk 256 = 2 tiles of 128 tokens
     pytest.param(Case(H=16, G=2, chunk=256, z=True, seqlens=(1, 300, 700, 129)), id="rep8_c256_z"),
     pytest.param(Case(state=BF16, seqlens=(200, 33)), id="bf16-state_bf16-init"),
     pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D=""), id="dt-limit_no-softplus_no-D"),
@@ -178,7 +167,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_kernels_match_reference(case: Case, variant):
+def test_kernels_match_reference(case: Case):
     out_k, st_k = run(case, "tilelang")
     out_r, st_r = run(case, "torch")
     torch.cuda.synchronize()
@@ -197,25 +186,25 @@ def test_kernels_match_reference(case: Case, variant):
         assert torch.equal(st_k[untouched], pool0[untouched])
 
 
-def test_fp32_io_raises(variant):
+def test_fp32_io_raises():
     kw = build(Case(io=F32))
     with pytest.raises(NotImplementedError, match="float32"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-def test_dim_80_raises(variant):
+def test_dim_80_raises():
     kw = build(Case(P=80))
     with pytest.raises(NotImplementedError, match="dim=80"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-def test_small_chunk_raises(variant):
+def test_small_chunk_raises():
     kw = build(Case(chunk=32))
     with pytest.raises(NotImplementedError, match="chunk_size"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-def test_graph_replay_equals_eager(variant):
+def test_graph_replay_equals_eager():
     case = Case(seqlens=(1, 100, 300), z=True)
     kw = build(case)
     out = torch.empty_like(kw["x"])
@@ -248,7 +237,7 @@ def test_graph_replay_equals_eager(variant):
     assert torch.equal(states, ref_states)
 
 
-def test_steady_state_allocates_only_the_returned_states(variant):
+def test_steady_state_allocates_only_the_returned_states():
     case = Case(seqlens=(17, 300, 129), z=True)
     kw = build(case)
     out = torch.empty_like(kw["x"])

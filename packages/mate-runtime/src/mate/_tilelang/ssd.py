@@ -1,17 +1,10 @@
 """TileLang launcher for ``ssd_combined_fwd_varlen``: one normalised :class:`SSDCall` -> kernel launches.
 
-Two variants, picked once per process by ``MATE_SSD_KERNEL`` (``fused``, the default, or ``split``):
-
-``fused`` (two launches)
+Two launches:
     1. ``ssd_runs_kernel`` derives, on the GPU, the chunk range of each CTA row (runs of chunks with one
        ``seq_idx``) and the chunk -> state-row map of the returned/pool states;
     2. ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers and
        writes ``out`` and the requested chunk-end states.
-``split`` (four launches; unmeasured on a GPU so far, see docs/ssd-kernels.md)
-    1. the same runs kernel;
-    2. ``ssd_chunk_kernel``, chunk-parallel: ``out = S x + D x`` (partial), per-tile ``dA`` and local states;
-    3. ``ssd_state_pass_kernel``, sequential per run: the fp32 state hand-over, entering states, returned states;
-    4. ``ssd_chunk_out_kernel``, chunk-parallel: ``out += exp(dA) C · entering``, ``* silu(z)``.
 
 Scratch (the run bounds, the state-row map, staging copies of inputs the kernels cannot read in place)
 comes from the workspace cache, so a steady-state call allocates only the returned state tensor. Nothing is
@@ -20,7 +13,6 @@ read back to the host: the call captures into a CUDA graph once its kernels are 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
@@ -41,10 +33,6 @@ PREWARM_HINT = (
 SMEM_LIMIT = 227 * 1024 - 2048  # the opt-in maximum per block, less static shared memory (barriers)
 SUPPORTED_DSTATE = (64, 128, 256)
 MAX_SEQUENCES = 65535  # grid z
-MAX_TILES = 65535  # grid y of the split variant's chunk-parallel kernels
-VARIANTS = ("fused", "split")
-# Read once: the variant every call of this process runs (tests and the benchmark set it with use_variant()).
-SSD_VARIANT = os.environ.get("MATE_SSD_KERNEL", "fused")
 
 _dummies: dict = {}
 
@@ -96,60 +84,6 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
     raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the fused kernel's shared memory")
 
 
-def selected_variant() -> str:
-    """The SSD kernel variant of this process (``MATE_SSD_KERNEL``, read at import; default ``fused``)."""
-    if SSD_VARIANT not in VARIANTS:
-        raise ValueError(f"MATE_SSD_KERNEL must be one of {', '.join(VARIANTS)}; got {SSD_VARIANT!r}")
-    return SSD_VARIANT
-
-
-@contextlib.contextmanager
-def use_variant(variant: str):
-    """Run the calls inside the block with ``variant`` (tests and ``mate bench ssd --variants``)."""
-    global SSD_VARIANT
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
-    old, SSD_VARIANT = SSD_VARIANT, variant
-    try:
-        yield
-    finally:
-        SSD_VARIANT = old
-
-
-def split_plan(heads: int, groups: int, dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
-    """Tile choice of the split variant (raises NotImplementedError where :func:`plan` does).
-
-    ``block_L``: the tile every split kernel works on (128 tokens for N <= 128, else 64: the chunk kernel keeps
-    ``C Bᵀ`` [block_L, block_L] and the local state [N, 64] in fp32 registers; 64-token tiles put the scores
-    in shared memory, ``scores_in_shared``); ``heads_per_cta``: the heads
-    of one group sharing a CTA's ``C Bᵀ`` (the largest of 8, 4, 2, 1 dividing heads / groups, or
-    ``MATE_SSD_SPLIT_HEADS`` where it divides heads / groups: a tuning knob, set before the process starts);
-    ``local_dtype``: the tile-local states' workspace dtype (fp32; ``MATE_SSD_SPLIT_LOCAL=io`` stores them in
-    the io dtype, halving that traffic at the cost of one more rounding of the returned states)."""
-    plan(dim, dstate, chunk_size, io_dtype)
-    rep = heads // groups
-    block_L = 128 if dstate <= 128 and chunk_size % 128 == 0 else 64
-    forced = int(os.environ.get("MATE_SSD_SPLIT_HEADS", "0"))  # tuning knob, read when a kernel is built
-    hb = forced if forced > 0 and rep % forced == 0 else next(h for h in (8, 4, 2, 1) if rep % h == 0)
-    local = _DT[io_dtype] if os.environ.get("MATE_SSD_SPLIT_LOCAL", "fp32") == "io" else "float32"
-    kmod = _kmod()
-    smem = max(
-        kmod.split_chunk_smem_bytes(
-            dim_block=64,
-            dstate=dstate,
-            block_L=block_L,
-            io_bytes=2,
-            num_stages=2,
-            heads_per_cta=hb,
-            scores_in_shared=block_L < 128,
-        ),  # fmt: skip
-        kmod.split_out_smem_bytes(dim_block=64, dstate=dstate, block_L=block_L, io_bytes=2, num_stages=2),
-    )
-    if smem > SMEM_LIMIT:  # pragma: no cover - every supported (N, block_L) fits
-        raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the split kernels' shared memory")
-    return dict(block_L=block_L, heads_per_cta=hb, local_dtype=local, block_E=1024, scores_in_shared=block_L < 128)
-
-
 def _fused_key(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
                intermediate):  # fmt: skip
     return ("ssd_fused", H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb,
@@ -167,59 +101,6 @@ def _fused_builder(key):
             dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
             dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
             **tiles,
-        )  # fmt: skip
-
-    return build
-
-
-def _chunk_key(*, H, G, P, N, L, io, dt, dtb, D, D_per_dim, cu, softplus, lo, hi, has_dtb, has_D, local):
-    return ("ssd_chunk", H, G, P, N, L, io, dt, dtb, D, D_per_dim, cu, softplus, lo, hi, has_dtb, has_D, local)
-
-
-def _chunk_builder(key):
-    _, H, G, P, N, L, io, dt, dtb, D, D_per_dim, cu, softplus, lo, hi, has_dtb, has_D, local = key
-    sp = split_plan(H, G, P, N, L, getattr(torch, io))
-
-    def build():
-        return _kmod().ssd_chunk_kernel(
-            heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, dt_dtype=dt, dt_bias_dtype=dtb,
-            D_dtype=D, cu_dtype=cu, local_dtype=local, has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo,
-            dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, block_L=sp["block_L"], heads_per_cta=sp["heads_per_cta"],
-            scores_in_shared=sp["scores_in_shared"],
-        )  # fmt: skip
-
-    return build
-
-
-def _pass_key(*, H, G, P, N, L, io, local, state, init, sq, intermediate):
-    return ("ssd_pass", H, G, P, N, L, io, local, state, init, sq, intermediate)
-
-
-def _pass_builder(key):
-    _, H, G, P, N, L, io, local, state, init, sq, intermediate = key
-    sp = split_plan(H, G, P, N, L, getattr(torch, io))
-
-    def build():
-        return _kmod().ssd_state_pass_kernel(
-            heads=H, dim=P, dstate=N, chunk_size=L, block_L=sp["block_L"], ent_dtype=io, local_dtype=local,
-            state_dtype=state, init_dtype=init, seq_idx_dtype=sq, intermediate=intermediate, block_E=sp["block_E"],
-        )  # fmt: skip
-
-    return build
-
-
-def _out_key(*, H, G, P, N, L, io, cu):
-    return ("ssd_out", H, G, P, N, L, io, cu)
-
-
-def _out_builder(key):
-    _, H, G, P, N, L, io, cu = key
-    sp = split_plan(H, G, P, N, L, getattr(torch, io))
-
-    def build():
-        return _kmod().ssd_chunk_out_kernel(
-            heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, cu_dtype=cu, block_L=sp["block_L"],
-            heads_per_cta=sp["heads_per_cta"], threads=256,
         )  # fmt: skip
 
     return build
@@ -243,9 +124,6 @@ def builder_for(key):
     return {
         "ssd_fused": _fused_builder,
         "ssd_runs": _runs_builder,
-        "ssd_chunk": _chunk_builder,
-        "ssd_pass": _pass_builder,
-        "ssd_out": _out_builder,
     }[key[0]](key)
 
 
@@ -314,24 +192,9 @@ def kernel_keys(call: SSDCall) -> tuple[tuple, tuple]:
     return key, rkey
 
 
-def split_kernel_keys(call: SSDCall) -> tuple[tuple, tuple, tuple]:
-    """The (chunk, state-pass, output) kernel keys of a call under the split variant (CPU tensors work)."""
-    fkey, _ = kernel_keys(call)
-    (_, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
-     intermediate) = fkey  # fmt: skip
-    local = split_plan(H, G, P, N, L, call.x.dtype)["local_dtype"]
-    ckey = _chunk_key(H=H, G=G, P=P, N=N, L=L, io=io, dt=dt, dtb=dtb, D=D, D_per_dim=D_per_dim, cu=cu,
-                      softplus=softplus, lo=lo, hi=hi, has_dtb=has_dtb, has_D=has_D, local=local)  # fmt: skip
-    pkey = _pass_key(H=H, G=G, P=P, N=N, L=L, io=io, local=local, state=state, init=init, sq=sq,
-                     intermediate=intermediate)  # fmt: skip
-    return ckey, pkey, _out_key(H=H, G=G, P=P, N=N, L=L, io=io, cu=cu)
-
-
-def variant_keys(call: SSDCall, variant: str | None = None) -> list[tuple]:
-    """Every kernel key a call launches under ``variant`` (default: the selected one), runs kernel included."""
-    variant = variant or selected_variant()
-    fkey, rkey = kernel_keys(call)
-    return [fkey, rkey] if variant == "fused" else [*split_kernel_keys(call), rkey]
+def call_keys(call: SSDCall) -> list[tuple]:
+    """Every kernel key a call launches (fused and runs kernels; CPU tensors work)."""
+    return list(kernel_keys(call))
 
 
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
@@ -344,15 +207,6 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     if call.tokens == 0:
         raise NotImplementedError("an SSD call with zero tokens in the TileLang SSD prefill")
 
-    split = selected_variant() == "split"
-    if split:
-        sp = split_plan(H, G, P, N, L, call.x.dtype)
-        ntiles = nchunks * (L // sp["block_L"])
-        if ntiles > MAX_TILES:
-            raise NotImplementedError(
-                f"{ntiles} tiles of {sp['block_L']} tokens in one split-variant SSD call (at most {MAX_TILES}: "
-                "grid y); use MATE_SSD_KERNEL=fused or fewer tokens per call"
-            )
     use_fsi = call.final_states_out is not None
     if call.return_intermediate_states:
         states = torch.empty((nchunks, H, P, N), dtype=call.state_dtype, device=dev)
@@ -371,13 +225,7 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
     key, rkey = kernel_keys(call)
     runs = _get(rkey, _runs_builder, dev)
-    if split:
-        ckey, pkey, okey = split_kernel_keys(call)
-        chunk_k = _get(ckey, _chunk_builder, dev)
-        pass_k = _get(pkey, _pass_builder, dev)
-        out_k = _get(okey, _out_builder, dev)
-    else:
-        fused = _get(key, _fused_builder, dev)
+    fused = _get(key, _fused_builder, dev)
     D_per_dim = not call.D_tied
     init_dt = key[8]
 
@@ -397,11 +245,9 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         D = _vec1(call.D[:, 0], skey, "D")
     flags = 0
     kmod = _kmod()
-    # The split output kernel reads z and out through TMA (16-byte aligned rows); the fused one reads z and
-    # writes out with plain accesses (dense inner dim).
-    rw_ok = _tma_ok if split else (lambda t: _inner_dense(t, 1))
+    # z and out are read / written with plain accesses: any row strides, dense inner dim.
     if call.z is not None:
-        z = call.z if rw_ok(call.z) else _stage(skey, "z", call.z)
+        z = call.z if _inner_dense(call.z, 1) else _stage(skey, "z", call.z)
         flags |= kmod.FLAG_Z
     else:
         z = _dummy("z", dev, call.x.dtype, (1, H, P))
@@ -412,7 +258,11 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         flags |= kmod.FLAG_INIT
     else:
         init = _dummy("init", dev, _torch_dtype(init_dt), (1, H, P, N))
-    out = call.out if rw_ok(call.out) else WORKSPACE.get(skey, "out", tuple(call.out.shape), call.out.dtype, dev)
+    out = (
+        call.out
+        if _inner_dense(call.out, 1)
+        else WORKSPACE.get(skey, "out", tuple(call.out.shape), call.out.dtype, dev)
+    )
     st = states if _inner_dense(states, 3) else WORKSPACE.get(skey, "states", tuple(states.shape), state_dt, dev)
     staged_states = st is not states
     if staged_states:
@@ -421,17 +271,7 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
     dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
     runs(seq_idx, last, fsi, bounds, dest)
-    if split:
-        local_dt = _torch_dtype(sp["local_dtype"])
-        dA_ws = WORKSPACE.get(skey, "split_dA", (ntiles, H, sp["block_L"]), torch.float32, dev)
-        local_ws = WORKSPACE.get(skey, "split_local", (ntiles, H, P, N), local_dt, dev)
-        ent_ws = WORKSPACE.get(skey, "split_enter", (ntiles, H, P, N), call.x.dtype, dev)
-        chunk_k(x, dt, A, B, C, cu, dt_bias, D, out, dA_ws, local_ws)
-        pass_k(dA_ws, local_ws.view(ntiles, H, P * N), seq_idx, bounds, dest, init.view(init.shape[0], H, P * N),
-               ent_ws.view(ntiles, H, P * N), st.view(st.shape[0], H, P * N), flags & kmod.FLAG_INIT)  # fmt: skip
-        out_k(C, cu, dA_ws, ent_ws, z, out, flags & kmod.FLAG_Z)
-    else:
-        fused(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, flags)
+    fused(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, flags)
     if out is not call.out:
         call.out.copy_(out)
     if staged_states:
@@ -443,92 +283,48 @@ def _torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, variant=None):
-    """The kernels a served model uses under ``variant`` (default: the selected one): vLLM's flags
-    (dt_softplus, dt_bias, per-head D, default dt_limit, int32 tables), returning final states and intermediate
-    states, init in the state dtype. Returns (main kernel keys, runs kernel keys)."""
-    variant = variant or selected_variant()
+def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype):
+    """The kernels a served model uses: vLLM's flags (dt_softplus, dt_bias, per-head D, default dt_limit, int32
+    tables), returning final states and intermediate states, init in the state dtype. Returns (fused kernel
+    keys, runs kernel keys)."""
     io, state = _DT[io_dtype], _DT[state_dtype]
-    keys = []
-    for intermediate in (False, True):
-        if variant == "fused":
-            keys.append(
-                _fused_key(
-                    H=heads,
-                    G=groups,
-                    P=dim,
-                    N=dstate,
-                    L=chunk_size,
-                    io=io,
-                    state=state,
-                    init=state,
-                    dt=_DT[dt_dtype],
-                    dtb="float32",
-                    D="float32",
-                    D_per_dim=False,
-                    cu="int32",
-                    sq="int32",
-                    softplus=True,
-                    lo=0.0,
-                    hi=math.inf,
-                    has_dtb=True,
-                    has_D=True,
-                    intermediate=intermediate,
-                )  # fmt: skip
-            )
-        else:
-            keys.append(
-                _pass_key(
-                    H=heads,
-                    G=groups,
-                    P=dim,
-                    N=dstate,
-                    L=chunk_size,
-                    io=io,
-                    state=state,
-                    init=state,
-                    sq="int32",
-                    local=split_plan(heads, groups, dim, dstate, chunk_size, io_dtype)["local_dtype"],
-                    intermediate=intermediate,
-                )  # fmt: skip
-            )
-    if variant == "split":
-        local = split_plan(heads, groups, dim, dstate, chunk_size, io_dtype)["local_dtype"]
-        keys.insert(
-            0,
-            _chunk_key(
-                H=heads,
-                G=groups,
-                P=dim,
-                N=dstate,
-                L=chunk_size,
-                io=io,
-                dt=_DT[dt_dtype],
-                dtb="float32",
-                D="float32",
-                D_per_dim=False,
-                cu="int32",
-                softplus=True,
-                lo=0.0,
-                hi=math.inf,
-                has_dtb=True,
-                has_D=True,
-                local=local,
-            ),  # fmt: skip
-        )
-        keys.append(_out_key(H=heads, G=groups, P=dim, N=dstate, L=chunk_size, io=io, cu="int32"))
+    keys = [
+        _fused_key(
+            H=heads,
+            G=groups,
+            P=dim,
+            N=dstate,
+            L=chunk_size,
+            io=io,
+            state=state,
+            init=state,
+            dt=_DT[dt_dtype],
+            dtb="float32",
+            D="float32",
+            D_per_dim=False,
+            cu="int32",
+            sq="int32",
+            softplus=True,
+            lo=0.0,
+            hi=math.inf,
+            has_dtb=True,
+            has_D=True,
+            intermediate=intermediate,
+        )  # fmt: skip
+        for intermediate in (False, True)
+    ]
     return keys, [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
 
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, block_M=None,
-            target=None, variant=None):  # fmt: skip
-    """Compile every SSD kernel of one configuration for ``variant`` (default: the selected one; ``block_M``
-    is accepted for API stability, the tile sizes come from :func:`plan` / :func:`split_plan`). With ``target``
+            target=None):  # fmt: skip
+    """Compile every SSD kernel of one configuration (``block_M`` is accepted for API stability, the tile sizes
+    come from :func:`plan`). With ``target``
     (e.g. ``{"kind": "cuda", "arch": "sm_90a"}``) and no device, compile only. Returns the compiled keys."""
     plan(dim, dstate, chunk_size, io_dtype)
     fkeys, rkeys = prewarm_keys(
         heads=heads, groups=groups, dim=dim, dstate=dstate, chunk_size=chunk_size, io_dtype=io_dtype,
-        state_dtype=state_dtype, dt_dtype=dt_dtype, variant=variant,
+        state_dtype=state_dtype, dt_dtype=dt_dtype,
     )  # fmt: skip
     done = []
     for key in fkeys + rkeys:
@@ -602,46 +398,14 @@ def compile_grid() -> list[CompileItem]:
             f"{' D[H,P]' if dpd else ''} tile L{tiles['block_L']}xP{tiles['block_P']}"
         )
         items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key), pass_configs=dict(PASS_CONFIGS)))
-    # The split variant: every kernel of the headline config, then the chunk and output kernels of the
-    # shapes that change their tiling (64-token tiles at N 256, two P blocks at P 128, fp16 io and D [H, P]).
-    split_grid = [
-        # (H, G, P, N, L, io, state, D_per_dim, which)
-        (128, 8, 64, 128, 256, "bfloat16", "float32", False, ("chunk", "pass", "pass-intermediate", "out")),
-        (80, 1, 64, 128, 256, "float16", "bfloat16", True, ("chunk",)),
-        (24, 1, 128, 256, 256, "bfloat16", "float32", False, ("chunk", "out")),
-    ]
-    for H, G, P, N, L, io, state, dpd, which in split_grid:
-        sp = split_plan(H, G, P, N, L, getattr(torch, io))
-        tag = f"H{H} G{G} P{P} N{N} chunk{L} io={io} tile L{sp['block_L']} heads/CTA {sp['heads_per_cta']}"
-        for w in which:
-            if w == "chunk":
-                key = _chunk_key(
-                    H=H, G=G, P=P, N=N, L=L, io=io, dt="float32", dtb="float32", D="float32", D_per_dim=dpd,
-                    cu="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True, has_D=True,
-                    local=sp["local_dtype"],
-                )  # fmt: skip
-            elif w.startswith("pass"):
-                key = _pass_key(H=H, G=G, P=P, N=N, L=L, io=io, local=sp["local_dtype"], state=state, init=state,
-                                sq="int32", intermediate=w.endswith("intermediate"))  # fmt: skip
-            else:
-                key = _out_key(H=H, G=G, P=P, N=N, L=L, io=io, cu="int32")
-            label = f"split {w} {tag}{' D[H,P]' if dpd and w == 'chunk' else ''}"
-            items.append(
-                CompileItem(family="ssd", label=label, build=builder_for(key), pass_configs=dict(PASS_CONFIGS))
-            )
     return items
 
 
 __all__ = [
     "ssd_combined_fwd_varlen",
     "kernel_keys",
-    "split_kernel_keys",
-    "variant_keys",
-    "selected_variant",
-    "use_variant",
-    "split_plan",
+    "call_keys",
     "builder_for",
-    "VARIANTS",
     "precompile",
     "prewarm",
     "prewarm_keys",

@@ -1,8 +1,7 @@
 """``mate bench ssd``: SSD varlen prefill, MATE (TileLang) vs vLLM 0.33's Triton ``mamba_chunk_scan_combined_varlen``.
 
-MATE runs once per launcher variant named by ``--variants`` (``fused``, ``split``: rows ``mate-fused``,
-``mate-split``). All run in the same process on the same inputs, each call captured in a CUDA graph (one call
-per window of disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per
+Both run in the same process on the same inputs, each call captured in a CUDA graph (one call per window of
+disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per
 shape and chunk size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak
 ~790 TFLOP/s; the device copy bandwidth measured in the same run), and MATE's speed-up over vLLM.
 
@@ -88,19 +87,17 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
     )
 
 
-def mate_fn(w, L, variant="fused"):
-    from .._tilelang.ssd import use_variant
+def mate_fn(w, L):
     from ..mamba import ssd_combined_fwd_varlen
 
     m = w["meta"]
 
     def fn():
-        with use_variant(variant):
-            return ssd_combined_fwd_varlen(
-                w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
-                m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
-                initial_states=w["init"], state_dtype=torch.float32, backend="tilelang",
-            )  # fmt: skip
+        return ssd_combined_fwd_varlen(
+            w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
+            m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
+            initial_states=w["init"], state_dtype=torch.float32, backend="tilelang",
+        )  # fmt: skip
 
     return fn
 
@@ -120,10 +117,10 @@ def vllm_fn(w, L):
     return fn
 
 
-def check_agreement(s, seqlens, L, dev, variant="fused") -> float:
-    """Relative difference of MATE's (one variant) and vLLM's outputs and final states on one window."""
+def check_agreement(s, seqlens, L, dev) -> float:
+    """Relative difference of MATE's and vLLM's outputs and final states on one window."""
     w = make_window(s, seqlens, L, 1234, dev)
-    st_m = mate_fn(w, L, variant)()
+    st_m = mate_fn(w, L)()
     out_m = w["out"].float().clone()
     st_v = vllm_fn(w, L)()
     out_v = w["out"].float()
@@ -171,11 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
     ap.add_argument("--name", default="ssd")
     ap.add_argument("--impls", default="mate,vllm")
-    ap.add_argument(
-        "--variants",
-        default=None,
-        help="MATE launcher variants to measure, e.g. fused,split (default: the selected one)",
-    )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
@@ -184,15 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print("mate bench ssd: needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
-    from .._tilelang.ssd import VARIANTS, selected_variant
-
-    variants = [v for v in (args.variants or selected_variant()).split(",") if v]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad:
-        raise ValueError(f"--variants: expected a comma list of {', '.join(VARIANTS)}; got {args.variants!r}")
-    impls = []
-    for i in (i for i in args.impls.split(",") if i):
-        impls.extend([f"mate-{v}" for v in variants] if i == "mate" else [i])
+    impls = [i for i in args.impls.split(",") if i]
     ceiling = copy_ceiling_tbps(dev)
     print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
 
@@ -227,15 +211,14 @@ def main(argv: list[str] | None = None) -> int:
                 wins = [make_window(s, seqlens, L, 17 + i, dev) for i in range(nwin)]
                 base = {}
                 agree = {}
-                if "vllm" in impls:
-                    for impl in (i for i in impls if i.startswith("mate-")):
-                        try:
-                            agree[impl] = check_agreement(s, seqlens, L, dev, impl.removeprefix("mate-"))
-                        except Exception as exc:  # report, keep measuring
-                            print(f"{impl} agreement check failed: {type(exc).__name__}: {exc}", flush=True)
+                if "vllm" in impls and "mate" in impls:
+                    try:
+                        agree["mate"] = check_agreement(s, seqlens, L, dev)
+                    except Exception as exc:  # report, keep measuring
+                        print(f"mate agreement check failed: {type(exc).__name__}: {exc}", flush=True)
                 for impl in impls:
-                    if impl.startswith("mate-"):
-                        fns = [mate_fn(w, L, impl.removeprefix("mate-")) for w in wins]
+                    if impl == "mate":
+                        fns = [mate_fn(w, L) for w in wins]
                     else:
                         fns = [vllm_fn(w, L) for w in wins]
                     try:
@@ -257,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(row, flush=True)
                 if "vllm" in base:
                     for r in rows[-len(base) :]:
-                        if r["impl"].startswith("mate-"):
+                        if r["impl"] == "mate":
                             r["speedup_vs_vllm"] = round(base["vllm"] / base[r["impl"]], 2)
                 del wins
                 torch.cuda.empty_cache()
