@@ -37,7 +37,7 @@ def main(argv=None) -> int:
                  "seq_idx"]  # fmt: skip
         pos = [kw.pop(n) for n in names]
         call = normalize_ssd(*pos, **kw)
-        keys.extend(tl_ssd.call_keys(call))
+        keys.extend(tl_ssd.kernel_keys(call))
     if not args.only_tests:
         from mate.bench.ssd import PLAN, SSD_SHAPES
 

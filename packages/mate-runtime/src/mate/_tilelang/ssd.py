@@ -192,11 +192,6 @@ def kernel_keys(call: SSDCall) -> tuple[tuple, tuple]:
     return key, rkey
 
 
-def call_keys(call: SSDCall) -> list[tuple]:
-    """Every kernel key a call launches (fused and runs kernels; CPU tensors work)."""
-    return list(kernel_keys(call))
-
-
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     H, G, P, N, L = call.heads, call.groups, call.dim, call.dstate, call.chunk_size
     plan(P, N, L, call.x.dtype)
@@ -404,7 +399,6 @@ def compile_grid() -> list[CompileItem]:
 __all__ = [
     "ssd_combined_fwd_varlen",
     "kernel_keys",
-    "call_keys",
     "builder_for",
     "precompile",
     "prewarm",

@@ -145,6 +145,7 @@ def _vector_access(vec: int, state, B, C, ibuf) -> tuple[bool, bool]:
 #                               (0: no cap)
 #   MATE_SSU_BF16_CHUNKS=c      16-byte state chunks per thread
 #   MATE_SSU_BF16_PACKED_MIN_BLOCKS=n  the same register cap for the packed kernel
+TWO_BYTE_STATES = (torch.bfloat16, torch.float16)  # the state dtypes these options shape
 BF16_ENV = ("MATE_SSU_BF16_PACK", "MATE_SSU_BF16_MIN_BLOCKS", "MATE_SSU_BF16_CHUNKS", "MATE_SSU_BF16_PACKED_MIN_BLOCKS")
 BF16_DEFAULTS = {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 4}
 
@@ -205,7 +206,7 @@ def set_bf16_options(opts: dict | None) -> str:
 
 def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
          vstate, vio):  # fmt: skip
-    tag = _TAG_2B if state_dt in (torch.bfloat16, torch.float16) else "ssu"
+    tag = _TAG_2B if state_dt in TWO_BYTE_STATES else "ssu"
     return (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
             tied, vstate, vio)  # fmt: skip
 
@@ -214,7 +215,7 @@ def _builder(key):
     (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
      vio) = key  # fmt: skip
     # the options shape 2-byte-state kernels only; fp32 states keep the factory's defaults
-    opts = _tag_options(tag) if state_dt in (torch.bfloat16, torch.float16) else {}
+    opts = _tag_options(tag) if state_dt in TWO_BYTE_STATES else {}
 
     def build():
         extra = {}
