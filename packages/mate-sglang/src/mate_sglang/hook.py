@@ -120,10 +120,9 @@ def make_backend_class(base):
 
 
 def _requested_names() -> list[str]:
-    raw = os.environ.get(ENV_SSU, "triton,flashinfer").strip().lower()
-    if raw in ("", "none", "off", "0"):
-        return []
-    return [n.strip() for n in raw.split(",") if n.strip()]
+    from mate._import_hooks import env_names  # imported on use: module import stays stdlib-only
+
+    return env_names(ENV_SSU, "triton,flashinfer")
 
 
 def _patch_ssu_dispatch(sd) -> None:
