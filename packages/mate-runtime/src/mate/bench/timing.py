@@ -9,6 +9,7 @@ kernels are compared against. ``host_time_us`` is the eager host time of one cal
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +33,18 @@ def _device(device) -> torch.device:
     return torch.device(device)
 
 
+def _device_ms(mod, fn: Callable[[], object], times: int) -> float:
+    """Device time in ms of ``times`` back-to-back calls of ``fn`` on the current stream (device events)."""
+    start = mod.Event(enable_timing=True)
+    end = mod.Event(enable_timing=True)
+    start.record()
+    for _ in range(times):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def graph_time_us(fn_per_window: list[Callable[[], object]], replays: int = 20, repeats: int = 5, device=None) -> float:
     """Median time per call in µs of graph-replaying one call per window (see the module docstring)."""
     dev = _device(device)
@@ -45,16 +58,7 @@ def graph_time_us(fn_per_window: list[Callable[[], object]], replays: int = 20, 
             fn()
     graph.replay()
     mod.synchronize()
-    per_call = []
-    for _ in range(repeats):
-        start = mod.Event(enable_timing=True)
-        end = mod.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / (replays * len(fn_per_window)))
+    per_call = [_device_ms(mod, graph.replay, replays) * 1e3 / (replays * len(fn_per_window)) for _ in range(repeats)]
     del graph
     return statistics.median(per_call)
 
@@ -67,18 +71,8 @@ def copy_ceiling_tbps(device=None, nbytes: int = 1 << 30, repeats: int = 5) -> f
     dst = torch.empty_like(src)
     dst.copy_(src)
     mod.synchronize()
-    best = []
-    for _ in range(repeats):
-        start = mod.Event(enable_timing=True)
-        end = mod.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best.append(2 * nbytes * 5 / (start.elapsed_time(end) * 1e-3) / 1e12)
-    del src, dst
-    return statistics.median(best)
+    copy = functools.partial(dst.copy_, src)
+    return statistics.median(2 * nbytes * 5 / (_device_ms(mod, copy, 5) * 1e-3) / 1e12 for _ in range(repeats))
 
 
 def host_time_us(fn: Callable[[], object], iters: int = 200, device=None) -> float:
