@@ -8,7 +8,7 @@ import torch
 
 from .._backends import resolve_backend
 from .._errors import bad_arg
-from ._ssd_call import SSD_CHUNK_SIZES, SSDCall, normalize_ssd
+from ._ssd_call import SSD_CHUNK_SIZES, SSDCall
 from ._ssu_call import IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
 
 
@@ -60,44 +60,18 @@ def ssd_combined_fwd_varlen(
     N]`` and ``final_state_indices [batch]`` the final states are written into the pool and None is
     returned. ``checkpoint_*`` raise ``NotImplementedError``.
     """
-    if torch.compiler.is_compiling():  # traced: the mate::ssd_combined_fwd_varlen custom op (mate/_ops.py)
-        from .._ops import ssd_compiled
+    # one entry with the adapters: eager normalises and runs (run_ssd below), tracing emits the
+    # mate::ssd_combined_fwd_varlen custom op (mate/_ops.py)
+    from .._ops import ssd_combined_fwd_varlen as entry
 
-        return ssd_compiled(
-            x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
-            dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-            return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
-            checkpoint_token_indices=checkpoint_token_indices, checkpoint_state_slots=checkpoint_state_slots,
-            checkpoint_states=checkpoint_states, final_states_out=final_states_out,
-            final_state_indices=final_state_indices, backend=backend,
-        )  # fmt: skip
-    call = normalize_ssd(
-        x,
-        dt,
-        A,
-        B,
-        C,
-        chunk_size,
-        cu_seqlens,
-        cu_chunk_seqlens,
-        last_chunk_indices,
-        seq_idx,
-        out,
-        D,
-        z,
-        dt_bias,
-        dt_softplus=dt_softplus,
-        dt_limit=dt_limit,
-        initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states,
-        state_dtype=state_dtype,
-        checkpoint_token_indices=checkpoint_token_indices,
-        checkpoint_state_slots=checkpoint_state_slots,
-        checkpoint_states=checkpoint_states,
-        final_states_out=final_states_out,
-        final_state_indices=final_state_indices,
-    )
-    return run_ssd(call, backend)
+    return entry(
+        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
+        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
+        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
+        checkpoint_token_indices=checkpoint_token_indices, checkpoint_state_slots=checkpoint_state_slots,
+        checkpoint_states=checkpoint_states, final_states_out=final_states_out,
+        final_state_indices=final_state_indices, backend=backend,
+    )  # fmt: skip
 
 
 def run_ssd(call: SSDCall, backend: str = "auto") -> torch.Tensor | None:
