@@ -15,20 +15,11 @@
 # Everything goes under $OUT (default ./ssd-session-out); only 8 files come back from the device machine, so
 # the last step packs everything into $OUT/ssd-session.tgz.
 OUT="${OUT:-$PWD/ssd-session-out}"
-mkdir -p "$OUT"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(precompile tests profile quick bench)
-if [ -f .gpu/setup.sh ]; then
-    # sourced in this shell (not in a pipeline: its exports must stay)
-    # shellcheck disable=SC1091
-    source .gpu/setup.sh --peers >"$OUT/setup.log" 2>&1
-    cat "$OUT/setup.log"
-fi
-export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}"
-JOBS="${JOBS:-$(nproc)}"
 G=packages/mate-runtime/tests/gpu
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$OUT/session.log"; }
+# shellcheck source=session_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/session_common.sh"
 
 for stage in "${stages[@]}"; do
     case "$stage" in
@@ -59,7 +50,7 @@ for stage in "${stages[@]}"; do
         stamp "bench quick rc=$?"
         ;;
     bench)
-        left=$((${BUDGET:-570} - ($(date +%s) - t0)))
+        left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
         timeout "$left" python3 -m mate.bench.ssd --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1

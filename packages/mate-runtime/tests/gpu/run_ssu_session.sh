@@ -20,19 +20,10 @@
 #                 the peers, written as ssu-bf16-ab.{md,json,png}
 # Everything goes under $OUT (default ./ssu-session-out).
 OUT="${OUT:-$PWD/ssu-session-out}"
-mkdir -p "$OUT"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(precompile tests adapters demo bench)
-if [ -f .gpu/setup.sh ]; then
-    # sourced in this shell (not in a pipeline: its exports must stay)
-    # shellcheck disable=SC1091
-    source .gpu/setup.sh --peers >"$OUT/setup.log" 2>&1
-    cat "$OUT/setup.log"
-fi
-export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}"
-JOBS="${JOBS:-$(nproc)}"
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$OUT/session.log"; }
+# shellcheck source=session_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/session_common.sh"
 gpu_pytest() {  # name, time limit, test paths...
     local name=$1 limit=$2
     shift 2
@@ -67,14 +58,14 @@ for stage in "${stages[@]}"; do
         stamp "demo rc=$? $(tail -1 "$OUT/demo.log")"
         ;;
     bench)
-        left=$((${BUDGET:-570} - ($(date +%s) - t0)))
+        left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
         timeout "$left" python3 -m mate.bench.ssu --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     bench-bf16)
-        left=$((${BUDGET:-570} - ($(date +%s) - t0)))
+        left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench-bf16 skipped: ${left}s left"; continue; }
         stamp "bench-bf16 (${left}s)"
         timeout "$left" python3 -m mate.bench.ssu --quick --state bf16 --out "$OUT" --name ssu-bf16-ab \
