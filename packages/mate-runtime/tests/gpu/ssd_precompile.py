@@ -37,18 +37,20 @@ def main(argv=None) -> int:
                  "seq_idx"]  # fmt: skip
         pos = [kw.pop(n) for n in names]
         call = normalize_ssd(*pos, **kw)
-        keys.extend(tl_ssd.kernel_keys(call))
+        for kind in tl_ssd.VARIANTS:
+            keys.extend(tl_ssd.kernel_keys(call, kind))
     if not args.only_tests:
         from mate.bench.ssd import PLAN, SSD_SHAPES
 
         for shape_name, _b, chunks in PLAN:
             s = SSD_SHAPES[shape_name]
             for L in chunks:
-                fk, rk = tl_ssd.prewarm_keys(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate,
-                                             chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
-                                             dt_dtype=torch.float32)  # fmt: skip
-                # the benchmark returns final states: no intermediate-state kernels
-                keys.extend([k for k in fk if k[-1] is not True] + [rk[0]])
+                for kind in tl_ssd.VARIANTS:
+                    fk, rk = tl_ssd.prewarm_keys(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate,
+                                                 chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
+                                                 dt_dtype=torch.float32, kind=kind)  # fmt: skip
+                    # the benchmark returns final states: no intermediate-state kernels
+                    keys.extend([k for k in fk if k[-1] is not True] + [rk[0]])
     keys = list(dict.fromkeys(keys))
     print(f"{len(keys)} kernels", flush=True)
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))

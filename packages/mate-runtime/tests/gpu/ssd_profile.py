@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         shape, batch, L = item.split(":")
         s, L = SSD_SHAPES[shape], int(L)
         w = make_window(s, BATCHES[batch], L, 7, dev)
-        impls = [("mate", mate_fn(w, L))]
+        impls = [(f"mate-{kind}", mate_fn(w, L, kind)) for kind in ("fused", "chained")]
         try:
             impls.append(("vllm", vllm_fn(w, L)))
         except ImportError:

@@ -3,8 +3,10 @@
 Two launches:
     1. ``ssd_runs_kernel`` derives, on the GPU, the chunk range of each CTA row (runs of chunks with one
        ``seq_idx``) and the chunk -> state-row map of the returned/pool states;
-    2. ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers and
-       writes ``out`` and the requested chunk-end states.
+    2. the prefill kernel, one of two designs (``MATE_SSD_KERNEL``, see :func:`variant`):
+       ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers;
+       ``ssd_chained_kernel`` runs one CTA per (tile, head, P-block) and chains the tiles' states through a
+       ring in the workspace (its sync words are zeroed by a memset first, which a graph captures too).
 
 Scratch (the run bounds, the state-row map, staging copies of inputs the kernels cannot read in place)
 comes from the workspace cache, so a steady-state call allocates only the returned state tensor. Nothing is
@@ -13,6 +15,7 @@ read back to the host: the call captures into a CUDA graph once its kernels are 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -43,10 +46,48 @@ def _kmod():
     return kmod
 
 
-def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
-    """Tile choice for one shape: block_P, block_L, threads, scores placement, pipeline depth.
+KERNEL_ENV = "MATE_SSD_KERNEL"
+VARIANTS = ("fused", "chained")
+DEFAULT_VARIANT = "fused"
+CHAINED_RING = 4  # ring slots per (head, P-block): only the tiles in flight need one
 
-    Raises NotImplementedError naming the capability when the fused kernel cannot serve the shape."""
+
+_override: list[str] = []  # set by ``using`` (tests and the benchmark compare the variants in one process)
+
+
+def variant() -> str:
+    """The prefill kernel design: ``MATE_SSD_KERNEL`` = ``fused`` (default: one CTA walks a run's chunks in
+    order) or ``chained`` (one CTA per tile, states chained through a ring; every SM busy on one sequence)."""
+    if _override:
+        return _override[-1]
+    name = os.environ.get(KERNEL_ENV, "").strip().lower() or DEFAULT_VARIANT
+    if name not in VARIANTS:
+        raise ValueError(f"{KERNEL_ENV}={name!r}: expected one of {', '.join(VARIANTS)}")
+    return name
+
+
+@contextlib.contextmanager
+def using(kind: str):
+    """Run the enclosed calls (and graph captures) with the prefill kernel ``kind``, whatever the environment."""
+    if kind not in VARIANTS:
+        raise ValueError(f"kind={kind!r}: expected one of {', '.join(VARIANTS)}")
+    _override.append(kind)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+def spin_errors(*, heads: int, groups: int, dim: int, dstate: int, chunk_size: int, device) -> int:
+    """How many bounded spins of the last chained call of this shape gave up (0 when the chain was intact).
+    Reads the count back to the host: for tests, never on a serving path."""
+    tiles = plan_chained(dim, dstate, chunk_size, torch.bfloat16)
+    sync = chained_sync(("ssd", heads, groups, dim, dstate), heads, dim, tiles, device)
+    return int(sync[_kmod().SYNC_ERRORS].item())
+
+
+def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> None:
+    """Raise NotImplementedError naming the capability when no TileLang SSD kernel can serve the shape."""
     if io_dtype == torch.float32:
         raise NotImplementedError(
             "float32 x/B/C in the TileLang SSD prefill (its tensor-core path takes bf16/fp16 operands) is not "
@@ -69,6 +110,12 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
             f"dim={dim} in the TileLang SSD prefill (a multiple of 64) is not supported by MATE yet; "
             "use backend='torch'"
         )
+
+
+def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
+    """Tile choice of the fused kernel for one shape: block_P, block_L, threads, scores placement, pipeline
+    depth. Raises NotImplementedError naming the capability when the kernel cannot serve the shape."""
+    _check_supported(dim, dstate, chunk_size, io_dtype)
     block_P = 64
     kmod = _kmod()
     forced = int(os.environ.get("MATE_SSD_BLOCK_L", "0"))  # tuning knob: force 64- or 128-token tiles
@@ -84,19 +131,41 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
     raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the fused kernel's shared memory")
 
 
+CHAINED_SMEM_LIMIT = 113 * 1024  # two CTAs per SM share its 228 KiB
+
+
+def plan_chained(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
+    """Tile choice of the chained kernel: the largest block_L (128, else 64) whose tiles let two CTAs share an
+    SM (the other CTA hides this one's latency). Same NotImplementedError cases as :func:`plan`."""
+    _check_supported(dim, dstate, chunk_size, io_dtype)
+    kmod = _kmod()
+    forced = int(os.environ.get("MATE_SSD_BLOCK_L", "0"))
+    for block_L in (forced,) if forced in (64, 128) else (128, 64):
+        if chunk_size % block_L:
+            continue
+        shared = block_L < 128
+        smem = kmod.chained_smem_bytes(dim_block=64, dstate=dstate, block_L=block_L, io_bytes=2, scores_in_shared=shared)
+        if smem <= CHAINED_SMEM_LIMIT:
+            return dict(block_P=64, block_L=block_L, threads=256, ring=CHAINED_RING, min_blocks=2,
+                        scores_in_shared=shared)  # fmt: skip
+    raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the chained kernel's shared memory")
+
+
 def _fused_key(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
-               intermediate):  # fmt: skip
-    return ("ssd_fused", H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb,
+               intermediate, kind="ssd_fused"):  # fmt: skip
+    return (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb,
             has_D, intermediate)  # fmt: skip
 
 
 def _fused_builder(key):
-    (_, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
+    (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
      intermediate) = key  # fmt: skip
-    tiles = plan(P, N, L, getattr(torch, io))
+    chained = kind == "ssd_chained"
+    tiles = (plan_chained if chained else plan)(P, N, L, getattr(torch, io))
+    factory = "ssd_chained_kernel" if chained else "ssd_fused_kernel"
 
     def build():
-        return _kmod().ssd_fused_kernel(
+        return getattr(_kmod(), factory)(
             heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
             dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
             dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
@@ -123,6 +192,7 @@ def builder_for(key):
     """The build function of any SSD kernel key."""
     return {
         "ssd_fused": _fused_builder,
+        "ssd_chained": _fused_builder,
         "ssd_runs": _runs_builder,
     }[key[0]](key)
 
@@ -170,8 +240,10 @@ def _vec1(t: torch.Tensor, skey, name) -> torch.Tensor:
     return t if t.is_contiguous() else _stage(skey, name, t)
 
 
-def kernel_keys(call: SSDCall) -> tuple[tuple, tuple]:
-    """The (fused, runs) kernel keys of a call (works on CPU tensors too: the precompile scripts use it)."""
+def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, tuple]:
+    """The (prefill, runs) kernel keys of a call for the variant ``kind`` (default: :func:`variant`). Works on
+    CPU tensors too: the precompile scripts use it."""
+    kind = kind or variant()
     use_fsi = call.final_state_indices is not None
     if call.return_intermediate_states or not use_fsi:
         state_dt = call.state_dtype
@@ -186,7 +258,7 @@ def kernel_keys(call: SSDCall) -> tuple[tuple, tuple]:
         D=_DT[call.D.dtype] if call.D is not None else "float32", D_per_dim=not call.D_tied,
         cu=_DT[call.cu_chunk_seqlens.dtype], sq=_DT[call.seq_idx.dtype], softplus=call.dt_softplus,
         lo=float(call.dt_limit[0]), hi=float(call.dt_limit[1]), has_dtb=call.dt_bias is not None,
-        has_D=call.D is not None, intermediate=call.return_intermediate_states,
+        has_D=call.D is not None, intermediate=call.return_intermediate_states, kind=f"ssd_{kind}",
     )  # fmt: skip
     rkey = _runs_key(_DT[call.seq_idx.dtype], _DT[call.last_chunk_indices.dtype], _DT[fsi_dt], use_fsi)
     return key, rkey
@@ -194,7 +266,8 @@ def kernel_keys(call: SSDCall) -> tuple[tuple, tuple]:
 
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     H, G, P, N, L = call.heads, call.groups, call.dim, call.dstate, call.chunk_size
-    plan(P, N, L, call.x.dtype)
+    kind = variant()
+    tiles = (plan_chained if kind == "chained" else plan)(P, N, L, call.x.dtype)
     dev = call.x.device
     batch, nchunks = call.batch, call.nchunks
     if batch > MAX_SEQUENCES:
@@ -218,9 +291,9 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     seq_idx = _vec1(call.seq_idx, skey, "seq_idx")
     last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
-    key, rkey = kernel_keys(call)
+    key, rkey = kernel_keys(call, kind)
     runs = _get(rkey, _runs_builder, dev)
-    fused = _get(key, _fused_builder, dev)
+    kernel = _get(key, _fused_builder, dev)
     D_per_dim = not call.D_tied
     init_dt = key[8]
 
@@ -266,7 +339,13 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
     dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
     runs(seq_idx, last, fsi, bounds, dest)
-    fused(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, flags)
+    if kind == "chained":
+        ring = WORKSPACE.get(skey, "ring", (tiles["ring"], H, N, P), torch.float32, dev)
+        sync = chained_sync(skey, H, P, tiles, dev)
+        sync.zero_()  # tickets, flags, marks and the spin-error count start from zero every call
+        kernel(x, dt, A, B, C, cu, seq_idx, dest, dt_bias, D, z, init, out, st, ring, sync, flags)
+    else:
+        kernel(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, flags)
     if out is not call.out:
         call.out.copy_(out)
     if staged_states:
@@ -274,14 +353,21 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     return None if use_fsi else states
 
 
+def chained_sync(skey, H: int, P: int, tiles: dict, dev) -> torch.Tensor:
+    """The chained kernel's int32 sync words of one shape key (tests read ``[SYNC_ERRORS]`` after a call)."""
+    words = _kmod().chained_sync_words(heads=H, dim=P, block_P=tiles["block_P"], ring=tiles["ring"])
+    return WORKSPACE.get(skey, "sync", (words,), torch.int32, dev)
+
+
 def _torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype):
+def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, kind=None):
     """The kernels a served model uses: vLLM's flags (dt_softplus, dt_bias, per-head D, default dt_limit, int32
-    tables), returning final states and intermediate states, init in the state dtype. Returns (fused kernel
-    keys, runs kernel keys)."""
+    tables), returning final states and intermediate states, init in the state dtype, for the variant ``kind``
+    (default: :func:`variant`). Returns (prefill kernel keys, runs kernel keys)."""
+    kind = kind or variant()
     io, state = _DT[io_dtype], _DT[state_dtype]
     keys = [
         _fused_key(
@@ -305,6 +391,7 @@ def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtyp
             has_dtb=True,
             has_D=True,
             intermediate=intermediate,
+            kind=f"ssd_{kind}",
         )  # fmt: skip
         for intermediate in (False, True)
     ]
@@ -313,10 +400,10 @@ def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtyp
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, block_M=None,
             target=None):  # fmt: skip
-    """Compile every SSD kernel of one configuration (``block_M`` is accepted for API stability, the tile sizes
-    come from :func:`plan`). With ``target``
+    """Compile every SSD kernel of one configuration, for the variant in force (``block_M`` is accepted for API
+    stability, the tile sizes come from :func:`plan` / :func:`plan_chained`). With ``target``
     (e.g. ``{"kind": "cuda", "arch": "sm_90a"}``) and no device, compile only. Returns the compiled keys."""
-    plan(dim, dstate, chunk_size, io_dtype)
+    (plan_chained if variant() == "chained" else plan)(dim, dstate, chunk_size, io_dtype)
     fkeys, rkeys = prewarm_keys(
         heads=heads, groups=groups, dim=dim, dstate=dstate, chunk_size=chunk_size, io_dtype=io_dtype,
         state_dtype=state_dtype, dt_dtype=dt_dtype,
@@ -381,15 +468,26 @@ def compile_grid() -> list[CompileItem]:
     items = [
         CompileItem(family="ssd", label="runs int32", build=_runs_builder(_runs_key("int32", "int32", "int32", True)))
     ]
-    for H, G, P, N, L, io, state, inter, dpd in grid:
+    chained_grid = [
+        (128, 8, 64, 128, 256, "bfloat16", "float32", False, False),
+        (24, 1, 128, 256, 256, "float16", "bfloat16", True, True),
+    ]
+    for kind, rows in (("fused", grid), ("chained", chained_grid)):
+        items.extend(_compile_items(kind, rows))
+    return items
+
+
+def _compile_items(kind: str, rows) -> list[CompileItem]:
+    items = []
+    for H, G, P, N, L, io, state, inter, dpd in rows:
         key = _fused_key(
             H=H, G=G, P=P, N=N, L=L, io=io, state=state, init=state, dt="float32", dtb="float32", D="float32",
             D_per_dim=dpd, cu="int32", sq="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True, has_D=True,
-            intermediate=inter,
+            intermediate=inter, kind=f"ssd_{kind}",
         )  # fmt: skip
-        tiles = plan(P, N, L, getattr(torch, io))
+        tiles = (plan_chained if kind == "chained" else plan)(P, N, L, getattr(torch, io))
         label = (
-            f"fused H{H} G{G} P{P} N{N} chunk{L} io={io} state={state}{' intermediate' if inter else ''}"
+            f"{kind} H{H} G{G} P{P} N{N} chunk{L} io={io} state={state}{' intermediate' if inter else ''}"
             f"{' D[H,P]' if dpd else ''} tile L{tiles['block_L']}xP{tiles['block_P']}"
         )
         items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key), pass_configs=dict(PASS_CONFIGS)))
@@ -405,5 +503,10 @@ __all__ = [
     "prewarm_keys",
     "compile_grid",
     "plan",
+    "plan_chained",
+    "variant",
+    "using",
+    "spin_errors",
+    "chained_sync",
     "PASS_CONFIGS",
 ]

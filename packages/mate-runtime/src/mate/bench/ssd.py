@@ -87,19 +87,29 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
     )
 
 
-def mate_fn(w, L):
+def mate_fn(w, L, kind: str | None = None):
+    """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``fused`` / ``chained``)."""
+    import contextlib
+
+    from .._tilelang import ssd as tl_ssd
     from ..mamba import ssd_combined_fwd_varlen
 
     m = w["meta"]
 
     def fn():
-        return ssd_combined_fwd_varlen(
-            w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
-            m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
-            initial_states=w["init"], state_dtype=torch.float32, backend="tilelang",
-        )  # fmt: skip
+        with tl_ssd.using(kind) if kind else contextlib.nullcontext():
+            return ssd_combined_fwd_varlen(
+                w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
+                m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
+                initial_states=w["init"], state_dtype=torch.float32, backend="tilelang",
+            )  # fmt: skip
 
     return fn
+
+
+def mate_kind(impl: str) -> str | None:
+    """``mate`` -> the design in force; ``mate-fused`` / ``mate-chained`` -> that design."""
+    return impl.split("-", 1)[1] if impl.startswith("mate-") else None
 
 
 def vllm_fn(w, L):
@@ -117,10 +127,10 @@ def vllm_fn(w, L):
     return fn
 
 
-def check_agreement(s, seqlens, L, dev) -> float:
+def check_agreement(s, seqlens, L, dev, kind: str | None = None) -> float:
     """Relative difference of MATE's and vLLM's outputs and final states on one window."""
     w = make_window(s, seqlens, L, 1234, dev)
-    st_m = mate_fn(w, L)()
+    st_m = mate_fn(w, L, kind)()
     out_m = w["out"].float().clone()
     st_v = vllm_fn(w, L)()
     out_v = w["out"].float()
@@ -167,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mate bench ssd", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
     ap.add_argument("--name", default="ssd")
-    ap.add_argument("--impls", default="mate,vllm")
+    ap.add_argument("--impls", default="mate,vllm", help="mate (the design in force), mate-fused, mate-chained, vllm")
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
@@ -211,14 +221,15 @@ def main(argv: list[str] | None = None) -> int:
                 wins = [make_window(s, seqlens, L, 17 + i, dev) for i in range(nwin)]
                 base = {}
                 agree = {}
-                if "vllm" in impls and "mate" in impls:
-                    try:
-                        agree["mate"] = check_agreement(s, seqlens, L, dev)
-                    except Exception as exc:  # report, keep measuring
-                        print(f"mate agreement check failed: {type(exc).__name__}: {exc}", flush=True)
                 for impl in impls:
-                    if impl == "mate":
-                        fns = [mate_fn(w, L) for w in wins]
+                    if "vllm" in impls and impl.startswith("mate"):
+                        try:
+                            agree[impl] = check_agreement(s, seqlens, L, dev, mate_kind(impl))
+                        except Exception as exc:  # report, keep measuring
+                            print(f"{impl} agreement check failed: {type(exc).__name__}: {exc}", flush=True)
+                for impl in impls:
+                    if impl.startswith("mate"):
+                        fns = [mate_fn(w, L, mate_kind(impl)) for w in wins]
                     else:
                         fns = [vllm_fn(w, L) for w in wins]
                     try:
@@ -240,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(row, flush=True)
                 if "vllm" in base:
                     for r in rows[-len(base) :]:
-                        if r["impl"] == "mate":
+                        if r["impl"].startswith("mate"):
                             r["speedup_vs_vllm"] = round(base["vllm"] / base[r["impl"]], 2)
                 del wins
                 torch.cuda.empty_cache()
