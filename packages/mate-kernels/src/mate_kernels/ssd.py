@@ -415,7 +415,7 @@ def ssd_chained_kernel(
     threads: int = 256,
     ring: int = 8,
     min_blocks: int = 2,
-    spin_limit: int = 1 << 22,
+    spin_limit: int = 1 << 16,
     scores_in_shared: bool = False,
 ):
     """The chunk-parallel SSD prefill kernel: one CTA per (tile, head, P-block), tiles chained through a ring of
