@@ -556,11 +556,13 @@ def ssd_chained_kernel(
             )
             sq = T.Cast("int32", seq_idx[c])
 
-            # The tiles land by TMA while the threads work out dt' and its cumsum.
+            # The tiles land by TMA while the threads work out dt' and its cumsum. tma_copy elects its issuing
+            # thread with a full-warp elect.sync, so it must be reached by whole warps (never inside
+            # ``if tx == 0``); the elected thread is thread 0, which then arrives once on the barrier.
+            T.tma_copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s, barrier=bar[0])
+            T.tma_copy(B[s0 : s0 + BL, g, 0:N], B_s, barrier=bar[0])
+            T.tma_copy(C[s0 : s0 + BL, g, 0:N], C_s, barrier=bar[0])
             if tx == 0:
-                T.tma_copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s, barrier=bar[0])
-                T.tma_copy(B[s0 : s0 + BL, g, 0:N], B_s, barrier=bar[0])
-                T.tma_copy(C[s0 : s0 + BL, g, 0:N], C_s, barrier=bar[0])
                 T.barrier_arrive(bar[0])
 
             # dt' (zero past the chunk's end) and the in-tile inclusive cumsum of A * dt'.

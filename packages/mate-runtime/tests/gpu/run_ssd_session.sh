@@ -30,7 +30,7 @@ for stage in "${stages[@]}"; do
         ;;
     tests)
         stamp "tests"
-        timeout 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
+        timeout "${TESTS_S:-240}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
             --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
         stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
         ;;
@@ -46,7 +46,7 @@ for stage in "${stages[@]}"; do
         ;;
     quick)
         stamp "bench quick"
-        timeout 120 python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-fused,mate-chained,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
+        timeout 180 python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-fused,mate-chained,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
     bench)
