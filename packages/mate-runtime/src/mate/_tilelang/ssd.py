@@ -81,9 +81,13 @@ def using(kind: str):
 def spin_errors(*, heads: int, groups: int, dim: int, dstate: int, chunk_size: int, device) -> int:
     """How many bounded spins of the last chained call of this shape gave up (0 when the chain was intact).
     Reads the count back to the host: for tests, never on a serving path."""
-    tiles = plan_chained(dim, dstate, chunk_size, torch.bfloat16)
-    sync = chained_sync(("ssd", heads, groups, dim, dstate), heads, dim, tiles, device)
-    return int(sync[_kmod().SYNC_ERRORS].item())
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # the workspace keys carry the index
+        dev = torch.device("cuda", torch.cuda.current_device())
+    kept = WORKSPACE.buffers.get((("ssd", heads, groups, dim, dstate), "sync", torch.int32, dev))
+    if kept is None:
+        raise ValueError(f"no chained SSD call of heads={heads} groups={groups} dim={dim} dstate={dstate} on {dev}")
+    return int(kept[_kmod().SYNC_ERRORS].item())
 
 
 def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> None:
