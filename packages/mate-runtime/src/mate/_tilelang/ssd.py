@@ -148,7 +148,9 @@ def plan_chained(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) 
         if chunk_size % block_L:
             continue
         shared = block_L < 128
-        smem = kmod.chained_smem_bytes(dim_block=64, dstate=dstate, block_L=block_L, io_bytes=2, scores_in_shared=shared)
+        smem = kmod.chained_smem_bytes(
+            dim_block=64, dstate=dstate, block_L=block_L, io_bytes=2, scores_in_shared=shared
+        )
         if smem <= CHAINED_SMEM_LIMIT:
             return dict(block_P=64, block_L=block_L, threads=256, ring=CHAINED_RING, min_blocks=2,
                         scores_in_shared=shared)  # fmt: skip
