@@ -417,6 +417,8 @@ def ssd_chained_kernel(
     min_blocks: int = 2,
     spin_limit: int = 1 << 16,
     scores_in_shared: bool = False,
+    sleep_ns: int = 32,
+    chain: bool = True,
 ):
     """The chunk-parallel SSD prefill kernel: one CTA per (tile, head, P-block), tiles chained through a ring of
     fp32 states in global memory.
@@ -551,9 +553,12 @@ def ssd_chained_kernel(
             s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
             n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
             a_h = A[h]
-            opens = T.if_then_else(
-                sub == 0, T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)), 0
-            )
+            if chain:
+                opens = T.if_then_else(
+                    sub == 0, T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)), 0
+                )
+            else:  # measurement probe only: every tile starts from its initial state (not a correct result)
+                opens = 1
             sq = T.Cast("int32", seq_idx[c])
 
             # The tiles land by TMA while the threads work out dt' and its cumsum. tma_copy elects its issuing
@@ -610,7 +615,8 @@ def ssd_chained_kernel(
                         if spins > spin_limit:
                             T.atomic_add(sync[SYNC_ERRORS], 1)
                             T.loop_break()
-                        T.call_extern("handle", "__nanosleep", 32)
+                        if sleep_ns > 0:
+                            T.call_extern("handle", "__nanosleep", sleep_ns)
             T.sync_threads()
             decay = T.exp2(dA_cs[BL - 1] * LOG2E)
             for n, p in T.Parallel(N, BP):
@@ -634,7 +640,8 @@ def ssd_chained_kernel(
                         if spins > spin_limit:
                             T.atomic_add(sync[SYNC_ERRORS], 1)
                             T.loop_break()
-                        T.call_extern("handle", "__nanosleep", 32)
+                        if sleep_ns > 0:
+                            T.call_extern("handle", "__nanosleep", sleep_ns)
             T.sync_threads()
             for n, p in T.Parallel(N, BP):
                 ring_states[v % R, h, n, p0 + p] = s_loc[n, p]
