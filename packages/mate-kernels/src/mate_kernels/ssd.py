@@ -161,8 +161,14 @@ def ssd_fused_kernel(
     threads: int = 256,
     num_stages: int = 2,
     scores_in_shared: bool = False,
+    precomputed_dt: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
+
+    With ``precomputed_dt`` the per-tile ``dt'``, its cumsum and the tile's bounds come from
+    :func:`ssd_dt_kernel` (``dtA``, ``tmeta``), loaded by the producer warpgroup with the x/B/C tiles: the
+    consumers start a tile with no global load, no softplus and no scan. Otherwise ``dtA`` / ``tmeta`` may be
+    1-row dummies and are never read.
 
     Arguments in order: ``x [T, H, P]``, ``dt [T, H]``, ``A [H]`` fp32, ``B, C [T, G, N]``,
     ``cu_chunk_seqlens [nchunks + 1]``, ``seq_idx [nchunks]``, ``bounds [batch + 1]``, ``dest [nchunks]``,
@@ -195,6 +201,7 @@ def ssd_fused_kernel(
     Tz = T.dynamic("Tz")
     Bi = T.dynamic("Bi")
     So = T.dynamic("So")
+    nvt = T.dynamic("nvt")
     # Row strides are runtime values: x/B/C (and z, out) may be row views of one packed projection buffer,
     # dt a column slice, the state pool a strided view (vLLM's pages); inner dims stay dense.
     x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs = T.dynamic("x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs")
@@ -223,6 +230,8 @@ def ssd_fused_kernel(
         initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
         out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
         states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
+        dtA: T.Tensor((nvt, H, 2, BL), accum),
+        tmeta: T.Tensor((nvt, 4), "int32"),
         flags: T.int32,
     ):
         with T.Kernel(n_pb, H, batch1 - 1, threads=threads) as (pb, h, b):
@@ -234,8 +243,12 @@ def ssd_fused_kernel(
             xw_s = y_s
             st_s = T.alloc_shared((N, BP), io_dtype)
             dt_sh = T.alloc_shared((BL,), accum)
-            dA_sh = T.alloc_shared((SCAN,), accum)
-            dA_tmp = T.alloc_shared((SCAN,), accum)
+            if precomputed_dt:
+                dA_pre = T.alloc_shared((BL,), accum)
+                meta_s = T.alloc_shared((4,), "int32")
+            else:
+                dA_sh = T.alloc_shared((SCAN,), accum)
+                dA_tmp = T.alloc_shared((SCAN,), accum)
 
             state = T.alloc_fragment((N, BP), accum)
             cb = T.alloc_fragment((BL, BL), accum)
@@ -264,40 +277,51 @@ def ssd_fused_kernel(
                 T.copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s)
                 T.copy(B[s0 : s0 + BL, g, 0:N], B_s)
                 T.copy(C[s0 : s0 + BL, g, 0:N], C_s)
-
-                # Stage 1: dt' and the within-tile cumsum of A * dt' (zero past the chunk's end).
-                for i in T.Parallel(BL):
-                    v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
-                    if has_dt_bias:
-                        v = v + T.Cast(accum, dt_bias[h])
-                    if dt_softplus:
-                        v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
-                    if hi_finite:
-                        v = T.min(v, T.float32(dt_max))
-                    if lo_active:
-                        v = T.max(v, T.float32(dt_min))
-                    v = T.if_then_else(i < n_valid, v, T.float32(0))
-                    dt_f[i] = v
-                T.copy(dt_f, dt_sh)
-                for i in T.Parallel(SCAN):
-                    dA_sh[i] = T.if_then_else(i < BL, dt_sh[i] * a_h, T.float32(0))
-                # Inclusive scan (Hillis-Steele, ping-pong in shared memory). T.cumsum is not used: its
-                # CUDA template scans with threads 0-31 only, which are producer threads under warp
-                # specialisation.
-                src_buf, dst_buf = dA_sh, dA_tmp
-                for off in scan_offsets:
+                if precomputed_dt:
+                    vt = c * S + sub
+                    T.copy(dtA[vt, h, 0, 0:BL], dA_pre)
+                    T.copy(dtA[vt, h, 1, 0:BL], dt_sh)
+                    T.copy(tmeta[vt, 0:4], meta_s)
+                    s0 = meta_s[0]
+                    n_valid = meta_s[1]
+                    dA_cs = dA_pre
+                    opens = T.if_then_else(meta_s[2] >= 0, 1, 0)
+                    sq = meta_s[2]
+                else:
+                    # Stage 1: dt' and the within-tile cumsum of A * dt' (zero past the chunk's end).
+                    for i in T.Parallel(BL):
+                        v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+                        if has_dt_bias:
+                            v = v + T.Cast(accum, dt_bias[h])
+                        if dt_softplus:
+                            v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
+                        if hi_finite:
+                            v = T.min(v, T.float32(dt_max))
+                        if lo_active:
+                            v = T.max(v, T.float32(dt_min))
+                        v = T.if_then_else(i < n_valid, v, T.float32(0))
+                        dt_f[i] = v
+                    T.copy(dt_f, dt_sh)
                     for i in T.Parallel(SCAN):
-                        dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
-                    src_buf, dst_buf = dst_buf, src_buf
-                dA_cs = src_buf
+                        dA_sh[i] = T.if_then_else(i < BL, dt_sh[i] * a_h, T.float32(0))
+                    # Inclusive scan (Hillis-Steele, ping-pong in shared memory). T.cumsum is not used: its
+                    # CUDA template scans with threads 0-31 only, which are producer threads under warp
+                    # specialisation.
+                    src_buf, dst_buf = dA_sh, dA_tmp
+                    for off in scan_offsets:
+                        for i in T.Parallel(SCAN):
+                            dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+                        src_buf, dst_buf = dst_buf, src_buf
+                    dA_cs = src_buf
+                    # A chunk opening a sequence starts from its initial state (or zero).
+                    opens = T.if_then_else(
+                        sub == 0,
+                        T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
+                        0,
+                    )
+                    sq = T.Cast("int32", seq_idx[c])
 
-                # Entering state: a chunk opening a sequence starts from its initial state (or zero).
-                opens = T.if_then_else(
-                    sub == 0,
-                    T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
-                    0,
-                )
-                sq = T.Cast("int32", seq_idx[c])
+                # Entering state.
                 for n, p in T.Parallel(N, BP):
                     state[n, p] = T.if_then_else(
                         opens == 1,
@@ -362,323 +386,92 @@ def ssd_fused_kernel(
     return fused
 
 
-# Layout of the chained kernel's synchronisation words (int32, zeroed before every launch).
-SYNC_TICKET = 0  # CTA ticket counter: tickets hand out (tile, head, P-block) in tile-major order
-SYNC_ERRORS = 1  # bounded spins that gave up (a correct launch leaves 0)
-SYNC_WORDS = 2  # then ``ring * heads * P-blocks`` publish flags, then as many read marks
-
-
-def chained_sync_words(*, heads: int, dim: int, block_P: int = 64, ring: int = 8) -> int:
-    """Length of the int32 ``sync`` array of :func:`ssd_chained_kernel`."""
-    return SYNC_WORDS + 2 * ring * heads * (dim // block_P)
-
-
-def chained_smem_bytes(
-    *, dim_block: int, dstate: int, block_L: int, io_bytes: int, threads: int = 256, scores_in_shared: bool = False
-) -> int:
-    """Shared memory of the chained kernel: x, B, C tiles, x weighted (reused for the output tile), and the fp32
-    dt / cumsum scratch. The entering state ``[dstate, dim_block]`` in the io dtype takes B's tile once the
-    end-state GEMM has read it (TileLang's shared-memory planner merges buffers whose lifetimes do not
-    overlap; ``dim_block <= block_L`` makes it fit)."""
-    tiles = block_L * (2 * dim_block + 2 * dstate) * io_bytes
-    if dim_block > block_L:
-        tiles += dstate * dim_block * io_bytes
-    if scores_in_shared:
-        tiles += block_L * block_L * io_bytes
-    return tiles + 3 * max(block_L, threads) * 4
-
-
-def ssd_chained_kernel(
+def ssd_dt_kernel(
     *,
     heads: int,
-    groups: int,
-    dim: int,
-    dstate: int,
     chunk_size: int,
-    io_dtype: str = "bfloat16",
-    state_dtype: str = "float32",
-    init_dtype: str = "float32",
+    block_L: int = 128,
     dt_dtype: str = "float32",
     dt_bias_dtype: str = "float32",
-    D_dtype: str = "float32",
     cu_dtype: str = "int32",
     seq_idx_dtype: str = "int32",
     has_dt_bias: bool = True,
     dt_softplus: bool = True,
     dt_min: float = 0.0,
     dt_max: float = math.inf,
-    has_D: bool = True,
-    D_per_dim: bool = False,
-    intermediate: bool = False,
-    block_P: int = 64,
-    block_L: int = 128,
-    threads: int = 256,
-    ring: int = 8,
-    min_blocks: int = 2,
-    spin_limit: int = 1 << 16,
-    scores_in_shared: bool = False,
-    sleep_ns: int = 32,
-    chain: bool = True,
 ):
-    """The chunk-parallel SSD prefill kernel: one CTA per (tile, head, P-block), tiles chained through a ring of
-    fp32 states in global memory.
+    """The per-tile ``dt'`` pre-pass of :func:`ssd_fused_kernel` with ``precomputed_dt``: one CTA of ``block_L``
+    threads per (tile ``v = c * chunk_size / block_L + sub``, head). Writes
 
-    A *tile* is ``block_L`` tokens aligned to its chunk's start (``chunk_size // block_L`` tiles per chunk; the
-    tail tiles of a short chunk are empty and pass the state through). Tile ``v`` of head ``h`` and P-block
-    ``pb`` is one CTA, which
+    - ``dtA[v, h, 0, :]`` the inclusive cumsum of ``A[h] dt'`` over the tile, ``dtA[v, h, 1, :]`` ``dt'`` itself,
+      ``dt' = clamp(softplus(dt + dt_bias), lo, hi)`` and zero past the chunk's end;
+    - ``tmeta[v] = (first token, valid tokens, seq_idx[c] if the tile opens a sequence else -1, 0)``.
 
-    1. takes a ticket (``atomic_add`` on ``sync[SYNC_TICKET]``): tickets, not ``blockIdx``, name the work, in
-       tile-major order, so a CTA only ever waits for a CTA that holds an earlier ticket and is therefore
-       resident or finished (no deadlock whatever order the hardware dispatches blocks in);
-    2. does every state-independent part of the tile: ``dt'``, the in-tile cumsum ``dA`` of ``A dt'``,
-       ``y = S x`` with ``S = (C Bᵀ) ∘ exp(dA_m - dA_k) dt'_k`` (causal), and the tile's own end state from
-       zero, ``s = Bᵀ (x exp(dA_last - dA_k) dt'_k)``;
-    3. takes its entering state ``h``: the sequence's initial state (or zero) when the tile opens a sequence
-       (first tile of a chunk with ``c == 0`` or ``seq_idx[c] != seq_idx[c-1]``), else tile ``v-1``'s end
-       state from ring slot ``(v-1) % ring`` once ``v-1`` has published it (acquire load of its flag);
-    4. publishes ``exp(dA_last) h + s`` into slot ``v % ring`` (after tile ``v-ring+1`` has marked that slot
-       read) with a release store of its flag, and writes it to ``states_out`` at a chunk's end (every chunk
-       with ``intermediate``, else the chunks ``dest`` names);
-    5. finishes ``y += exp(dA_m) C h``, ``+ D x``, ``* silu(z)`` and stores the tile's valid rows.
-
-    Only step 3-4 is serial along a sequence (a load, a scaled add and a store of ``[N, block_P]`` fp32), so a
-    single long sequence spreads over every SM. Spins are bounded by ``spin_limit``; one that gives up counts
-    into ``sync[SYNC_ERRORS]`` instead of hanging the GPU.
-
-    Arguments in order: ``x [T, H, P]``, ``dt [T, H]``, ``A [H]`` fp32, ``B, C [T, G, N]``,
-    ``cu_chunk_seqlens [nchunks + 1]``, ``seq_idx [nchunks]``, ``dest [nchunks]``, ``dt_bias [H]``,
-    ``D [H]`` or ``[H, P]``, ``z [Tz, H, P]``, ``initial_states [Bi, H, P, N]``, ``out [T, H, P]``,
-    ``states_out [S, H, P, N]``, ``ring_states [ring, H, N, P]`` fp32, ``sync [chained_sync_words(...)]``
-    int32 zeroed before the launch, ``flags`` (``FLAG_Z | FLAG_INIT``).
-    """
+    Inputs: ``dt [T, H]`` (any row stride), ``A [H]`` fp32, ``dt_bias [H]``, ``cu_chunk_seqlens [nchunks + 1]``,
+    ``seq_idx [nchunks]``; outputs ``dtA [nchunks * S, H, 2, block_L]`` fp32, ``tmeta [nchunks * S, 4]`` int32.
+    Fully parallel: it takes the loads, softplus and scan off the fused kernel's serial per-tile path."""
     import tilelang.language as T
 
-    H, G, P, N, L = heads, groups, dim, dstate, chunk_size
-    if H % G:
-        raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
-    if P % block_P:
-        raise ValueError(f"block_P ({block_P}) must divide dim ({P})")
-    if L % block_L:
-        raise ValueError(f"block_L ({block_L}) must divide chunk_size ({L})")
-    rep = H // G
-    n_pb = P // block_P
-    S = L // block_L
-    HP = H * n_pb
-    R = ring
-    BP, BL = block_P, block_L
+    H, L, BL = heads, chunk_size, block_L
+    if L % BL:
+        raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
+    S = L // BL
     accum = "float32"
     hi_finite = dt_max != math.inf
     lo_active = dt_min != -math.inf
-    flag_base = SYNC_WORDS
-    mark_base = SYNC_WORDS + R * HP
-    n_sync = SYNC_WORDS + 2 * R * HP
+    scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
 
     T_ = T.dynamic("T")
     nchunks = T.dynamic("nchunks")
     nchunks1 = T.dynamic("nchunks1")
-    Tz = T.dynamic("Tz")
-    Bi = T.dynamic("Bi")
-    So = T.dynamic("So")
-    x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs = T.dynamic("x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs")
-    z_rs, z_hs, o_rs, o_hs, i_bs, s_bs = T.dynamic("z_rs, z_hs, o_rs, o_hs, i_bs, s_bs")
-    D_shape = (H, P) if D_per_dim else (H,)
-    # Scores feeding wgmma from registers need the row-split (FullRow) layout, which takes 64 rows per
-    # warpgroup; a 64-token tile over two warpgroups keeps its scores in shared memory instead.
-    policy = T.GemmWarpPolicy.Square if scores_in_shared else T.GemmWarpPolicy.FullRow
-    SCAN = max(BL, threads)
-    scan_offsets = [1 << i for i in range(int(math.log2(SCAN)))]
+    nvt = T.dynamic("nvt")
+    dt_rs = T.dynamic("dt_rs")
 
     @T.prim_func
-    def chained(
-        x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
+    def dtpass(
         dt: T.StridedTensor((T_, H), (dt_rs, 1), dt_dtype),
         A: T.Tensor((H,), "float32"),
-        B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
-        C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
+        dt_bias: T.Tensor((H,), dt_bias_dtype),
         cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
         seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
-        dest: T.Tensor((nchunks,), "int32"),
-        dt_bias: T.Tensor((H,), dt_bias_dtype),
-        D: T.Tensor(D_shape, D_dtype),
-        z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
-        initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
-        out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
-        states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
-        ring_states: T.Tensor((R, H, N, P), accum),
-        sync: T.Tensor((n_sync,), "int32"),
-        flags: T.int32,
+        dtA: T.Tensor((nvt, H, 2, BL), accum),
+        tmeta: T.Tensor((nvt, 4), "int32"),
     ):
-        with T.Kernel(nchunks * (S * HP), threads=threads) as _bid:
-            if min_blocks > 0:
-                T.annotate_min_blocks_per_sm(min_blocks)
-            x_s = T.alloc_shared((BL, BP), io_dtype)
-            B_s = T.alloc_shared((BL, N), io_dtype)
-            C_s = T.alloc_shared((BL, N), io_dtype)
-            # x weighted for the end state, then (once that GEMM is done) the output tile of the epilogue.
-            xw_s = T.alloc_shared((BL, BP), io_dtype)
-            y_s = xw_s
-            st_s = T.alloc_shared((N, BP), io_dtype)
-            dt_sh = T.alloc_shared((SCAN,), accum)
-            dA_sh = T.alloc_shared((SCAN,), accum)
-            dA_tmp = T.alloc_shared((SCAN,), accum)
-            tk = T.alloc_shared((1,), "int32")
-            bar = T.alloc_barrier(1)
-
-            cb = T.alloc_fragment((BL, BL), accum)
-            if scores_in_shared:
-                cb_c = T.alloc_shared((BL, BL), io_dtype)
-            else:
-                cb_c = T.alloc_fragment((BL, BL), io_dtype)
-            y = T.alloc_fragment((BL, BP), accum)
-            y2 = T.alloc_fragment((BL, BP), accum)
-            s_loc = T.alloc_fragment((N, BP), accum)
-            dt_f = T.alloc_fragment((BL,), accum)
-            spins = T.alloc_var("int32")
-
-            tx = T.get_thread_binding()
-            if tx == 0:
-                tk[0] = T.atomic_add(sync[SYNC_TICKET], 1, return_prev=True)
-            T.sync_threads()
-            t = tk[0]
-            v = t // HP
-            hp = t % HP
-            h = hp // n_pb
-            pb = hp % n_pb
-            c = v // S
-            sub = v % S
-            g = h // rep
-            p0 = pb * BP
-            has_z = (flags & FLAG_Z) != 0
-            has_init = (flags & FLAG_INIT) != 0
+        with T.Kernel(nchunks * S, H, threads=BL) as (vt, h):
+            a_s = T.alloc_shared((BL,), accum)
+            b_s = T.alloc_shared((BL,), accum)
+            i = T.get_thread_binding()
+            c = vt // S
+            sub = vt % S
             s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
             n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
-            a_h = A[h]
-            if chain:
-                opens = T.if_then_else(
-                    sub == 0, T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)), 0
-                )
-            else:  # measurement probe only: every tile starts from its initial state (not a correct result)
-                opens = 1
-            sq = T.Cast("int32", seq_idx[c])
-
-            # The tiles land by TMA while the threads work out dt' and its cumsum. tma_copy elects its issuing
-            # thread with a full-warp elect.sync, so it must be reached by whole warps (never inside
-            # ``if tx == 0``); the elected thread is thread 0, which then arrives once on the barrier.
-            T.tma_copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s, barrier=bar[0])
-            T.tma_copy(B[s0 : s0 + BL, g, 0:N], B_s, barrier=bar[0])
-            T.tma_copy(C[s0 : s0 + BL, g, 0:N], C_s, barrier=bar[0])
-            if tx == 0:
-                T.barrier_arrive(bar[0])
-
-            # dt' (zero past the chunk's end) and the in-tile inclusive cumsum of A * dt'.
-            for i in T.Parallel(BL):
-                dv = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
-                if has_dt_bias:
-                    dv = dv + T.Cast(accum, dt_bias[h])
-                if dt_softplus:
-                    dv = T.if_then_else(dv > 20.0, dv, T.log1p(T.exp(dv)))
-                if hi_finite:
-                    dv = T.min(dv, T.float32(dt_max))
-                if lo_active:
-                    dv = T.max(dv, T.float32(dt_min))
-                dt_f[i] = T.if_then_else(i < n_valid, dv, T.float32(0))
-            T.copy(dt_f, dt_sh[0:BL])
-            for i in T.Parallel(SCAN):
-                dA_sh[i] = T.if_then_else(i < BL, dt_sh[i] * a_h, T.float32(0))
-            src_buf, dst_buf = dA_sh, dA_tmp
+            v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+            if has_dt_bias:
+                v = v + T.Cast(accum, dt_bias[h])
+            if dt_softplus:
+                v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
+            if hi_finite:
+                v = T.min(v, T.float32(dt_max))
+            if lo_active:
+                v = T.max(v, T.float32(dt_min))
+            v = T.if_then_else(i < n_valid, v, T.float32(0))
+            dtA[vt, h, 1, i] = v
+            a_s[i] = v * A[h]
+            T.sync_threads()
+            src_buf, dst_buf = a_s, b_s
             for off in scan_offsets:
-                for i in T.Parallel(SCAN):
-                    dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+                dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+                T.sync_threads()
                 src_buf, dst_buf = dst_buf, src_buf
-            dA_cs = src_buf
+            dtA[vt, h, 0, i] = src_buf[i]
+            if h == 0:
+                if i == 0:
+                    opens = T.if_then_else(
+                        sub == 0, T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)), 0
+                    )
+                    tmeta[vt, 0] = s0
+                    tmeta[vt, 1] = n_valid
+                    tmeta[vt, 2] = T.if_then_else(opens == 1, T.Cast("int32", seq_idx[c]), -1)
+                    tmeta[vt, 3] = 0
 
-            T.mbarrier_wait_parity(bar[0], 0)
-
-            # State-independent part: y = S x and the tile's own end state from zero.
-            T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
-            for m, k in T.Parallel(BL, BL):
-                cb_c[m, k] = T.if_then_else(
-                    k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
-                )
-            T.gemm(cb_c, x_s, y, clear_accum=True, policy=policy)
-            for k, p in T.Parallel(BL, BP):
-                xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
-            T.gemm(B_s, xw_s, s_loc, transpose_A=True, clear_accum=True)
-
-            # The chain: wait for tile v-1's end state (unless this tile opens a sequence).
-            prev = (v + (R - 1)) % R
-            if tx == 0:
-                if opens == 0:
-                    spins = 0
-                    while T.atomic_load(sync[flag_base + prev * HP + hp], memory_order="acquire") != v:
-                        spins = spins + 1
-                        if spins > spin_limit:
-                            T.atomic_add(sync[SYNC_ERRORS], 1)
-                            T.loop_break()
-                        if sleep_ns > 0:
-                            T.call_extern("handle", "__nanosleep", sleep_ns)
-            T.sync_threads()
-            decay = T.exp2(dA_cs[BL - 1] * LOG2E)
-            for n, p in T.Parallel(N, BP):
-                hv = T.if_then_else(
-                    opens == 1,
-                    T.if_then_else(has_init, T.Cast(accum, initial_states[sq, h, p0 + p, n]), T.float32(0)),
-                    T.call_extern(accum, "__ldcg", T.address_of(ring_states[prev, h, n, p0 + p])),
-                )
-                st_s[n, p] = hv
-                s_loc[n, p] = s_loc[n, p] + decay * hv
-            # Tile v-1's slot is read: mark it (tile v+ring-1 reuses it). Then wait for tile v-ring+1 to have
-            # read this tile's slot before overwriting it.
-            T.sync_threads()
-            if tx == 0:
-                if v > 0:
-                    T.atomic_store(sync[mark_base + prev * HP + hp], v, memory_order="release")
-                if v >= R:
-                    spins = 0
-                    while T.atomic_load(sync[mark_base + (v % R) * HP + hp], memory_order="acquire") < v - R + 1:
-                        spins = spins + 1
-                        if spins > spin_limit:
-                            T.atomic_add(sync[SYNC_ERRORS], 1)
-                            T.loop_break()
-                        if sleep_ns > 0:
-                            T.call_extern("handle", "__nanosleep", sleep_ns)
-            T.sync_threads()
-            for n, p in T.Parallel(N, BP):
-                ring_states[v % R, h, n, p0 + p] = s_loc[n, p]
-            T.sync_threads()
-            if tx == 0:
-                T.call_extern("handle", "__threadfence")
-                T.atomic_store(sync[flag_base + (v % R) * HP + hp], v + 1, memory_order="release")
-            if sub == S - 1:
-                if intermediate:
-                    for n, p in T.Parallel(N, BP):
-                        states_out[c, h, p0 + p, n] = s_loc[n, p]
-                else:
-                    d = dest[c]
-                    if d >= 0:
-                        for n, p in T.Parallel(N, BP):
-                            states_out[d, h, p0 + p, n] = s_loc[n, p]
-
-            # State-dependent part: y += exp(dA_m) C h, then D x, silu(z), store the valid rows.
-            T.gemm(C_s, st_s, y2, clear_accum=True, policy=policy)
-            for m, p in T.Parallel(BL, BP):
-                y[m, p] = y[m, p] + y2[m, p] * T.exp2(dA_cs[m] * LOG2E)
-            if has_D:
-                for m, p in T.Parallel(BL, BP):
-                    if D_per_dim:
-                        y[m, p] = y[m, p] + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
-                    else:
-                        y[m, p] = y[m, p] + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
-            for m, p in T.Parallel(BL, BP):
-                zv = T.if_then_else(
-                    has_z,
-                    T.if_then_else(m < n_valid, T.Cast(accum, z[s0 + m, h, p0 + p]), T.float32(0)),
-                    T.float32(0),
-                )
-                y[m, p] = T.if_then_else(has_z, y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E)), y[m, p])
-            T.copy(y, y_s)
-            for m, p in T.Parallel(BL, BP):
-                if m < n_valid:
-                    out[s0 + m, h, p0 + p] = y_s[m, p]
-
-    return chained
+    return dtpass

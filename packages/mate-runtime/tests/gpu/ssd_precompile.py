@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                                                  chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
                                                  dt_dtype=torch.float32, kind=kind)  # fmt: skip
                     # the benchmark returns final states: no intermediate-state kernels
-                    keys.extend([k for k in fk if k[-1] is not True] + [rk[0]])
+                    keys.extend([k for k in fk if k[-1] is not True] + list(rk))
     keys = list(dict.fromkeys(keys))
     print(f"{len(keys)} kernels", flush=True)
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))

@@ -31,6 +31,7 @@ def kernel_times(fn, reps: int) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
+    from mate._tilelang.ssd import VARIANTS
     from mate.bench.ssd import BATCHES, SSD_SHAPES, make_window, mate_fn, vllm_fn
 
     ap = argparse.ArgumentParser()
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
         shape, batch, L = item.split(":")
         s, L = SSD_SHAPES[shape], int(L)
         w = make_window(s, BATCHES[batch], L, 7, dev)
-        impls = [(f"mate-{kind}", mate_fn(w, L, kind)) for kind in ("fused", "chained")]
+        impls = [(f"mate-{kind}", mate_fn(w, L, kind)) for kind in VARIANTS]
         try:
             impls.append(("vllm", vllm_fn(w, L)))
         except ImportError:

@@ -164,7 +164,7 @@ CASES = [
     pytest.param(
         Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2), intermediate=False), id="seq_idx-more-runs"
     ),
-    # long chains: tens of tiles per sequence (the chained kernel's ring slots are reused many times over)
+    # tens of tiles per sequence
     pytest.param(Case(H=16, G=2, seqlens=(4000, 1, 1500, 700)), id="long-chains_c128"),
     pytest.param(Case(H=8, G=1, chunk=256, seqlens=(6000,), z=True), id="one-long-sequence_c256_z"),
 ]
@@ -177,19 +177,11 @@ def kind(request):
         yield request.param
 
 
-def assert_chain_intact(kind: str, case: Case):
-    if kind == "chained":
-        errors = tl_ssd.spin_errors(heads=case.H, groups=case.G, dim=case.P, dstate=case.N, chunk_size=case.chunk,
-                                    device="cuda")  # fmt: skip
-        assert errors == 0, f"{errors} bounded spins gave up"
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_kernels_match_reference(case: Case, kind: str):
     out_k, st_k = run(case, "tilelang")
     out_r, st_r = run(case, "torch")
     torch.cuda.synchronize()
-    assert_chain_intact(kind, case)
     e_out = rel_err(out_k, out_r)
     e_st = rel_err(st_k, st_r)
     tol = OUT_TOL[case.io]
@@ -254,7 +246,6 @@ def test_graph_replay_equals_eager(kind: str):
     torch.cuda.synchronize()
     assert torch.equal(out, out2)
     assert torch.equal(states, ref_states)
-    assert_chain_intact(kind, case)
 
 
 def test_steady_state_allocates_only_the_returned_states(kind: str):

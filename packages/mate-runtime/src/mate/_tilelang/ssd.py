@@ -3,10 +3,10 @@
 Two launches:
     1. ``ssd_runs_kernel`` derives, on the GPU, the chunk range of each CTA row (runs of chunks with one
        ``seq_idx``) and the chunk -> state-row map of the returned/pool states;
-    2. the prefill kernel, one of two designs (``MATE_SSD_KERNEL``, see :func:`variant`):
-       ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers;
-       ``ssd_chained_kernel`` runs one CTA per (tile, head, P-block) and chains the tiles' states through a
-       ring in the workspace (its sync words are zeroed by a memset first, which a graph captures too).
+    2. ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers and
+       writes ``out`` and the requested chunk-end states. In the ``prepass`` design (``MATE_SSD_KERNEL``, see
+       :func:`variant`) ``ssd_dt_kernel`` first computes every tile's ``dt'``, cumsum and bounds in parallel,
+       and the fused kernel's producer warpgroup loads them with the x/B/C tiles.
 
 Scratch (the run bounds, the state-row map, staging copies of inputs the kernels cannot read in place)
 comes from the workspace cache, so a steady-state call allocates only the returned state tensor. Nothing is
@@ -47,17 +47,16 @@ def _kmod():
 
 
 KERNEL_ENV = "MATE_SSD_KERNEL"
-VARIANTS = ("fused", "chained")
+VARIANTS = ("fused", "prepass")
 DEFAULT_VARIANT = "fused"
-CHAINED_RING = 4  # ring slots per (head, P-block): only the tiles in flight need one
 
 
 _override: list[str] = []  # set by ``using`` (tests and the benchmark compare the variants in one process)
 
 
 def variant() -> str:
-    """The prefill kernel design: ``MATE_SSD_KERNEL`` = ``fused`` (default: one CTA walks a run's chunks in
-    order) or ``chained`` (one CTA per tile, states chained through a ring; every SM busy on one sequence)."""
+    """The prefill kernel design: ``MATE_SSD_KERNEL`` = ``fused`` (default: the fused kernel computes each
+    tile's dt' and cumsum itself) or ``prepass`` (a parallel pre-pass computes them for every tile first)."""
     if _override:
         return _override[-1]
     name = os.environ.get(KERNEL_ENV, "").strip().lower() or DEFAULT_VARIANT
@@ -76,18 +75,6 @@ def using(kind: str):
         yield
     finally:
         _override.pop()
-
-
-def spin_errors(*, heads: int, groups: int, dim: int, dstate: int, chunk_size: int, device) -> int:
-    """How many bounded spins of the last chained call of this shape gave up (0 when the chain was intact).
-    Reads the count back to the host: for tests, never on a serving path."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:  # the workspace keys carry the index
-        dev = torch.device("cuda", torch.cuda.current_device())
-    kept = WORKSPACE.buffers.get((("ssd", heads, groups, dim, dstate), "sync", torch.int32, dev))
-    if kept is None:
-        raise ValueError(f"no chained SSD call of heads={heads} groups={groups} dim={dim} dstate={dstate} on {dev}")
-    return int(kept[_kmod().SYNC_ERRORS].item())
 
 
 def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> None:
@@ -135,28 +122,6 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
     raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the fused kernel's shared memory")
 
 
-CHAINED_SMEM_LIMIT = 113 * 1024  # two CTAs per SM share its 228 KiB
-
-
-def plan_chained(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
-    """Tile choice of the chained kernel: the largest block_L (128, else 64) whose tiles let two CTAs share an
-    SM (the other CTA hides this one's latency). Same NotImplementedError cases as :func:`plan`."""
-    _check_supported(dim, dstate, chunk_size, io_dtype)
-    kmod = _kmod()
-    forced = int(os.environ.get("MATE_SSD_BLOCK_L", "0"))
-    for block_L in (forced,) if forced in (64, 128) else (128, 64):
-        if chunk_size % block_L:
-            continue
-        shared = block_L < 128
-        smem = kmod.chained_smem_bytes(
-            dim_block=64, dstate=dstate, block_L=block_L, io_bytes=2, scores_in_shared=shared
-        )
-        if smem <= CHAINED_SMEM_LIMIT:
-            return dict(block_P=64, block_L=block_L, threads=256, ring=CHAINED_RING, min_blocks=2,
-                        scores_in_shared=shared)  # fmt: skip
-    raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the chained kernel's shared memory")
-
-
 def _fused_key(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
                intermediate, kind="ssd_fused"):  # fmt: skip
     return (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb,
@@ -166,16 +131,33 @@ def _fused_key(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq,
 def _fused_builder(key):
     (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
      intermediate) = key  # fmt: skip
-    chained = kind == "ssd_chained"
-    tiles = (plan_chained if chained else plan)(P, N, L, getattr(torch, io))
-    factory = "ssd_chained_kernel" if chained else "ssd_fused_kernel"
+    tiles = plan(P, N, L, getattr(torch, io))
 
     def build():
-        return getattr(_kmod(), factory)(
+        return _kmod().ssd_fused_kernel(
             heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
             dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
             dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
-            **tiles,
+            precomputed_dt=kind == "ssd_prepass", **tiles,
+        )  # fmt: skip
+
+    return build
+
+
+def _dt_key(fused_key) -> tuple:
+    """The pre-pass kernel of a ``prepass`` fused key (heads, chunk, tile, dt options)."""
+    (_, H, _G, P, N, L, io, _st, _init, dt, dtb, _D, _Dpd, cu, sq, softplus, lo, hi, has_dtb, _hD, _i) = fused_key
+    block_L = plan(P, N, L, getattr(torch, io))["block_L"]
+    return ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb)
+
+
+def _dt_builder(key):
+    _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb = key
+
+    def build():
+        return _kmod().ssd_dt_kernel(
+            heads=H, chunk_size=L, block_L=block_L, dt_dtype=dt, dt_bias_dtype=dtb, cu_dtype=cu, seq_idx_dtype=sq,
+            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi,
         )  # fmt: skip
 
     return build
@@ -198,7 +180,8 @@ def builder_for(key):
     """The build function of any SSD kernel key."""
     return {
         "ssd_fused": _fused_builder,
-        "ssd_chained": _fused_builder,
+        "ssd_prepass": _fused_builder,
+        "ssd_dt": _dt_builder,
         "ssd_runs": _runs_builder,
     }[key[0]](key)
 
@@ -247,8 +230,8 @@ def _vec1(t: torch.Tensor, skey, name) -> torch.Tensor:
 
 
 def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, tuple]:
-    """The (prefill, runs) kernel keys of a call for the variant ``kind`` (default: :func:`variant`). Works on
-    CPU tensors too: the precompile scripts use it."""
+    """The kernel keys of a call for the variant ``kind`` (default: :func:`variant`): (fused, runs), plus the
+    dt pre-pass for ``prepass``. Works on CPU tensors too: the precompile scripts use it."""
     kind = kind or variant()
     use_fsi = call.final_state_indices is not None
     if call.return_intermediate_states or not use_fsi:
@@ -267,13 +250,13 @@ def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, tuple]:
         has_D=call.D is not None, intermediate=call.return_intermediate_states, kind=f"ssd_{kind}",
     )  # fmt: skip
     rkey = _runs_key(_DT[call.seq_idx.dtype], _DT[call.last_chunk_indices.dtype], _DT[fsi_dt], use_fsi)
-    return key, rkey
+    return (key, rkey, _dt_key(key)) if kind == "prepass" else (key, rkey)
 
 
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     H, G, P, N, L = call.heads, call.groups, call.dim, call.dstate, call.chunk_size
     kind = variant()
-    tiles = (plan_chained if kind == "chained" else plan)(P, N, L, call.x.dtype)
+    tiles = plan(P, N, L, call.x.dtype)
     dev = call.x.device
     batch, nchunks = call.batch, call.nchunks
     if batch > MAX_SEQUENCES:
@@ -297,7 +280,7 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     seq_idx = _vec1(call.seq_idx, skey, "seq_idx")
     last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
-    key, rkey = kernel_keys(call, kind)
+    key, rkey, *dkey = kernel_keys(call, kind)
     runs = _get(rkey, _runs_builder, dev)
     kernel = _get(key, _fused_builder, dev)
     D_per_dim = not call.D_tied
@@ -345,24 +328,21 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
     dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
     runs(seq_idx, last, fsi, bounds, dest)
-    if kind == "chained":
-        ring = WORKSPACE.get(skey, "ring", (tiles["ring"], H, N, P), torch.float32, dev)
-        sync = chained_sync(skey, H, P, tiles, dev)
-        sync.zero_()  # tickets, flags, marks and the spin-error count start from zero every call
-        kernel(x, dt, A, B, C, cu, seq_idx, dest, dt_bias, D, z, init, out, st, ring, sync, flags)
+    BL = tiles["block_L"]
+    if dkey:
+        nvt = nchunks * (L // BL)
+        dtA = WORKSPACE.get(skey, "dtA", (nvt, H, 2, BL), torch.float32, dev)
+        tmeta = WORKSPACE.get(skey, "tmeta", (nvt, 4), torch.int32, dev)
+        _get(dkey[0], _dt_builder, dev)(dt, A, dt_bias, cu, seq_idx, dtA, tmeta)
     else:
-        kernel(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, flags)
+        dtA = _dummy("dtA", dev, torch.float32, (1, H, 2, BL))
+        tmeta = _dummy("tmeta", dev, torch.int32, (1, 4))
+    kernel(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, dtA, tmeta, flags)
     if out is not call.out:
         call.out.copy_(out)
     if staged_states:
         states.copy_(st)
     return None if use_fsi else states
-
-
-def chained_sync(skey, H: int, P: int, tiles: dict, dev) -> torch.Tensor:
-    """The chained kernel's int32 sync words of one shape key (tests read ``[SYNC_ERRORS]`` after a call)."""
-    words = _kmod().chained_sync_words(heads=H, dim=P, block_P=tiles["block_P"], ring=tiles["ring"])
-    return WORKSPACE.get(skey, "sync", (words,), torch.int32, dev)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -372,7 +352,8 @@ def _torch_dtype(name: str) -> torch.dtype:
 def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, kind=None):
     """The kernels a served model uses: vLLM's flags (dt_softplus, dt_bias, per-head D, default dt_limit, int32
     tables), returning final states and intermediate states, init in the state dtype, for the variant ``kind``
-    (default: :func:`variant`). Returns (prefill kernel keys, runs kernel keys)."""
+    (default: :func:`variant`). Returns (fused kernel keys, helper keys: the runs kernels and, for ``prepass``,
+    the dt pre-pass)."""
     kind = kind or variant()
     io, state = _DT[io_dtype], _DT[state_dtype]
     keys = [
@@ -401,15 +382,18 @@ def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtyp
         )  # fmt: skip
         for intermediate in (False, True)
     ]
-    return keys, [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
+    helpers = [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
+    if kind == "prepass":
+        helpers.append(_dt_key(keys[0]))
+    return keys, helpers
 
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, block_M=None,
             target=None):  # fmt: skip
     """Compile every SSD kernel of one configuration, for the variant in force (``block_M`` is accepted for API
-    stability, the tile sizes come from :func:`plan` / :func:`plan_chained`). With ``target``
+    stability, the tile sizes come from :func:`plan`). With ``target``
     (e.g. ``{"kind": "cuda", "arch": "sm_90a"}``) and no device, compile only. Returns the compiled keys."""
-    (plan_chained if variant() == "chained" else plan)(dim, dstate, chunk_size, io_dtype)
+    plan(dim, dstate, chunk_size, io_dtype)
     fkeys, rkeys = prewarm_keys(
         heads=heads, groups=groups, dim=dim, dstate=dstate, chunk_size=chunk_size, io_dtype=io_dtype,
         state_dtype=state_dtype, dt_dtype=dt_dtype,
@@ -474,11 +458,11 @@ def compile_grid() -> list[CompileItem]:
     items = [
         CompileItem(family="ssd", label="runs int32", build=_runs_builder(_runs_key("int32", "int32", "int32", True)))
     ]
-    chained_grid = [
+    prepass_grid = [
         (128, 8, 64, 128, 256, "bfloat16", "float32", False, False),
         (24, 1, 128, 256, 256, "float16", "bfloat16", True, True),
     ]
-    for kind, rows in (("fused", grid), ("chained", chained_grid)):
+    for kind, rows in (("fused", grid), ("prepass", prepass_grid)):
         items.extend(_compile_items(kind, rows))
     return items
 
@@ -491,12 +475,16 @@ def _compile_items(kind: str, rows) -> list[CompileItem]:
             D_per_dim=dpd, cu="int32", sq="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True, has_D=True,
             intermediate=inter, kind=f"ssd_{kind}",
         )  # fmt: skip
-        tiles = (plan_chained if kind == "chained" else plan)(P, N, L, getattr(torch, io))
+        tiles = plan(P, N, L, getattr(torch, io))
         label = (
             f"{kind} H{H} G{G} P{P} N{N} chunk{L} io={io} state={state}{' intermediate' if inter else ''}"
             f"{' D[H,P]' if dpd else ''} tile L{tiles['block_L']}xP{tiles['block_P']}"
         )
         items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key), pass_configs=dict(PASS_CONFIGS)))
+        if kind == "prepass":
+            dkey = _dt_key(key)
+            items.append(CompileItem(family="ssd", label=f"dt pre-pass H{H} chunk{L} tile L{dkey[3]}",
+                                     build=_dt_builder(dkey), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
@@ -509,10 +497,7 @@ __all__ = [
     "prewarm_keys",
     "compile_grid",
     "plan",
-    "plan_chained",
     "variant",
     "using",
-    "spin_errors",
-    "chained_sync",
     "PASS_CONFIGS",
 ]

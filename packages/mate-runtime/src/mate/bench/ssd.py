@@ -88,7 +88,7 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
 
 
 def mate_fn(w, L, kind: str | None = None):
-    """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``fused`` / ``chained``)."""
+    """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``fused`` / ``prepass``)."""
     import contextlib
 
     from .._tilelang import ssd as tl_ssd
@@ -108,7 +108,7 @@ def mate_fn(w, L, kind: str | None = None):
 
 
 def mate_kind(impl: str) -> str | None:
-    """``mate`` -> the design in force; ``mate-fused`` / ``mate-chained`` -> that design."""
+    """``mate`` -> the design in force; ``mate-fused`` / ``mate-prepass`` -> that design."""
     return impl.split("-", 1)[1] if impl.startswith("mate-") else None
 
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mate bench ssd", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
     ap.add_argument("--name", default="ssd")
-    ap.add_argument("--impls", default="mate,vllm", help="mate (the design in force), mate-fused, mate-chained, vllm")
+    ap.add_argument("--impls", default="mate,vllm", help="mate (the design in force), mate-fused, mate-prepass, vllm")
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
