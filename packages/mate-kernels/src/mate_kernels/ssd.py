@@ -41,6 +41,9 @@ import math
 LOG2E = 1.4426950408889634
 FLAG_Z = 1  # runtime flags of the fused kernel
 FLAG_INIT = 2
+# Per-tile record of the dt pre-pass (first token, valid tokens, opening sequence or -1): 3 int32 used, padded
+# to 128 bytes because a TMA load's shared-memory destination (one per pipeline stage) must be 128-byte aligned.
+META_WIDTH = 32
 
 
 def fused_smem_bytes(
@@ -231,7 +234,7 @@ def ssd_fused_kernel(
         out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
         states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
         dtA: T.Tensor((nvt, H, 2, BL), accum),
-        tmeta: T.Tensor((nvt, 4), "int32"),
+        tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
         flags: T.int32,
     ):
         with T.Kernel(n_pb, H, batch1 - 1, threads=threads) as (pb, h, b):
@@ -245,7 +248,7 @@ def ssd_fused_kernel(
             dt_sh = T.alloc_shared((BL,), accum)
             if precomputed_dt:
                 dA_pre = T.alloc_shared((BL,), accum)
-                meta_s = T.alloc_shared((4,), "int32")
+                meta_s = T.alloc_shared((META_WIDTH,), "int32")
             else:
                 dA_sh = T.alloc_shared((SCAN,), accum)
                 dA_tmp = T.alloc_shared((SCAN,), accum)
@@ -281,7 +284,7 @@ def ssd_fused_kernel(
                     vt = c * S + sub
                     T.copy(dtA[vt, h, 0, 0:BL], dA_pre)
                     T.copy(dtA[vt, h, 1, 0:BL], dt_sh)
-                    T.copy(tmeta[vt, 0:4], meta_s)
+                    T.copy(tmeta[vt, 0:META_WIDTH], meta_s)
                     s0 = meta_s[0]
                     n_valid = meta_s[1]
                     dA_cs = dA_pre
@@ -408,7 +411,7 @@ def ssd_dt_kernel(
     - ``tmeta[v] = (first token, valid tokens, seq_idx[c] if the tile opens a sequence else -1, 0)``.
 
     Inputs: ``dt [T, H]`` (any row stride), ``A [H]`` fp32, ``dt_bias [H]``, ``cu_chunk_seqlens [nchunks + 1]``,
-    ``seq_idx [nchunks]``; outputs ``dtA [nchunks * S, H, 2, block_L]`` fp32, ``tmeta [nchunks * S, 4]`` int32.
+    ``seq_idx [nchunks]``; outputs ``dtA [nchunks * S, H, 2, block_L]`` fp32, ``tmeta [nchunks * S, META_WIDTH]`` int32.
     Fully parallel: it takes the loads, softplus and scan off the fused kernel's serial per-tile path."""
     import tilelang.language as T
 
@@ -435,7 +438,7 @@ def ssd_dt_kernel(
         cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
         seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
         dtA: T.Tensor((nvt, H, 2, BL), accum),
-        tmeta: T.Tensor((nvt, 4), "int32"),
+        tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
     ):
         with T.Kernel(nchunks * S, H, threads=BL) as (vt, h):
             a_s = T.alloc_shared((BL,), accum)

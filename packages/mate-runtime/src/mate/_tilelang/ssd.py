@@ -332,11 +332,11 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     if dkey:
         nvt = nchunks * (L // BL)
         dtA = WORKSPACE.get(skey, "dtA", (nvt, H, 2, BL), torch.float32, dev)
-        tmeta = WORKSPACE.get(skey, "tmeta", (nvt, 4), torch.int32, dev)
+        tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
         _get(dkey[0], _dt_builder, dev)(dt, A, dt_bias, cu, seq_idx, dtA, tmeta)
     else:
         dtA = _dummy("dtA", dev, torch.float32, (1, H, 2, BL))
-        tmeta = _dummy("tmeta", dev, torch.int32, (1, 4))
+        tmeta = _dummy("tmeta", dev, torch.int32, (1, kmod.META_WIDTH))
     kernel(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, dtA, tmeta, flags)
     if out is not call.out:
         call.out.copy_(out)
