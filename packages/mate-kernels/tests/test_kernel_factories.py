@@ -66,3 +66,28 @@ def test_ssu_factory_returns_a_prim_func_with_the_documented_arguments(one_token
     head = ["state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out", "src", "dst"]
     assert names[: len(head)] == head
     assert ("cache_steps" in names) == (not one_token)
+
+
+def test_ssd_prepass_plan_trades_the_scan_buffers_for_per_stage_records():
+    kw = dict(dim_block=64, dstate=128, block_L=128, io_bytes=2, num_stages=2)
+    plain, pre = ssd.fused_smem_bytes(**kw), ssd.fused_smem_bytes(**kw, precomputed_dt=True)
+    # per stage: + cumsum (block_L fp32) + the 128-byte tile record; fixed: - two scan buffers of 256 fp32
+    assert pre - plain == 2 * (128 * 4 + ssd.META_WIDTH * 4) - 2 * 256 * 4
+    assert ssd.META_WIDTH * 4 == 128  # a TMA destination per stage stays 128-byte aligned
+
+
+@pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
+@pytest.mark.parametrize("precomputed_dt", [False, True], ids=["fused", "prepass"])
+def test_ssd_fused_factory_takes_the_prepass_buffers_before_flags(precomputed_dt):
+    f = ssd.ssd_fused_kernel(heads=8, groups=2, dim=64, dstate=128, chunk_size=128, precomputed_dt=precomputed_dt)
+    names = [p.name.removesuffix("_handle") for p in f.params]
+    assert names[-3:] == ["dtA", "tmeta", "flags"]
+
+
+@pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
+def test_ssd_dt_kernel_arguments_and_tile_check():
+    f = ssd.ssd_dt_kernel(heads=8, chunk_size=256, block_L=128)
+    names = [p.name.removesuffix("_handle") for p in f.params]
+    assert names == ["dt", "A", "dt_bias", "cu_chunk_seqlens", "seq_idx", "dtA", "tmeta"]
+    with pytest.raises(ValueError, match="block_L"):
+        ssd.ssd_dt_kernel(heads=8, chunk_size=64, block_L=128)

@@ -70,7 +70,9 @@ def test_dry_run_lists_every_kernel(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "per rank heads 64, groups 4" in out
     assert "ssu one-token" in out and "ssu packed (MTP 5 + 1)" in out
-    assert "ssd fused" in out and "ssd fused intermediate" in out and "ssd runs" in out
+    # the default (prepass) design: the fused kernel fed by the dt pre-pass, final and intermediate states
+    assert "ssd prepass" in out and "ssd prepass intermediate" in out and "ssd runs" in out
+    assert "ssd dt pre-pass" in out
     assert "(dry run: nothing compiled)" in out
 
 
@@ -93,4 +95,4 @@ def test_compile_only_for_sm90a(tmp_path, capsys):
              "n_groups": 1, "chunk_size": 64}  # fmt: skip
     assert main([write(tmp_path, small), "--target", "sm_90a"]) == 0
     out = capsys.readouterr().out
-    assert "compiled 8/8 kernels" in out, out
+    assert "compiled 9/9 kernels" in out, out

@@ -59,7 +59,13 @@ def _call(**kw):
     return normalize_ssd(*[args.pop(n) for n in names], **args)
 
 
-def test_kernel_keys_follow_the_call():
+@pytest.fixture
+def fused_design():
+    with tl_ssd.using("fused"):
+        yield
+
+
+def test_kernel_keys_follow_the_call(fused_design):
     base, rkey = tl_ssd.kernel_keys(_call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True))
     assert base[0] == "ssd_fused" and rkey == ("ssd_runs", "int32", "int32", "int32", False)
     # z and initial states are runtime flags: the same compiled kernel
@@ -85,3 +91,28 @@ def test_kernel_keys_follow_the_call():
     k, r = tl_ssd.kernel_keys(_call(final_states_out=pool, final_state_indices=torch.tensor([3, 1], dtype=torch.int64)))
     assert k[7] == "float16" and r == ("ssd_runs", "int32", "int32", "int64", True)
     assert math.isinf(base[-4])
+
+
+def test_prepass_design_adds_the_dt_pass_with_the_call_dt_options():
+    call = _call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True, dt_limit=(0.01, 0.2))
+    fused, rkey, dkey = tl_ssd.kernel_keys(call, "prepass")
+    assert fused[0] == "ssd_prepass" and fused[1:] == tl_ssd.kernel_keys(call, "fused")[0][1:]
+    assert rkey[0] == "ssd_runs"
+    # heads, chunk, tile, then the dt options the pre-pass compiles in
+    assert dkey[:4] == ("ssd_dt", 4, 128, 128) and (dkey[-3], dkey[-2]) == (0.01, 0.2)
+
+
+def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):
+    monkeypatch.delenv(tl_ssd.KERNEL_ENV, raising=False)
+    assert tl_ssd.variant() == tl_ssd.DEFAULT_VARIANT == "prepass"
+    monkeypatch.setenv(tl_ssd.KERNEL_ENV, " Fused ")
+    assert tl_ssd.variant() == "fused"
+    with tl_ssd.using("prepass"):
+        assert tl_ssd.variant() == "prepass"
+    assert tl_ssd.variant() == "fused"
+    monkeypatch.setenv(tl_ssd.KERNEL_ENV, "split")
+    with pytest.raises(ValueError, match="MATE_SSD_KERNEL"):
+        tl_ssd.variant()
+    with pytest.raises(ValueError, match="kind"):
+        with tl_ssd.using("split"):
+            pass

@@ -55,13 +55,19 @@ def fused_smem_bytes(
     num_stages: int,
     threads: int = 256,
     scores_in_shared: bool = False,
+    precomputed_dt: bool = False,
 ) -> int:
     """Dynamic shared memory of the fused kernel (TileLang multi-buffers the tiles the pipelined loop loads:
-    x, B, C, dt'; scores kept in shared memory are multi-buffered too), to pick a tile that fits."""
+    x, B, C, dt' (and with ``precomputed_dt`` the cumsum and the tile record); scores kept in shared memory are
+    multi-buffered too), to pick a tile that fits. Without ``precomputed_dt`` the scan's two buffers are fixed."""
     per_stage = block_L * (dim_block + 2 * dstate) * io_bytes + block_L * 4
     if scores_in_shared:
         per_stage += block_L * block_L * io_bytes
-    fixed = (dstate + block_L) * dim_block * io_bytes + 2 * max(block_L, threads) * 4
+    fixed = (dstate + block_L) * dim_block * io_bytes
+    if precomputed_dt:
+        per_stage += block_L * 4 + META_WIDTH * 4
+    else:
+        fixed += 2 * max(block_L, threads) * 4
     return num_stages * per_stage + fixed
 
 

@@ -112,8 +112,8 @@ def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens):
         label = f"ssd {key[0].removeprefix('ssd_')}{' intermediate' if key[-1] is True else ''}"
         items.append(("ssd", label, key, tl_ssd.builder_for(key), tl_ssd.PASS_CONFIGS))
     for key in rkeys:
-        items.append(("ssd", f"ssd runs{' pool' if key[-1] else ''}", key, tl_ssd._runs_builder(key),
-                      tl_ssd.PASS_CONFIGS))  # fmt: skip
+        label = "ssd dt pre-pass" if key[0] == "ssd_dt" else f"ssd runs{' pool' if key[-1] else ''}"
+        items.append(("ssd", label, key, tl_ssd.builder_for(key), tl_ssd.PASS_CONFIGS))
     return heads, groups, items
 
 
