@@ -1,6 +1,7 @@
 """TileLang kernel factories for the SSD varlen prefill (Mamba2 chunked scan over a packed batch).
 
-Two kernels serve one call:
+Two kernels serve one call, three when ``ssd_dt_kernel`` (the per-tile ``dt'`` pre-pass, at the end of this
+module) feeds the fused kernel (``precomputed_dt``):
 
 ``ssd_runs_kernel``
     One CTA reads ``seq_idx`` and ``last_chunk_indices`` on the GPU (no host sync) and writes

@@ -1,6 +1,6 @@
 """TileLang launcher for ``ssd_combined_fwd_varlen``: one normalised :class:`SSDCall` -> kernel launches.
 
-Two launches:
+Two launches, three with the default ``prepass`` design:
     1. ``ssd_runs_kernel`` derives, on the GPU, the chunk range of each CTA row (runs of chunks with one
        ``seq_idx``) and the chunk -> state-row map of the returned/pool states;
     2. ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers and
@@ -240,7 +240,7 @@ def _vec1(t: torch.Tensor, skey, name) -> torch.Tensor:
     return t if t.is_contiguous() else _stage(skey, name, t)
 
 
-def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, tuple]:
+def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, ...]:
     """The kernel keys of a call for the variant ``kind`` (default: :func:`variant`): (fused, runs), plus the
     dt pre-pass for ``prepass``. Works on CPU tensors too: the precompile scripts use it."""
     kind = kind or variant()
