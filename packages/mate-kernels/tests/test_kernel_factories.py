@@ -77,9 +77,13 @@ def test_ssd_prepass_plan_trades_the_scan_buffers_for_per_stage_records():
 
 
 @pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
-@pytest.mark.parametrize("precomputed_dt", [False, True], ids=["fused", "prepass"])
-def test_ssd_fused_factory_takes_the_prepass_buffers_before_flags(precomputed_dt):
-    f = ssd.ssd_fused_kernel(heads=8, groups=2, dim=64, dstate=128, chunk_size=128, precomputed_dt=precomputed_dt)
+@pytest.mark.parametrize(
+    "precomputed_dt, lean", [(False, False), (True, False), (True, True)], ids=["fused", "prepass", "lean"]
+)
+def test_ssd_fused_factory_takes_the_prepass_buffers_before_flags(precomputed_dt, lean):
+    f = ssd.ssd_fused_kernel(
+        heads=8, groups=2, dim=64, dstate=128, chunk_size=128, precomputed_dt=precomputed_dt, lean=lean
+    )
     names = [p.name.removesuffix("_handle") for p in f.params]
     assert names[-3:] == ["dtA", "tmeta", "flags"]
 

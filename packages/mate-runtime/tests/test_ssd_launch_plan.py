@@ -102,6 +102,13 @@ def test_prepass_design_adds_the_dt_pass_with_the_call_dt_options():
     assert dkey[:4] == ("ssd_dt", 4, 128, 128) and (dkey[-3], dkey[-2]) == (0.01, 0.2)
 
 
+def test_lean_design_is_the_prepass_keys_under_its_own_name():
+    call = _call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True)
+    lean = tl_ssd.kernel_keys(call, "lean")
+    pre = tl_ssd.kernel_keys(call, "prepass")
+    assert lean[0][0] == "ssd_lean" and lean[0][1:] == pre[0][1:] and lean[1:] == pre[1:]
+
+
 def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):
     monkeypatch.delenv(tl_ssd.KERNEL_ENV, raising=False)
     assert tl_ssd.variant() == tl_ssd.DEFAULT_VARIANT == "prepass"

@@ -46,14 +46,14 @@ for stage in "${stages[@]}"; do
         ;;
     quick)
         stamp "bench quick"
-        timeout 180 python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-fused,mate-prepass,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
+        timeout 180 python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-prepass,mate-lean,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
     bench)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-fused,mate-prepass,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-prepass,mate-lean,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     *)

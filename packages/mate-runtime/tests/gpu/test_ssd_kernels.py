@@ -58,6 +58,7 @@ class Case:
     pool: str = ""  # "" | dense | paged: final_states_out + final_state_indices
     rows_view: bool = False  # x/B/C as row views of one packed buffer
     dt_dtype: torch.dtype = F32
+    out_pad: int = 0  # out as a row view of a wider buffer (8: TMA-compatible rows; 3: not, staged)
     seq_idx: tuple | None = None  # override (seq_idx authority)
     last: tuple | None = None
     extra: dict = field(default_factory=dict)
@@ -126,6 +127,10 @@ def fresh_pool(case: Case, batch: int, seed: int = 7):
 def run(case: Case, backend: str, seed: int = 0):
     kw = build(case, seed)
     out = torch.full_like(kw["x"], float("nan"), memory_format=torch.contiguous_format)
+    if case.out_pad:
+        T, H, P = out.shape
+        wide = torch.full((T, H * P + case.out_pad), float("nan"), dtype=out.dtype, device=out.device)
+        out = wide[:, : H * P].view(T, H, P)
     batch = kw["cu_seqlens"].shape[0] - 1
     if case.pool:
         pool, idx = fresh_pool(case, batch)
@@ -164,6 +169,8 @@ CASES = [
     pytest.param(
         Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2), intermediate=False), id="seq_idx-more-runs"
     ),
+    pytest.param(Case(out_pad=8, seqlens=(300, 5)), id="out-row-view_tma-compatible"),
+    pytest.param(Case(out_pad=3, seqlens=(300, 5)), id="out-row-view_unaligned-staged"),
     # tens of tiles per sequence
     pytest.param(Case(H=16, G=2, seqlens=(4000, 1, 1500, 700)), id="long-chains_c128"),
     pytest.param(Case(H=8, G=1, chunk=256, seqlens=(6000,), z=True), id="one-long-sequence_c256_z"),

@@ -47,7 +47,8 @@ def _kmod():
 
 
 KERNEL_ENV = "MATE_SSD_KERNEL"
-VARIANTS = ("fused", "prepass")
+VARIANTS = ("fused", "prepass", "lean")
+PREPASS_VARIANTS = ("prepass", "lean")  # the designs fed by the dt pre-pass
 DEFAULT_VARIANT = "prepass"
 
 
@@ -56,8 +57,10 @@ _override: list[str] = []  # set by ``using`` (tests and the benchmark compare t
 
 def variant() -> str:
     """The prefill kernel design: ``MATE_SSD_KERNEL`` = ``prepass`` (default: a parallel pre-pass computes every
-    tile's dt', cumsum and bounds, the fused kernel's producer loads them) or ``fused`` (the fused kernel's
-    consumers compute them per tile; 10-18 % slower on the H200, kept as the reference design)."""
+    tile's dt', cumsum and bounds, the fused kernel's producer loads them), ``fused`` (the fused kernel's
+    consumers compute them per tile; 10-18 % slower on the H200, kept as the reference design) or ``lean``
+    (prepass plus a trimmed per-tile instruction stream: uniform tests, branch-free mask, TMA output store;
+    compile-checked, not yet run on a GPU)."""
     if _override:
         return _override[-1]
     name = os.environ.get(KERNEL_ENV, "").strip().lower() or DEFAULT_VARIANT
@@ -149,7 +152,7 @@ def _fused_builder(key):
             heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
             dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
             dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
-            precomputed_dt=kind == "ssd_prepass", **tiles,
+            precomputed_dt=kind in ("ssd_prepass", "ssd_lean"), lean=kind == "ssd_lean", **tiles,
         )  # fmt: skip
 
     return build
@@ -192,6 +195,7 @@ def builder_for(key):
     return {
         "ssd_fused": _fused_builder,
         "ssd_prepass": _fused_builder,
+        "ssd_lean": _fused_builder,
         "ssd_dt": _dt_builder,
         "ssd_runs": _runs_builder,
     }[key[0]](key)
@@ -242,7 +246,7 @@ def _vec1(t: torch.Tensor, skey, name) -> torch.Tensor:
 
 def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, ...]:
     """The kernel keys of a call for the variant ``kind`` (default: :func:`variant`): (fused, runs), plus the
-    dt pre-pass for ``prepass``. Works on CPU tensors too: the precompile scripts use it."""
+    dt pre-pass for ``prepass`` / ``lean``. Works on CPU tensors too: the precompile scripts use it."""
     kind = kind or variant()
     use_fsi = call.final_state_indices is not None
     if call.return_intermediate_states or not use_fsi:
@@ -261,7 +265,7 @@ def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, ...]:
         has_D=call.D is not None, intermediate=call.return_intermediate_states, kind=f"ssd_{kind}",
     )  # fmt: skip
     rkey = _runs_key(_DT[call.seq_idx.dtype], _DT[call.last_chunk_indices.dtype], _DT[fsi_dt], use_fsi)
-    return (key, rkey, _dt_key(key)) if kind == "prepass" else (key, rkey)
+    return (key, rkey, _dt_key(key)) if kind in PREPASS_VARIANTS else (key, rkey)
 
 
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
@@ -326,11 +330,9 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         flags |= kmod.FLAG_INIT
     else:
         init = _dummy("init", dev, _torch_dtype(init_dt), (1, H, P, N))
-    out = (
-        call.out
-        if _inner_dense(call.out, 1)
-        else WORKSPACE.get(skey, "out", tuple(call.out.shape), call.out.dtype, dev)
-    )
+    # the lean design stores full tiles by TMA: out then needs TMA-compatible strides (else a staging copy)
+    out_ok = _tma_ok(call.out) if kind == "lean" else _inner_dense(call.out, 1)
+    out = call.out if out_ok else WORKSPACE.get(skey, "out", tuple(call.out.shape), call.out.dtype, dev)
     st = states if _inner_dense(states, 3) else WORKSPACE.get(skey, "states", tuple(states.shape), state_dt, dev)
     staged_states = st is not states
     if staged_states:
@@ -363,8 +365,8 @@ def _torch_dtype(name: str) -> torch.dtype:
 def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, kind=None):
     """The kernels a served model uses: vLLM's flags (dt_softplus, dt_bias, per-head D, default dt_limit, int32
     tables), returning final states and intermediate states, init in the state dtype, for the variant ``kind``
-    (default: :func:`variant`). Returns (fused kernel keys, helper keys: the runs kernels and, for ``prepass``,
-    the dt pre-pass)."""
+    (default: :func:`variant`). Returns (fused kernel keys, helper keys: the runs kernels and, for the designs
+    fed by the pre-pass, the dt pre-pass)."""
     kind = kind or variant()
     io, state = _DT[io_dtype], _DT[state_dtype]
     keys = [
@@ -394,7 +396,7 @@ def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtyp
         for intermediate in (False, True)
     ]
     helpers = [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
-    if kind == "prepass":
+    if kind in PREPASS_VARIANTS:
         helpers.append(_dt_key(keys[0]))
     return keys, helpers
 
@@ -473,7 +475,7 @@ def compile_grid() -> list[CompileItem]:
         (128, 8, 64, 128, 256, "bfloat16", "float32", False, False),
         (24, 1, 128, 256, 256, "float16", "bfloat16", True, True),
     ]
-    for kind, rows in (("fused", grid), ("prepass", prepass_grid)):
+    for kind, rows in (("fused", grid), ("prepass", prepass_grid), ("lean", prepass_grid)):
         items.extend(_compile_items(kind, rows))
     return items
 
@@ -492,7 +494,7 @@ def _compile_items(kind: str, rows) -> list[CompileItem]:
             f"{' D[H,P]' if dpd else ''} tile L{tiles['block_L']}xP{tiles['block_P']}"
         )
         items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key), pass_configs=dict(PASS_CONFIGS)))
-        if kind == "prepass":
+        if kind == "prepass":  # the lean rows share these pre-pass kernels
             dkey = _dt_key(key)
             items.append(CompileItem(family="ssd", label=f"dt pre-pass H{H} chunk{L} tile L{dkey[3]}",
                                      build=_dt_builder(dkey), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
