@@ -37,6 +37,7 @@ Token, chunk and batch counts are ``T.dynamic``. Factories take plain Python val
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the T.Tensor annotations.
+import functools
 import math
 
 LOG2E = 1.4426950408889634
@@ -45,6 +46,21 @@ FLAG_INIT = 2
 # Per-tile record of the dt pre-pass (first token, valid tokens, opening sequence or -1): 3 int32 used, padded
 # to 128 bytes because a TMA load's shared-memory destination (one per pipeline stage) must be 128-byte aligned.
 META_WIDTH = 32
+
+
+def dt_prime(T, raw, bias, *, has_dt_bias: bool, dt_softplus: bool, dt_min: float, dt_max: float):
+    """``dt' = clamp(softplus(dt + dt_bias), dt_min, dt_max)`` as a TIR expression of the raw fp32 ``dt`` (the one
+    place the rule is written; both kernels that compute dt' build it here). Bounds at +-inf are left out."""
+    v = raw
+    if has_dt_bias:
+        v = v + bias
+    if dt_softplus:
+        v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
+    if dt_max != math.inf:
+        v = T.min(v, T.float32(dt_max))
+    if dt_min != -math.inf:
+        v = T.max(v, T.float32(dt_min))
+    return v
 
 
 def fused_smem_bytes(
@@ -208,8 +224,7 @@ def ssd_fused_kernel(
     S = L // block_L
     BP, BL = block_P, block_L
     accum = "float32"
-    hi_finite = dt_max != math.inf
-    lo_active = dt_min != -math.inf
+    dtp = functools.partial(dt_prime, T, has_dt_bias=has_dt_bias, dt_softplus=dt_softplus, dt_min=dt_min, dt_max=dt_max)
 
     T_ = T.dynamic("T")
     nchunks = T.dynamic("nchunks")
@@ -309,17 +324,8 @@ def ssd_fused_kernel(
                 else:
                     # Stage 1: dt' and the within-tile cumsum of A * dt' (zero past the chunk's end).
                     for i in T.Parallel(BL):
-                        v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
-                        if has_dt_bias:
-                            v = v + T.Cast(accum, dt_bias[h])
-                        if dt_softplus:
-                            v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
-                        if hi_finite:
-                            v = T.min(v, T.float32(dt_max))
-                        if lo_active:
-                            v = T.max(v, T.float32(dt_min))
-                        v = T.if_then_else(i < n_valid, v, T.float32(0))
-                        dt_f[i] = v
+                        raw = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+                        dt_f[i] = T.if_then_else(i < n_valid, dtp(raw, T.Cast(accum, dt_bias[h])), T.float32(0))
                     T.copy(dt_f, dt_sh)
                     for i in T.Parallel(SCAN):
                         dA_sh[i] = T.if_then_else(i < BL, dt_sh[i] * a_h, T.float32(0))
@@ -478,8 +484,7 @@ def ssd_dt_kernel(
         raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
     S = L // BL
     accum = "float32"
-    hi_finite = dt_max != math.inf
-    lo_active = dt_min != -math.inf
+    dtp = functools.partial(dt_prime, T, has_dt_bias=has_dt_bias, dt_softplus=dt_softplus, dt_min=dt_min, dt_max=dt_max)
     scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
 
     T_ = T.dynamic("T")
@@ -506,16 +511,8 @@ def ssd_dt_kernel(
             sub = vt % S
             s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
             n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
-            v = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
-            if has_dt_bias:
-                v = v + T.Cast(accum, dt_bias[h])
-            if dt_softplus:
-                v = T.if_then_else(v > 20.0, v, T.log1p(T.exp(v)))
-            if hi_finite:
-                v = T.min(v, T.float32(dt_max))
-            if lo_active:
-                v = T.max(v, T.float32(dt_min))
-            v = T.if_then_else(i < n_valid, v, T.float32(0))
+            raw = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+            v = T.if_then_else(i < n_valid, dtp(raw, T.Cast(accum, dt_bias[h])), T.float32(0))
             dtA[vt, h, 1, i] = v
             a_s[i] = v * A[h]
             T.sync_threads()
