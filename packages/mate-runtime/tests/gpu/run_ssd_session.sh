@@ -41,7 +41,7 @@ for stage in "${stages[@]}"; do
         ;;
     profile)
         stamp "profile"
-        timeout 120 python3 $G/ssd_profile.py >"$OUT/profile.log" 2>&1
+        timeout 180 python3 $G/ssd_profile.py >"$OUT/profile.log" 2>&1
         stamp "profile rc=$?"
         ;;
     quick)
