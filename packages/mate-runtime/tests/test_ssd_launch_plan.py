@@ -99,14 +99,16 @@ def test_prepass_design_adds_the_dt_pass_with_the_call_dt_options():
     assert fused[0] == "ssd_prepass" and fused[1:] == tl_ssd.kernel_keys(call, "fused")[0][1:]
     assert rkey[0] == "ssd_runs"
     # heads, chunk, tile, then the dt options the pre-pass compiles in
-    assert dkey[:4] == ("ssd_dt", 4, 128, 128) and (dkey[-3], dkey[-2]) == (0.01, 0.2)
+    assert dkey[:4] == ("ssd_dt", 4, 128, 128) and (dkey[-4], dkey[-3]) == (0.01, 0.2) and dkey[-1] is False
 
 
 def test_lean_design_is_the_prepass_keys_under_its_own_name():
     call = _call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True)
     lean = tl_ssd.kernel_keys(call, "lean")
     pre = tl_ssd.kernel_keys(call, "prepass")
-    assert lean[0][0] == "ssd_lean" and lean[0][1:] == pre[0][1:] and lean[1:] == pre[1:]
+    assert lean[0][0] == "ssd_lean" and lean[0][1:] == pre[0][1:] and lean[1] == pre[1]
+    # the same pre-pass, but writing the decay rows
+    assert lean[2][:-1] == pre[2][:-1] and (lean[2][-1], pre[2][-1]) == (True, False)
 
 
 def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):

@@ -73,6 +73,7 @@ def fused_smem_bytes(
     threads: int = 256,
     scores_in_shared: bool = False,
     precomputed_dt: bool = False,
+    decay_rows: bool = False,
 ) -> int:
     """Dynamic shared memory of the fused kernel (TileLang multi-buffers the tiles the pipelined loop loads:
     x, B, C, dt' (and with ``precomputed_dt`` the cumsum and the tile record); scores kept in shared memory are
@@ -82,7 +83,7 @@ def fused_smem_bytes(
         per_stage += block_L * block_L * io_bytes
     fixed = (dstate + block_L) * dim_block * io_bytes
     if precomputed_dt:
-        per_stage += block_L * 4 + META_WIDTH * 4
+        per_stage += block_L * 4 * (3 if decay_rows else 1) + META_WIDTH * 4
     else:
         fixed += 2 * max(block_L, threads) * 4
     return num_stages * per_stage + fixed
@@ -189,6 +190,7 @@ def ssd_fused_kernel(
     scores_in_shared: bool = False,
     precomputed_dt: bool = False,
     lean: bool = False,
+    decay_rows: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -197,6 +199,10 @@ def ssd_fused_kernel(
     of one per element (``dest[c]`` is read once into a register), and a tile whose rows are all valid stores
     its output with one TMA store instead of 32 predicated scalar stores per thread (``out`` must then be
     TMA-compatible: 16-byte aligned base and row strides).
+
+    ``decay_rows`` (with ``precomputed_dt``) takes the pre-pass's four rows (``ssd_dt_kernel(decay_rows=True)``):
+    the cumsum already in log2 units and the per-row factors ``exp(dA_last - dA_k) dt'_k`` and ``exp(dA_m)``, so
+    the x weighting, the ``C·state`` scaling and the state decay need no ``exp2`` per element.
 
     With ``precomputed_dt`` the per-tile ``dt'``, its cumsum and the tile's bounds come from
     :func:`ssd_dt_kernel` (``dtA``, ``tmeta``), loaded by the producer warpgroup with the x/B/C tiles: the
@@ -219,6 +225,9 @@ def ssd_fused_kernel(
         raise ValueError(f"block_P ({block_P}) must divide dim ({P})")
     if L % block_L:
         raise ValueError(f"block_L ({block_L}) must divide chunk_size ({L})")
+    if decay_rows and not precomputed_dt:
+        raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
+    DTR = 4 if decay_rows else 2  # rows per (tile, head) of the pre-pass output
     rep = H // G
     n_pb = P // block_P
     S = L // block_L
@@ -262,7 +271,7 @@ def ssd_fused_kernel(
         initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
         out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
         states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
-        dtA: T.Tensor((nvt, H, 2, BL), accum),
+        dtA: T.Tensor((nvt, H, DTR, BL), accum),
         tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
         flags: T.int32,
     ):
@@ -278,6 +287,9 @@ def ssd_fused_kernel(
             if precomputed_dt:
                 dA_pre = T.alloc_shared((BL,), accum)
                 meta_s = T.alloc_shared((META_WIDTH,), "int32")
+                if decay_rows:
+                    wx_s = T.alloc_shared((BL,), accum)
+                    wy_s = T.alloc_shared((BL,), accum)
             else:
                 dA_sh = T.alloc_shared((SCAN,), accum)
                 dA_tmp = T.alloc_shared((SCAN,), accum)
@@ -315,6 +327,9 @@ def ssd_fused_kernel(
                     vt = c * S + sub
                     T.copy(dtA[vt, h, 0, 0:BL], dA_pre)
                     T.copy(dtA[vt, h, 1, 0:BL], dt_sh)
+                    if decay_rows:
+                        T.copy(dtA[vt, h, 2, 0:BL], wx_s)
+                        T.copy(dtA[vt, h, 3, 0:BL], wy_s)
                     T.copy(tmeta[vt, 0:META_WIDTH], meta_s)
                     s0 = meta_s[0]
                     n_valid = meta_s[1]
@@ -366,7 +381,10 @@ def ssd_fused_kernel(
                 # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state.
                 T.gemm(C_s, st_s, y, clear_accum=True, policy=policy)
                 for m, p in T.Parallel(BL, BP):
-                    y[m, p] = y[m, p] * T.exp2(dA_cs[m] * LOG2E)
+                    if decay_rows:
+                        y[m, p] = y[m, p] * wy_s[m]
+                    else:
+                        y[m, p] = y[m, p] * T.exp2(dA_cs[m] * LOG2E)
 
                 # Stage 4: C B^T, then the causal decay mask and dt' weights.
                 T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
@@ -374,12 +392,19 @@ def ssd_fused_kernel(
                     # no branch around the loads (so the compiler can reuse the per-row / per-column values):
                     # a 0/1 factor masks the upper triangle, min(., 0) keeps its exponent finite
                     for m, k in T.Parallel(BL, BL):
-                        cb_c[m, k] = (
-                            cb[m, k]
-                            * T.exp2(T.min(dA_cs[m] - dA_cs[k], T.float32(0)) * LOG2E)
-                            * dt_sh[k]
-                            * T.Cast(accum, k <= m)
-                        )
+                        if decay_rows:  # the cumsum is already in log2 units
+                            cb_c[m, k] = (
+                                cb[m, k]
+                                * T.exp2(T.min(dA_cs[m] - dA_cs[k], T.float32(0)))
+                                * (dt_sh[k] * T.Cast(accum, k <= m))
+                            )
+                        else:
+                            cb_c[m, k] = (
+                                cb[m, k]
+                                * T.exp2(T.min(dA_cs[m] - dA_cs[k], T.float32(0)) * LOG2E)
+                                * dt_sh[k]
+                                * T.Cast(accum, k <= m)
+                            )
                 else:
                     for m, k in T.Parallel(BL, BL):
                         cb_c[m, k] = T.if_then_else(
@@ -428,9 +453,15 @@ def ssd_fused_kernel(
 
                 # State update: state = exp(dA_last) state + B^T (x * exp(dA_last - dA_k) dt'_k).
                 for k, p in T.Parallel(BL, BP):
-                    xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
+                    if decay_rows:
+                        xw_s[k, p] = x_s[k, p] * wx_s[k]
+                    else:
+                        xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
                 for n, p in T.Parallel(N, BP):
-                    state[n, p] = state[n, p] * T.exp2(dA_cs[BL - 1] * LOG2E)
+                    if decay_rows:
+                        state[n, p] = state[n, p] * wy_s[BL - 1]
+                    else:
+                        state[n, p] = state[n, p] * T.exp2(dA_cs[BL - 1] * LOG2E)
                 T.gemm(B_s, xw_s, state, transpose_A=True)
 
                 # Chunk end: report the end state where asked.
@@ -466,16 +497,20 @@ def ssd_dt_kernel(
     dt_softplus: bool = True,
     dt_min: float = 0.0,
     dt_max: float = math.inf,
+    decay_rows: bool = False,
 ):
     """The per-tile ``dt'`` pre-pass of :func:`ssd_fused_kernel` with ``precomputed_dt``: one CTA of ``block_L``
     threads per (tile ``v = c * chunk_size / block_L + sub``, head). Writes
 
     - ``dtA[v, h, 0, :]`` the inclusive cumsum of ``A[h] dt'`` over the tile, ``dtA[v, h, 1, :]`` ``dt'`` itself,
       ``dt' = clamp(softplus(dt + dt_bias), lo, hi)`` and zero past the chunk's end;
-    - ``tmeta[v] = (first token, valid tokens, seq_idx[c] if the tile opens a sequence else -1, 0)``.
+    - ``tmeta[v] = (first token, valid tokens, seq_idx[c] if the tile opens a sequence else -1, 0)``;
+    - with ``decay_rows`` (the fused kernel's ``decay_rows``): row 0 holds the cumsum times log2(e), row 2
+      ``exp(dA_last - dA_k) dt'_k`` (the end-state weight of token k), row 3 ``exp(dA_m)``.
 
     Inputs: ``dt [T, H]`` (any row stride), ``A [H]`` fp32, ``dt_bias [H]``, ``cu_chunk_seqlens [nchunks + 1]``,
-    ``seq_idx [nchunks]``; outputs ``dtA [nchunks * S, H, 2, block_L]`` fp32, ``tmeta [nchunks * S, META_WIDTH]`` int32.
+    ``seq_idx [nchunks]``; outputs ``dtA [nchunks * S, H, 2 or 4, block_L]`` fp32,
+    ``tmeta [nchunks * S, META_WIDTH]`` int32.
     Fully parallel: it takes the loads, softplus and scan off the fused kernel's serial per-tile path."""
     import tilelang.language as T
 
@@ -483,6 +518,7 @@ def ssd_dt_kernel(
     if L % BL:
         raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
     S = L // BL
+    DTR = 4 if decay_rows else 2
     accum = "float32"
     dtp = functools.partial(dt_prime, T, has_dt_bias=has_dt_bias, dt_softplus=dt_softplus, dt_min=dt_min, dt_max=dt_max)
     scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
@@ -500,7 +536,7 @@ def ssd_dt_kernel(
         dt_bias: T.Tensor((H,), dt_bias_dtype),
         cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
         seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
-        dtA: T.Tensor((nvt, H, 2, BL), accum),
+        dtA: T.Tensor((nvt, H, DTR, BL), accum),
         tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
     ):
         with T.Kernel(nchunks * S, H, threads=BL) as (vt, h):
@@ -521,7 +557,13 @@ def ssd_dt_kernel(
                 dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
                 T.sync_threads()
                 src_buf, dst_buf = dst_buf, src_buf
-            dtA[vt, h, 0, i] = src_buf[i]
+            if decay_rows:
+                a = src_buf[i] * LOG2E
+                dtA[vt, h, 0, i] = a
+                dtA[vt, h, 2, i] = T.exp2(src_buf[BL - 1] * LOG2E - a) * v
+                dtA[vt, h, 3, i] = T.exp2(a)
+            else:
+                dtA[vt, h, 0, i] = src_buf[i]
             if h == 0:
                 if i == 0:
                     opens = T.if_then_else(

@@ -59,8 +59,8 @@ def variant() -> str:
     """The prefill kernel design: ``MATE_SSD_KERNEL`` = ``prepass`` (default: a parallel pre-pass computes every
     tile's dt', cumsum and bounds, the fused kernel's producer loads them), ``fused`` (the fused kernel's
     consumers compute them per tile; 10-18 % slower on the H200, kept as the reference design) or ``lean``
-    (prepass plus a trimmed per-tile instruction stream: uniform tests, branch-free mask, TMA output store;
-    compile-checked, not yet run on a GPU)."""
+    (prepass plus a trimmed per-tile instruction stream: uniform tests, branch-free mask, TMA output store,
+    per-row decay factors from the pre-pass; compile-checked, not yet run on a GPU)."""
     if _override:
         return _override[-1]
     name = os.environ.get(KERNEL_ENV, "").strip().lower() or DEFAULT_VARIANT
@@ -128,8 +128,9 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
                 num_stages=2,
                 scores_in_shared=shared,
                 precomputed_dt=pre,
-            )  # fmt: skip
-            for pre in (False, True)
+                decay_rows=rows,
+            )
+            for pre, rows in ((False, False), (True, False), (True, True))  # the three designs
         )
         if smem <= SMEM_LIMIT:
             return dict(block_P=block_P, block_L=block_L, threads=256, scores_in_shared=shared, num_stages=2)
@@ -152,7 +153,8 @@ def _fused_builder(key):
             heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
             dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
             dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
-            precomputed_dt=kind in ("ssd_prepass", "ssd_lean"), lean=kind == "ssd_lean", **tiles,
+            precomputed_dt=kind in ("ssd_prepass", "ssd_lean"), lean=kind == "ssd_lean",
+            decay_rows=kind == "ssd_lean", **tiles,
         )  # fmt: skip
 
     return build
@@ -160,18 +162,18 @@ def _fused_builder(key):
 
 def _dt_key(fused_key) -> tuple:
     """The pre-pass kernel of a ``prepass`` fused key (heads, chunk, tile, dt options)."""
-    (_, H, _G, P, N, L, io, _st, _init, dt, dtb, _D, _Dpd, cu, sq, softplus, lo, hi, has_dtb, _hD, _i) = fused_key
+    (kind, H, _G, P, N, L, io, _st, _init, dt, dtb, _D, _Dpd, cu, sq, softplus, lo, hi, has_dtb, _hD, _i) = fused_key
     block_L = plan(P, N, L, getattr(torch, io))["block_L"]
-    return ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb)
+    return ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, kind == "ssd_lean")
 
 
 def _dt_builder(key):
-    _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb = key
+    _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows = key
 
     def build():
         return _kmod().ssd_dt_kernel(
             heads=H, chunk_size=L, block_L=block_L, dt_dtype=dt, dt_bias_dtype=dtb, cu_dtype=cu, seq_idx_dtype=sq,
-            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi,
+            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows,
         )  # fmt: skip
 
     return build
@@ -344,7 +346,8 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     BL = tiles["block_L"]
     if dkey:
         nvt = nchunks * (L // BL)
-        dtA = WORKSPACE.get(skey, "dtA", (nvt, H, 2, BL), torch.float32, dev)
+        rows = 4 if dkey[0][-1] else 2  # the lean design's pre-pass adds the decay rows
+        dtA = WORKSPACE.get(skey, "dtA", (nvt, H, rows, BL), torch.float32, dev)
         tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
         _get(dkey[0], _dt_builder, dev)(dt, A, dt_bias, cu, seq_idx, dtA, tmeta)
     else:
@@ -494,10 +497,11 @@ def _compile_items(kind: str, rows) -> list[CompileItem]:
             f"{' D[H,P]' if dpd else ''} tile L{tiles['block_L']}xP{tiles['block_P']}"
         )
         items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key), pass_configs=dict(PASS_CONFIGS)))
-        if kind == "prepass":  # the lean rows share these pre-pass kernels
+        if kind != "fused":
             dkey = _dt_key(key)
-            items.append(CompileItem(family="ssd", label=f"dt pre-pass H{H} chunk{L} tile L{dkey[3]}",
-                                     build=_dt_builder(dkey), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
+            dlabel = f"dt pre-pass H{H} chunk{L} tile L{dkey[3]}{' decay rows' * dkey[-1]}"
+            items.append(CompileItem(family="ssd", label=dlabel, build=_dt_builder(dkey),
+                                     pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
