@@ -389,22 +389,16 @@ def ssd_fused_kernel(
                 # Stage 4: C B^T, then the causal decay mask and dt' weights.
                 T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
                 if lean:
-                    # no branch around the loads (so the compiler can reuse the per-row / per-column values):
-                    # a 0/1 factor masks the upper triangle, min(., 0) keeps its exponent finite
+                    # No branch around the loads (so the compiler can reuse the per-row / per-column values): a
+                    # 0/1 factor lo masks the upper triangle and zeroes its exponent there (exp2(0) stays finite
+                    # whatever the decay); the causal part keeps its exact exponent.
                     for m, k in T.Parallel(BL, BL):
+                        lo = T.Cast(accum, k <= m)
+                        ex = (dA_cs[m] - dA_cs[k]) * lo
                         if decay_rows:  # the cumsum is already in log2 units
-                            cb_c[m, k] = (
-                                cb[m, k]
-                                * T.exp2(T.min(dA_cs[m] - dA_cs[k], T.float32(0)))
-                                * (dt_sh[k] * T.Cast(accum, k <= m))
-                            )
+                            cb_c[m, k] = cb[m, k] * T.exp2(ex) * (dt_sh[k] * lo)
                         else:
-                            cb_c[m, k] = (
-                                cb[m, k]
-                                * T.exp2(T.min(dA_cs[m] - dA_cs[k], T.float32(0)) * LOG2E)
-                                * dt_sh[k]
-                                * T.Cast(accum, k <= m)
-                            )
+                            cb_c[m, k] = cb[m, k] * T.exp2(ex * LOG2E) * (dt_sh[k] * lo)
                 else:
                     for m, k in T.Parallel(BL, BL):
                         cb_c[m, k] = T.if_then_else(
