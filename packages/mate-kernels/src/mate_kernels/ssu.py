@@ -287,8 +287,10 @@ def ssu_kernel(
             dv[r] = T.cast(D[h * hd, prow(pb, r, rg) * hd], f32) * T.cast(hd, f32)
 
     @T.macro
-    def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv):
-        """s = s * exp(A dt) + dt x B ; acc[r] = sum over the row of s * C (all lanes of the row hold it)."""
+    def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, packed=False):
+        """s = s * exp(A dt) + dt x B ; acc[r] = sum over the row of s * C (all lanes of the row hold it).
+        ``packed``: ``s`` holds the raw (stored-dtype) registers; each value is widened, updated, added into the
+        row's dot product and narrowed back into ``s`` at once (``pack_early``)."""
         if tied:
             dtv[1] = T.exp(Av[0] * dtv[0])
         for r in T.unroll(R):
@@ -296,33 +298,13 @@ def ssu_kernel(
             for v in T.unroll(NV):
                 for i in T.unroll(VEC):
                     k = (r * NV + v) * VEC + i
-                    if tied:
-                        s[k] = s[k] * dtv[1] + (dtv[0] * xv[r]) * bv[v * VEC + i]
-                    else:
-                        s[k] = s[k] * T.exp(Av[k] * dtv[r]) + (dtv[r] * xv[r]) * bv[v * VEC + i]
-                    acc[r] = acc[r] + s[k] * cv[v * VEC + i]
-        for j in T.unroll(len(shfl_offsets)):
-            for r in T.unroll(R):
-                acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
-
-    @T.macro
-    def recur_reduce_pack(raw, Av, acc, xv, dtv, bv, cv):
-        """``recur_and_reduce`` on the raw (stored-dtype) registers: each value is widened, updated, added into
-        the row's dot product and narrowed back into ``raw`` at once (``pack_early``)."""
-        if tied:
-            dtv[1] = T.exp(Av[0] * dtv[0])
-        for r in T.unroll(R):
-            acc[r] = 0.0
-            for v in T.unroll(NV):
-                for i in T.unroll(VEC):
-                    k = (r * NV + v) * VEC + i
-                    s0 = T.cast(raw[k], f32)  # zeros were put in ``raw`` for a sentinel slot
+                    s0 = T.cast(s[k], f32) if packed else s[k]  # packed: zeros were put in ``raw`` for a sentinel
                     if tied:
                         s1 = s0 * dtv[1] + (dtv[0] * xv[r]) * bv[v * VEC + i]
                     else:
                         s1 = s0 * T.exp(Av[k] * dtv[r]) + (dtv[r] * xv[r]) * bv[v * VEC + i]
                     acc[r] = acc[r] + s1 * cv[v * VEC + i]
-                    raw[k] = T.cast(s1, state_dtype)
+                    s[k] = T.cast(s1, state_dtype) if packed else s1
         for j in T.unroll(len(shfl_offsets)):
             for r in T.unroll(R):
                 acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
@@ -467,7 +449,7 @@ def ssu_kernel(
                     bv[k] = T.cast(rb[k], f32)
                     cv[k] = T.cast(rc[k], f32)
                 if pack_early:
-                    recur_reduce_pack(raw, Av, acc, xv, dtv, bv, cv)
+                    recur_and_reduce(raw, Av, acc, xv, dtv, bv, cv, True)
                 else:
                     recur_and_reduce(s, Av, acc, xv, dtv, bv, cv)
                 write_y(acc, xv, dv, zv, out, b, h, pb, tx, flags)
