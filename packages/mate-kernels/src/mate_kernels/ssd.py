@@ -301,7 +301,8 @@ def ssd_fused_kernel(
             else:
                 cb_c = T.alloc_fragment((BL, BL), io_dtype)
             y = T.alloc_fragment((BL, BP), accum)
-            dt_f = T.alloc_fragment((BL,), accum)
+            if not precomputed_dt:
+                dt_f = T.alloc_fragment((BL,), accum)
             if lean:
                 d_row = T.alloc_local((1,), "int32")
 
@@ -395,10 +396,9 @@ def ssd_fused_kernel(
                     for m, k in T.Parallel(BL, BL):
                         lo = T.Cast(accum, k <= m)
                         ex = (dA_cs[m] - dA_cs[k]) * lo
-                        if decay_rows:  # the cumsum is already in log2 units
-                            cb_c[m, k] = cb[m, k] * T.exp2(ex) * (dt_sh[k] * lo)
-                        else:
-                            cb_c[m, k] = cb[m, k] * T.exp2(ex * LOG2E) * (dt_sh[k] * lo)
+                        if not decay_rows:  # with the decay rows the cumsum is already in log2 units
+                            ex = ex * LOG2E
+                        cb_c[m, k] = cb[m, k] * T.exp2(ex) * (dt_sh[k] * lo)
                 else:
                     for m, k in T.Parallel(BL, BL):
                         cb_c[m, k] = T.if_then_else(
