@@ -82,3 +82,12 @@ def test_env_names(monkeypatch):
                           ("0", []), ("", []), ("mate", ["mate"])):  # fmt: skip
         monkeypatch.setenv("MATE_TEST_NAMES", raw)
         assert env_names("MATE_TEST_NAMES", "triton") == expected, raw
+
+
+def test_ledger_is_one_per_owner():
+    from mate._import_hooks import Patches, ledger
+
+    a = ledger("test-owner-a", "pkg.")
+    assert isinstance(a, Patches) and (a.owner, a.prefix) == ("test-owner-a", "pkg.")
+    assert ledger("test-owner-a", "pkg.") is a
+    assert ledger("test-owner-b", "pkg.") is not a

@@ -112,3 +112,14 @@ class Patches:
                     setattr(m, attr, original)
         self.functions.clear()
         cancel(self.owner)
+
+
+_ledgers: dict = {}
+
+
+def ledger(owner: str, package_prefix: str) -> Patches:
+    """``owner``'s one :class:`Patches` ledger, made on first use (each adapter records and restores through it)."""
+    patches = _ledgers.get(owner)
+    if patches is None:
+        patches = _ledgers[owner] = Patches(owner, package_prefix)
+    return patches

@@ -40,16 +40,11 @@ PREFILL_PARAMS = (
     "return_intermediate_states", "state_dtype",
 )  # fmt: skip
 
-_patches = None  # the mate._import_hooks.Patches ledger, made on first use (module import stays stdlib-only)
-
 
 def _ledger():
-    global _patches
-    if _patches is None:
-        from mate._import_hooks import Patches
+    from mate._import_hooks import ledger  # imported on use: module import stays stdlib-only
 
-        _patches = Patches(OWNER, "sglang.")
-    return _patches
+    return ledger(OWNER, "sglang.")
 
 
 _state = {"ssu": None, "prefill": None}

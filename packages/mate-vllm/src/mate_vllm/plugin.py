@@ -39,16 +39,11 @@ PREFILL_PARAMS = (
     "state_dtype", "final_states_out", "final_state_indices",
 )  # fmt: skip
 
-_patches = None  # the mate._import_hooks.Patches ledger, made on first use (module import stays stdlib-only)
-
 
 def _ledger():
-    global _patches
-    if _patches is None:
-        from mate._import_hooks import Patches
+    from mate._import_hooks import ledger  # imported on use: module import stays stdlib-only
 
-        _patches = Patches(OWNER, "vllm.")
-    return _patches
+    return ledger(OWNER, "vllm.")
 
 
 _state = {"ssu": None, "prefill": None}  # what happened, for mate_vllm.plugin.status()
