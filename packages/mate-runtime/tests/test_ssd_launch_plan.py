@@ -125,3 +125,11 @@ def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):
     with pytest.raises(ValueError, match="kind"):
         with tl_ssd.using("split"):
             pass
+
+
+@pytest.mark.parametrize("impls", ["mate-split", "mate,triton", ","], ids=["unknown-design", "unknown-peer", "empty"])
+def test_bench_ssd_rejects_unknown_impls_before_touching_a_device(impls):
+    from mate.bench import ssd as bench_ssd
+
+    with pytest.raises(ValueError, match="--impls"):
+        bench_ssd.main(["--impls", impls])

@@ -182,11 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
+    impls = [i for i in args.impls.split(",") if i]
+    from .._tilelang.ssd import VARIANTS
+
+    known = {"mate", "vllm", *(f"mate-{v}" for v in VARIANTS)}
+    bad = [i for i in impls if i not in known]
+    if bad or not impls:
+        raise ValueError(f"--impls: expected a comma list of {', '.join(sorted(known))}; got {args.impls!r}")
     if not torch.cuda.is_available():
         print("mate bench ssd: needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
-    impls = [i for i in args.impls.split(",") if i]
     ceiling = copy_ceiling_tbps(dev)
     print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
 
