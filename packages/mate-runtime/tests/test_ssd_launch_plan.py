@@ -41,8 +41,52 @@ def test_plan_picks_a_fitting_tile(P, N, L, io, block_L, shared):
     ],
 )
 def test_plan_raises_not_implemented(P, N, L, io, words):
-    with pytest.raises(NotImplementedError, match=words):
+    with tl_ssd.narrow_p_allowed(False), pytest.raises(NotImplementedError, match=words):
         tl_ssd.plan(P, N, L, io)
+
+
+def test_narrow_p_needs_the_opt_in(monkeypatch):
+    monkeypatch.delenv(tl_ssd.NARROW_P_ENV, raising=False)
+    with pytest.raises(NotImplementedError, match=f"dim=80.*{tl_ssd.NARROW_P_ENV}=1"):
+        tl_ssd.plan(80, 128, 256, torch.bfloat16)
+    monkeypatch.setenv(tl_ssd.NARROW_P_ENV, "1")
+    assert tl_ssd.plan(80, 128, 256, torch.bfloat16)["narrow_p"] is True
+    monkeypatch.setenv(tl_ssd.NARROW_P_ENV, "yes")
+    with pytest.raises(ValueError, match=tl_ssd.NARROW_P_ENV):
+        tl_ssd.plan(80, 128, 256, torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "P, N, L, block_P, block_L",
+    [
+        pytest.param(80, 128, 256, 80, 64, id="P80-N128"),  # a 128-token tile does not fit beside the x transpose
+        pytest.param(80, 64, 128, 80, 128, id="P80-N64"),
+        pytest.param(160, 128, 128, 80, 64, id="P160-two-blocks"),
+        pytest.param(48, 256, 256, 48, 64, id="P48-N256"),
+    ],
+)
+def test_narrow_p_plan(P, N, L, block_P, block_L):
+    from mate_kernels.ssd import fused_smem_bytes
+
+    with tl_ssd.narrow_p_allowed():
+        p = tl_ssd.plan(P, N, L, torch.bfloat16)
+    assert (p["block_P"], p["block_L"], p["narrow_p"]) == (block_P, block_L, True)
+    smem = fused_smem_bytes(dim_block=block_P, dstate=N, block_L=block_L, io_bytes=2, num_stages=2,
+                            scores_in_shared=p["scores_in_shared"], precomputed_dt=True, decay_rows=True,
+                            narrow_p=True)  # fmt: skip
+    assert smem <= tl_ssd.SMEM_LIMIT
+
+
+@pytest.mark.parametrize("P", [pytest.param(72, id="P72-not-16"), pytest.param(8, id="P8")])
+def test_narrow_p_still_needs_16(P):
+    with tl_ssd.narrow_p_allowed(), pytest.raises(NotImplementedError, match=f"dim={P}"):
+        tl_ssd.plan(P, 128, 128, torch.bfloat16)
+
+
+def test_multiple_of_64_keeps_the_measured_tiling():
+    with tl_ssd.narrow_p_allowed():
+        p = tl_ssd.plan(128, 128, 256, torch.bfloat16)
+    assert p["block_P"] == 64 and "narrow_p" not in p
 
 
 def _call(**kw):

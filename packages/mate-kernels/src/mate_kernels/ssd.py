@@ -74,6 +74,7 @@ def fused_smem_bytes(
     scores_in_shared: bool = False,
     precomputed_dt: bool = False,
     decay_rows: bool = False,
+    narrow_p: bool = False,
 ) -> int:
     """Dynamic shared memory of the fused kernel (TileLang multi-buffers the tiles the pipelined loop loads:
     x, B, C, dt' (and with ``precomputed_dt`` the cumsum and the tile record); scores kept in shared memory are
@@ -82,6 +83,8 @@ def fused_smem_bytes(
     if scores_in_shared:
         per_stage += block_L * block_L * io_bytes
     fixed = (dstate + block_L) * dim_block * io_bytes
+    if narrow_p:  # the transposed x tile (x, then x weighted) beside the output tile
+        fixed += block_L * dim_block * io_bytes
     if precomputed_dt:
         per_stage += block_L * 4 * (3 if decay_rows else 1) + META_WIDTH * 4
     else:
@@ -191,6 +194,7 @@ def ssd_fused_kernel(
     precomputed_dt: bool = False,
     lean: bool = False,
     decay_rows: bool = False,
+    narrow_p: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -199,6 +203,11 @@ def ssd_fused_kernel(
     of one per element (``dest[c]`` is read once into a register), and a tile whose rows are all valid stores
     its output with one TMA store instead of 32 predicated scalar stores per thread (``out`` must then be
     TMA-compatible: 16-byte aligned base and row strides).
+
+    ``narrow_p`` serves a ``block_P`` that is not a multiple of 64 (e.g. a head dim of 80): the three GEMMs whose
+    N dimension is ``block_P`` (``C·state``, ``S x``, ``Bᵀ x``) take their B operand K-major (the state, x and the
+    weighted x transposed into shared memory by the consumers), because TileLang 0.1.15 has no canonical
+    MN-major wgmma layout for such a width; with a multiple of 64 the operands stay as loaded.
 
     ``decay_rows`` (with ``precomputed_dt``) takes the pre-pass's four rows (``ssd_dt_kernel(decay_rows=True)``):
     the cumsum already in log2 units and the per-row factors ``exp(dA_last - dA_k) dt'_k`` and ``exp(dA_m)``, so
@@ -225,6 +234,10 @@ def ssd_fused_kernel(
         raise ValueError(f"block_P ({block_P}) must divide dim ({P})")
     if L % block_L:
         raise ValueError(f"block_L ({block_L}) must divide chunk_size ({L})")
+    if block_P % 16:
+        raise ValueError(f"block_P ({block_P}) must be a multiple of 16")
+    if block_P % 64 and not narrow_p:
+        raise ValueError(f"block_P ({block_P}) not a multiple of 64 needs narrow_p (K-major B operands)")
     if decay_rows and not precomputed_dt:
         raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
     DTR = 4 if decay_rows else 2  # rows per (tile, head) of the pre-pass output
@@ -279,10 +292,15 @@ def ssd_fused_kernel(
             x_s = T.alloc_shared((BL, BP), io_dtype)
             B_s = T.alloc_shared((BL, N), io_dtype)
             C_s = T.alloc_shared((BL, N), io_dtype)
-            # One buffer serves the output tile (epilogue) and then x weighted for the state update.
             y_s = T.alloc_shared((BL, BP), io_dtype)
-            xw_s = y_s
-            st_s = T.alloc_shared((N, BP), io_dtype)
+            if narrow_p:
+                # K-major B operands: x transposed (then x weighted, for the state update) and the state
+                xt_s = T.alloc_shared((BP, BL), io_dtype)
+                st_s = T.alloc_shared((BP, N), io_dtype)
+            else:
+                # One buffer serves the output tile (epilogue) and then x weighted for the state update.
+                xw_s = y_s
+                st_s = T.alloc_shared((N, BP), io_dtype)
             dt_sh = T.alloc_shared((BL,), accum)
             if precomputed_dt:
                 dA_pre = T.alloc_shared((BL,), accum)
@@ -377,10 +395,14 @@ def ssd_fused_kernel(
                             T.if_then_else(has_init, T.Cast(accum, initial_states[sq, h, p0 + p, n]), T.float32(0)),
                             state[n, p],
                         )
-                T.copy(state, st_s)
-
                 # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state.
-                T.gemm(C_s, st_s, y, clear_accum=True, policy=policy)
+                if narrow_p:
+                    for p, n in T.Parallel(BP, N):
+                        st_s[p, n] = state[n, p]
+                    T.gemm(C_s, st_s, y, transpose_B=True, clear_accum=True, policy=policy)
+                else:
+                    T.copy(state, st_s)
+                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy)
                 for m, p in T.Parallel(BL, BP):
                     if decay_rows:
                         y[m, p] = y[m, p] * wy_s[m]
@@ -405,7 +427,12 @@ def ssd_fused_kernel(
                             k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
                         )
                 # Stage 5: intra-chunk scan.
-                T.gemm(cb_c, x_s, y, policy=policy)
+                if narrow_p:
+                    for p, k in T.Parallel(BP, BL):
+                        xt_s[p, k] = x_s[k, p]
+                    T.gemm(cb_c, xt_s, y, transpose_B=True, policy=policy)
+                else:
+                    T.gemm(cb_c, x_s, y, policy=policy)
 
                 # Epilogue: D x, silu(z), store the valid rows. Each step updates the accumulator fragment in
                 # place: a loop that reads global memory (z) and writes shared memory would be taken for a
@@ -446,17 +473,27 @@ def ssd_fused_kernel(
                             out[s0 + m, h, p0 + p] = y_s[m, p]
 
                 # State update: state = exp(dA_last) state + B^T (x * exp(dA_last - dA_k) dt'_k).
-                for k, p in T.Parallel(BL, BP):
-                    if decay_rows:
-                        xw_s[k, p] = x_s[k, p] * wx_s[k]
-                    else:
-                        xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
+                if narrow_p:  # written transposed (K-major for the GEMM below)
+                    for p, k in T.Parallel(BP, BL):
+                        if decay_rows:
+                            xt_s[p, k] = x_s[k, p] * wx_s[k]
+                        else:
+                            xt_s[p, k] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
+                else:
+                    for k, p in T.Parallel(BL, BP):
+                        if decay_rows:
+                            xw_s[k, p] = x_s[k, p] * wx_s[k]
+                        else:
+                            xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
                 for n, p in T.Parallel(N, BP):
                     if decay_rows:
                         state[n, p] = state[n, p] * wy_s[BL - 1]
                     else:
                         state[n, p] = state[n, p] * T.exp2(dA_cs[BL - 1] * LOG2E)
-                T.gemm(B_s, xw_s, state, transpose_A=True)
+                if narrow_p:
+                    T.gemm(B_s, xt_s, state, transpose_A=True, transpose_B=True)
+                else:
+                    T.gemm(B_s, xw_s, state, transpose_A=True)
 
                 # Chunk end: report the end state where asked.
                 if sub == S - 1:

@@ -212,8 +212,24 @@ def test_fp32_io_raises():
 
 def test_dim_80_raises():
     kw = build(Case(P=80))
-    with pytest.raises(NotImplementedError, match="dim=80"):
+    with tl_ssd.narrow_p_allowed(False), pytest.raises(NotImplementedError, match="dim=80"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
+
+
+# Head dims that are not a multiple of 64: the opt-in K-major tiling (``MATE_SSD_NARROW_P=1``).
+NARROW_P_CASES = [
+    pytest.param(Case(P=80, H=4, chunk=256, seqlens=(1, 255, 300, 513)), id="P80_c256_N128_64-token-tiles"),
+    pytest.param(Case(P=80, N=64, D="full", z=True, seqlens=(77, 129, 2)), id="P80_N64_128-token-tiles_Dfull_z"),
+    pytest.param(Case(P=80, intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="P80_intermediate_bf16"),
+    pytest.param(Case(P=80, pool="paged", io=F16, seqlens=(5, 400)), id="P80_paged-pool_fp16"),
+    pytest.param(Case(P=160, H=2, G=1, seqlens=(300, 40)), id="P160_two-80-wide-blocks"),
+]
+
+
+@pytest.mark.parametrize("case", NARROW_P_CASES)
+def test_narrow_p_matches_reference(case: Case, kind: str):
+    with tl_ssd.narrow_p_allowed():
+        test_kernels_match_reference(case, kind)
 
 
 def test_small_chunk_raises():

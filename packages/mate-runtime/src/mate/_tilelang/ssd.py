@@ -98,13 +98,50 @@ def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dty
             f"dstate={dstate} in the TileLang SSD prefill (64, 128 or 256) is not supported by MATE yet; "
             "use backend='torch'"
         )
-    if dim % 64:
-        # a 16-multiple P block (e.g. 80) makes the transposed x tile of the state-update wgmma a
-        # non-canonical GMMA layout in TileLang 0.1.15
+    if dim % 64 and (dim % 16 or not narrow_p_enabled()):
+        # A P block that is not a multiple of 64 (e.g. 80) has no canonical MN-major wgmma layout in TileLang
+        # 0.1.15; the K-major tiling (``narrow_p``) serves multiples of 16, but has not run on a GPU yet.
+        hint = f"; {NARROW_P_ENV}=1 enables the K-major tiling for it (compile-checked, not yet run on a GPU)"
         raise NotImplementedError(
             f"dim={dim} in the TileLang SSD prefill (a multiple of 64) is not supported by MATE yet; "
-            "use backend='torch'"
+            f"use backend='torch'{hint if dim % 16 == 0 else ''}"
         )
+
+
+NARROW_P_ENV = "MATE_SSD_NARROW_P"
+
+
+_narrow_override: list[bool] = []  # set by ``narrow_p_allowed`` (the compile check and the GPU tests)
+
+
+def narrow_p_enabled() -> bool:
+    """Whether head dims that are not a multiple of 64 (but of 16) may use the K-major ``narrow_p`` tiling
+    (``MATE_SSD_NARROW_P=1``; opt-in until it has passed the GPU tests)."""
+    if _narrow_override:
+        return _narrow_override[-1]
+    value = os.environ.get(NARROW_P_ENV, "0").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{NARROW_P_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+@contextlib.contextmanager
+def narrow_p_allowed(allowed: bool = True):
+    """Plan the enclosed calls' kernels as if ``MATE_SSD_NARROW_P`` were ``allowed`` (kernels are planned when
+    their builder is made, so a compile grid made inside this block keeps the setting)."""
+    _narrow_override.append(allowed)
+    try:
+        yield
+    finally:
+        _narrow_override.pop()
+
+
+def _block_p(dim: int) -> int:
+    """The P block: 64 where it divides the head dim (the measured tiling), else the largest multiple of 16 up
+    to 128 that divides it (the K-major ``narrow_p`` tiling; 80 for a head dim of 80)."""
+    if dim % 64 == 0:
+        return 64
+    return max(b for b in range(16, 129, 16) if dim % b == 0)
 
 
 def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
@@ -112,7 +149,8 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
     depth; the tile must fit with and without the dt pre-pass (one plan serves both designs). Raises
     NotImplementedError naming the capability when the kernel cannot serve the shape."""
     _check_supported(dim, dstate, chunk_size, io_dtype)
-    block_P = 64
+    block_P = _block_p(dim)
+    narrow = block_P % 64 != 0
     kmod = _kmod()
     forced = int(os.environ.get("MATE_SSD_BLOCK_L", "0"))  # tuning knob: force 64- or 128-token tiles
     for block_L in (forced,) if forced in (64, 128) else (128, 64):
@@ -129,11 +167,15 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
                 scores_in_shared=shared,
                 precomputed_dt=pre,
                 decay_rows=rows,
+                narrow_p=narrow,
             )
             for pre, rows in ((False, False), (True, False), (True, True))  # the three designs
         )
         if smem <= SMEM_LIMIT:
-            return dict(block_P=block_P, block_L=block_L, threads=256, scores_in_shared=shared, num_stages=2)
+            tiles = dict(block_P=block_P, block_L=block_L, threads=256, scores_in_shared=shared, num_stages=2)
+            if narrow:  # (only then, so the measured kernels' build arguments stay as they were)
+                tiles["narrow_p"] = True
+            return tiles
     raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the fused kernel's shared memory")
 
 
@@ -480,6 +522,9 @@ def compile_grid() -> list[CompileItem]:
     ]
     for kind, rows in (("fused", grid), ("prepass", prepass_grid), ("lean", prepass_grid)):
         items.extend(_compile_items(kind, rows))
+    # the opt-in K-major tiling of a head dim that is not a multiple of 64 (P 80: 64-token tiles at N 128)
+    with narrow_p_allowed():
+        items.extend(_compile_items("prepass", [(32, 4, 80, 128, 256, "bfloat16", "float32", False, False)]))
     return items
 
 
