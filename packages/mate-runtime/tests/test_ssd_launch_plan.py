@@ -177,3 +177,30 @@ def test_bench_ssd_rejects_unknown_impls_before_touching_a_device(impls):
 
     with pytest.raises(ValueError, match="--impls"):
         bench_ssd.main(["--impls", impls])
+
+
+def test_tile_knobs(monkeypatch):
+    monkeypatch.setenv(tl_ssd.THREADS_ENV, "512")
+    p = tl_ssd.plan(64, 128, 256, torch.bfloat16)
+    # four consumer warpgroups take the scores from shared memory; 128-token tiles then do not fit
+    assert (p["threads"], p["scores_in_shared"], p["block_L"]) == (512, True, 64)
+    monkeypatch.setenv(tl_ssd.THREADS_ENV, "0")
+    monkeypatch.setenv(tl_ssd.BLOCK_L_ENV, "64")
+    p = tl_ssd.plan(64, 128, 256, torch.bfloat16)
+    assert (p["threads"], p["scores_in_shared"], p["block_L"]) == (256, True, 64)
+    # explicit arguments win over the environment
+    assert tl_ssd.plan(64, 128, 256, torch.bfloat16, block_L=128)["block_L"] == 128
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        pytest.param(tl_ssd.THREADS_ENV, "384", id="threads-384"),
+        pytest.param(tl_ssd.BLOCK_L_ENV, "96", id="block-L-96"),
+        pytest.param(tl_ssd.BLOCK_L_ENV, "big", id="block-L-word"),
+    ],
+)
+def test_tile_knobs_reject_bad_values(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        tl_ssd.plan(64, 128, 256, torch.bfloat16)

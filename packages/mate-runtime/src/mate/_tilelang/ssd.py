@@ -144,19 +144,42 @@ def _block_p(dim: int) -> int:
     return max(b for b in range(16, 129, 16) if dim % b == 0)
 
 
-def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
+BLOCK_L_ENV = "MATE_SSD_BLOCK_L"
+THREADS_ENV = "MATE_SSD_THREADS"
+
+
+def _tile_knob(name: str, allowed: tuple[int, ...]) -> int | None:
+    """A tile tuning variable: None when unset, empty or 0 (the planner chooses), else one of ``allowed``
+    (ValueError naming the variable otherwise)."""
+    raw = os.environ.get(name, "").strip()
+    if raw in ("", "0"):
+        return None
+    if raw.isdigit() and int(raw) in allowed:
+        return int(raw)
+    raise ValueError(f"{name}={raw!r}: expected 0 (automatic) or one of {', '.join(map(str, allowed))}")
+
+
+def plan(
+    dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype, *, threads: int | None = None,
+    block_L: int | None = None,
+) -> dict:  # fmt: skip
     """Tile choice of the fused kernel for one shape: block_P, block_L, threads, scores placement, pipeline
-    depth; the tile must fit with and without the dt pre-pass (one plan serves both designs). Raises
+    depth; the tile must fit with and without the dt pre-pass (one plan serves both designs). ``threads``
+    (consumer threads, 256 or 512) and ``block_L`` (64 or 128) default to the tuning variables
+    ``MATE_SSD_THREADS`` / ``MATE_SSD_BLOCK_L``, else 256 and the longest tile that fits. Raises
     NotImplementedError naming the capability when the kernel cannot serve the shape."""
     _check_supported(dim, dstate, chunk_size, io_dtype)
     block_P = _block_p(dim)
     narrow = block_P % 64 != 0
     kmod = _kmod()
-    forced = int(os.environ.get("MATE_SSD_BLOCK_L", "0"))  # tuning knob: force 64- or 128-token tiles
-    for block_L in (forced,) if forced in (64, 128) else (128, 64):
+    forced = block_L or _tile_knob(BLOCK_L_ENV, (64, 128))
+    threads = threads or _tile_knob(THREADS_ENV, (256, 512)) or 256
+    for block_L in (forced,) if forced else (128, 64):
         if chunk_size % block_L:
             continue
-        shared = block_L < 128
+        # Scores feed the intra-chunk GEMM from registers only with two consumer warpgroups at 128 tokens (the
+        # row-split layout of the score GEMM then matches the A operand's); otherwise from shared memory.
+        shared = block_L < 128 or threads != 256
         smem = max(
             kmod.fused_smem_bytes(
                 dim_block=block_P,
@@ -168,11 +191,12 @@ def plan(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> dict:
                 precomputed_dt=pre,
                 decay_rows=rows,
                 narrow_p=narrow,
+                threads=threads,
             )
             for pre, rows in ((False, False), (True, False), (True, True))  # the three designs
         )
         if smem <= SMEM_LIMIT:
-            tiles = dict(block_P=block_P, block_L=block_L, threads=256, scores_in_shared=shared, num_stages=2)
+            tiles = dict(block_P=block_P, block_L=block_L, threads=threads, scores_in_shared=shared, num_stages=2)
             if narrow:  # (only then, so the measured kernels' build arguments stay as they were)
                 tiles["narrow_p"] = True
             return tiles
@@ -185,10 +209,11 @@ def _fused_key(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq,
             has_D, intermediate)  # fmt: skip
 
 
-def _fused_builder(key):
+def _fused_builder(key, tiles: dict | None = None):
+    """The build function of a fused-kernel key, with the planned tiles (or ``tiles``, for the compile check)."""
     (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
      intermediate) = key  # fmt: skip
-    tiles = plan(P, N, L, getattr(torch, io))
+    tiles = tiles or plan(P, N, L, getattr(torch, io))
 
     def build():
         return _kmod().ssd_fused_kernel(
@@ -525,6 +550,16 @@ def compile_grid() -> list[CompileItem]:
     # the opt-in K-major tiling of a head dim that is not a multiple of 64 (P 80: 64-token tiles at N 128)
     with narrow_p_allowed():
         items.extend(_compile_items("prepass", [(32, 4, 80, 128, 256, "bfloat16", "float32", False, False)]))
+    # the MATE_SSD_THREADS=512 tuning setting (four consumer warpgroups, scores in shared memory)
+    key = _fused_key(
+        H=128, G=8, P=64, N=128, L=256, io="bfloat16", state="float32", init="float32", dt="float32", dtb="float32",
+        D="float32", D_per_dim=False, cu="int32", sq="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True,
+        has_D=True, intermediate=False, kind="ssd_lean",
+    )  # fmt: skip
+    tiles = plan(64, 128, 256, torch.bfloat16, threads=512)
+    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 threads 512"
+    build = _fused_builder(key, tiles)
+    items.append(CompileItem(family="ssd", label=label, build=build, pass_configs=dict(PASS_CONFIGS)))
     return items
 
 
