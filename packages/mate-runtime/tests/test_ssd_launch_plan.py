@@ -204,3 +204,26 @@ def test_tile_knobs_reject_bad_values(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         tl_ssd.plan(64, 128, 256, torch.bfloat16)
+
+
+def test_cache_key_follows_the_tile_knobs(monkeypatch, fused_design):
+    key, rkey = tl_ssd.kernel_keys(_call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True))
+    default = tl_ssd.cache_key(key, tl_ssd.builder_for(key))
+    monkeypatch.setenv(tl_ssd.THREADS_ENV, "512")
+    wide = tl_ssd.cache_key(key, tl_ssd.builder_for(key))
+    # same kernel key, different tiles: never the same compiled kernel
+    assert default[: len(key)] == wide[: len(key)] == key and default != wide
+    assert tl_ssd.cache_key(rkey, tl_ssd.builder_for(rkey)) == rkey  # kernels without planned tiles
+
+
+def test_prewarm_model_caches_under_the_launcher_key():
+    from mate.prewarm_model import ModelSSM, plan_kernels
+
+    model = ModelSSM(model_type="mamba2", heads=8, dim=64, dstate=128, groups=2, chunk_size=128)
+    _, _, items = plan_kernels(model, tp=1, state_dtype=torch.float32, io_dtype=torch.bfloat16, mtp_tokens=0)
+    fkeys, rkeys = tl_ssd.prewarm_keys(
+        heads=8, groups=2, dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16, state_dtype=torch.float32,
+        dt_dtype=torch.float32,
+    )  # fmt: skip
+    expected = {tl_ssd.cache_key(k, tl_ssd.builder_for(k)) for k in fkeys + rkeys}
+    assert {key for fam, _label, key, _b, _pc in items if fam == "ssd"} == expected

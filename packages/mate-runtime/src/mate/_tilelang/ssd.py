@@ -224,6 +224,7 @@ def _fused_builder(key, tiles: dict | None = None):
             decay_rows=kind == "ssd_lean", **tiles,
         )  # fmt: skip
 
+    build.tiles = tiles  # part of the in-memory cache key (``_get``)
     return build
 
 
@@ -270,8 +271,18 @@ def builder_for(key):
     }[key[0]](key)
 
 
+def cache_key(key, build) -> tuple:
+    """The in-memory cache key of a kernel key and its build function. A fused kernel's tiles come from plan()
+    (the tuning variables included), not from its key: the compiled kernel is cached under both, so a process
+    that changes MATE_SSD_THREADS / MATE_SSD_BLOCK_L between calls never launches a kernel built for other tiles
+    than the launcher plans with."""
+    tiles = getattr(build, "tiles", None)
+    return key if tiles is None else key + (tuple(sorted(tiles.items())),)
+
+
 def _get(key, builder, device):
-    return CACHE.get(key, builder(key), device, prewarm_hint=PREWARM_HINT, pass_configs=PASS_CONFIGS)
+    build = builder(key)
+    return CACHE.get(cache_key(key, build), build, device, prewarm_hint=PREWARM_HINT, pass_configs=PASS_CONFIGS)
 
 
 def _dummy(kind, device, dtype, shape):
