@@ -93,22 +93,45 @@ def tma_wait_problems(src: str) -> list[str]:
     return problems
 
 
-def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False):
+def tma_store_problems(src: str) -> list[str]:
+    """TMA stores whose shared source may be overwritten while the store still reads it: the issuing thread
+    must wait for the store's reads (``tma_store_wait``) before the consumers' next barrier, after which any
+    of them may write the buffer again (the lean design reuses the output tile for the weighted x)."""
+    _, _, consumer = branches(src)
+    problems = []
+    for i, line in enumerate(consumer):
+        if "tl::tma_store(" not in line:
+            continue
+        wait = next((k for k in range(i, len(consumer)) if "tma_store_wait" in consumer[k]), None)
+        sync = next((k for k in range(i, len(consumer)) if re.search(r"__sync_thread_partial|__syncthreads|"
+                                                                     r"\.arrive\(", consumer[k])), None)  # fmt: skip
+        if wait is None or (sync is not None and sync < wait):
+            problems.append(f"store at +{i}: wait at {wait}, next barrier at {sync}")
+    return problems
+
+
+def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False, kind="fused"):
     from mate._tilelang import ssd as tl_ssd
 
     return tl_ssd._fused_key(
         H=H, G=G, P=P, N=N, L=L, io="bfloat16", dt="float32", dtb="float32", D="float32", D_per_dim=D_per_dim,
         cu="int32", softplus=softplus, lo=lo, hi=hi, has_dtb=True, has_D=has_D, state="float32", init="float32",
-        sq="int32", intermediate=False,
+        sq="int32", intermediate=False, kind=f"ssd_{kind}",
     )  # fmt: skip
 
 
 @functools.cache
-def source(key) -> str:
+def source(key, threads: int | None = None) -> str:
+    """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads. Head dims that
+    are not a multiple of 64 take the opt-in narrow-P tiling."""
+    import torch
     from mate._tilelang import ssd as tl_ssd
     from mate._tilelang.cache import compile_prim_func
 
-    kern = compile_prim_func(tl_ssd.builder_for(key)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
+    P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
+    with tl_ssd.narrow_p_allowed():
+        tiles = tl_ssd.plan(P, N, L, io, threads=threads)
+    kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
     return kern.get_kernel_source()
 
 
@@ -119,13 +142,24 @@ KERNELS = [
     pytest.param((SMALL, dict(has_D=False)), id="fused_no-D"),
     pytest.param((SMALL, dict(has_D=False, softplus=False, lo=0.02, hi=0.15)), id="fused_no-D_dt-limit"),
     pytest.param((FALCON, {}), id="fused_tile64_P128_N256"),
+    # options compile-checked but not yet run on a GPU: the lean design (uniform z / entering-state tests,
+    # TMA output store), the K-major narrow-P tiling, four consumer warpgroups
+    pytest.param((SMALL, dict(kind="lean")), id="lean"),
+    pytest.param((dict(SMALL, P=80), dict(kind="prepass")), id="prepass_narrow-P80"),
+    pytest.param((SMALL, dict(kind="lean", threads=512)), id="lean_512-consumer-threads"),
 ]
+
+
+def _source(spec) -> str:
+    shape, opts = spec
+    opts = dict(opts)
+    threads = opts.pop("threads", None)
+    return source(_key(**shape, **opts), threads)
 
 
 @pytest.mark.parametrize("spec", KERNELS)
 def test_producer_branch_only_issues_tma(spec):
-    shape, opts = spec
-    src = source(_key(**shape, **opts))
+    src = _source(spec)
     assert producer_foreign(src) == []
     _, _, consumer = branches(src)  # the epilogue's z read (f420745) stays with the consumers
     assert any("z[" in line for line in consumer)
@@ -133,8 +167,17 @@ def test_producer_branch_only_issues_tma(spec):
 
 @pytest.mark.parametrize("spec", KERNELS)
 def test_tma_buffers_are_waited_on_before_use(spec):
-    shape, opts = spec
-    assert tma_wait_problems(source(_key(**shape, **opts))) == []
+    assert tma_wait_problems(_source(spec)) == []
+
+
+@pytest.mark.parametrize("spec", [p for p in KERNELS if "lean" in p.id])
+def test_tma_store_reads_finish_before_the_next_barrier(spec):
+    src = _source(spec)
+    assert "tl::tma_store(" in src, "the lean design stores full tiles by TMA"
+    assert tma_store_problems(src) == []
+    # the check fails without the wait
+    mutated = re.sub(r"\n[^\n]*tma_store_wait[^\n]*", "", src)
+    assert tma_store_problems(mutated)
 
 
 def test_checks_can_fail():
