@@ -2,7 +2,8 @@
 
     nox -s tests      CPU tests (-m "not gpu") of every package; extra arguments go to pytest
     nox -s lint       ruff check + ruff format --check
-    nox -s compile    lower and compile every TileLang kernel configuration for sm_90a with nvcc (no GPU)
+    nox -s compile    lower and compile every TileLang kernel configuration for sm_90a with nvcc (no GPU), then
+                      check the SSD kernels' generated CUDA for warp-specialisation hazards
     nox -s build      wheel + sdist of every package into dist/, installed into a fresh venv and imported
     nox -s demo       `mate demo`: a Mamba2 layer's prefill + decode + MTP, checked against a recurrence
 
@@ -104,11 +105,13 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def compile(session: nox.Session) -> None:
-    """Every kernel configuration of the prewarm grid lowered and compiled for sm_90a (nvcc, no GPU)."""
+    """Every kernel configuration of the prewarm grid lowered and compiled for sm_90a (nvcc, no GPU); then the
+    generated-code checks of the SSD kernels (tests/test_ssd_generated_code.py: hazards of TileLang's warp
+    specialisation that compiling alone does not show; they need TileLang and nvcc, so they run here)."""
     install_torch(session)
     # Only the two packages the compile check uses, through their `cuda` extra (which pins TileLang).
     kernels, runtime = ROOT / "packages" / "mate-kernels", ROOT / "packages" / "mate-runtime"
-    session.install("-c", constraints(session), "-e", f"{kernels}[cuda]", "-e", f"{runtime}[cuda]")
+    session.install("-c", constraints(session), "-e", f"{kernels}[cuda]", "-e", f"{runtime}[cuda]", PYTEST)
     session.run("python", "-c", f"import tilelang; assert tilelang.__version__.startswith('{TILELANG[10:]}')")
     env = cuda_env()
     # An empty TileLang disk cache: every configuration really goes through lowering and nvcc on each run.
@@ -118,6 +121,9 @@ def compile(session: nox.Session) -> None:
     if shutil.which("nvcc", path=env.get("PATH")) is None:
         session.error("nvcc not found: set CUDA_HOME or put CUDA 13's bin/ on PATH")
     session.run("python", "-m", "mate._tilelang.compile_check", *session.posargs, env=env)
+    if not session.posargs:  # (a filtered compile check, e.g. --only ssu, skips them)
+        generated = runtime / "tests" / "test_ssd_generated_code.py"
+        session.run("pytest", "-q", "-p", "no:cacheprovider", str(generated.relative_to(ROOT)), env=env)
 
 
 @nox.session(python=PYTHON, reuse_venv=False)
