@@ -4,6 +4,7 @@ wiring of the subcommands that hand their arguments to other modules."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -35,6 +36,17 @@ def test_info_reports_versions_device_backends_and_cache(capsys):
     assert cache_dir() in out
     if not torch.cuda.is_available():
         assert "not usable: no CUDA or MUSA device" in out
+
+
+def test_info_lists_the_mate_settings_in_force(capsys, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("MATE_")]:
+        monkeypatch.delenv(k)
+    assert cli.main(["info"]) == 0
+    assert "defaults (no MATE_* variable set)" in capsys.readouterr().out
+    monkeypatch.setenv("MATE_SSD_KERNEL", "lean")
+    monkeypatch.setenv("MATE_SSD_NARROW_P", "1")
+    assert cli.main(["info"]) == 0
+    assert "MATE_SSD_KERNEL=lean, MATE_SSD_NARROW_P=1" in capsys.readouterr().out
 
 
 def test_info_reports_missing_tilelang_cleanly(capsys, monkeypatch):

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import statistics
 import sys
@@ -117,6 +118,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("backend tilelang", f"usable on {device} (target {tilelang_target(device)})"))
     rows.append(("backend auto", "tilelang" if not reasons else "torch"))
     rows.append(("kernel cache", cache_dir()))
+    # the kernel designs and tuning options in force (some select options not yet run on a GPU: docs say which)
+    settings = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MATE_")]
+    rows.append(("settings", ", ".join(settings) if settings else "defaults (no MATE_* variable set)"))
 
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
