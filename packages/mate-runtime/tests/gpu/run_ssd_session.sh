@@ -4,8 +4,9 @@
 #
 #     bash packages/mate-runtime/tests/gpu/run_ssd_session.sh [stage ...]
 #
-# Stages (default: all but ptxas, in this order; each under its own time limit so the later ones still run and
-# the partial results come back):
+# Stages (default: all but ptxas, in this order; each under its own time limit, cut to what is left of $BUDGET
+# (default 570 s, counted from before the setup), so the later ones still run and the results are packed before
+# the device command's 600 s limit):
 #     precompile  every SSD kernel of the tests and the benchmark, in parallel processes
 #     tests       tests/gpu/test_ssd_kernels.py, junit XML + log
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
@@ -28,28 +29,28 @@ for stage in "${stages[@]}"; do
     case "$stage" in
     precompile)
         stamp "precompile (jobs $JOBS)"
-        timeout 240 python3 $G/ssd_precompile.py --jobs "$JOBS" >"$OUT/precompile.log" 2>&1
+        timeout "$(stage_limit 240)" python3 $G/ssd_precompile.py --jobs "$JOBS" >"$OUT/precompile.log" 2>&1
         stamp "precompile rc=$? ($(grep -c '^precompiled' "$OUT/precompile.log") ok, $(grep -c FAILED "$OUT/precompile.log") failed)"
         ;;
     tests)
         stamp "tests"
-        timeout "${TESTS_S:-240}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
+        timeout "$(stage_limit "${TESTS_S:-300}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
             --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
         stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
         ;;
     ptxas)
         stamp "ptxas"
-        timeout 90 python3 $G/ssd_ptxas.py --out "$OUT/ptxas" >"$OUT/ptxas.log" 2>&1
+        timeout "$(stage_limit 90)" python3 $G/ssd_ptxas.py --out "$OUT/ptxas" >"$OUT/ptxas.log" 2>&1
         stamp "ptxas rc=$?"
         ;;
     profile)
         stamp "profile"
-        timeout 180 python3 $G/ssd_profile.py >"$OUT/profile.log" 2>&1
+        timeout "$(stage_limit 180)" python3 $G/ssd_profile.py >"$OUT/profile.log" 2>&1
         stamp "profile rc=$?"
         ;;
     quick)
         stamp "bench quick"
-        timeout 180 python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-prepass,mate-lean,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
+        timeout "$(stage_limit 180)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-prepass,mate-lean,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
     bench)
