@@ -18,6 +18,9 @@
 #     bench-bf16  the bf16-state A/B (docs/ssu-kernels.md, "bf16 state: what the generated code shows"): bf16
 #                 cases of `mate bench ssu --quick`, default kernels beside three other MATE_SSU_BF16_* settings (the first: the former default) and
 #                 the peers, written as ssu-bf16-ab.{md,json,png}
+#     bench-f32   the fp32-state A/B of the packed kernel's register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS 6 and 5
+#                 beside the default, no cap): fp32 cases of `mate bench ssu` (MTP 6 at batch 8 and 64 included),
+#                 written as ssu-f32-ab.{md,json,png}; then `gpu_pytest` of test_f32_packed_register_cap
 # Everything goes under $OUT (default ./ssu-session-out).
 OUT="${OUT:-$PWD/ssu-session-out}"
 stages=("$@")
@@ -74,6 +77,16 @@ for stage in "${stages[@]}"; do
             --env MATE_SSU_BF16_CHUNKS=8,MATE_SSU_BF16_MIN_BLOCKS=4 \
             >"$OUT/bench-bf16.log" 2>&1
         stamp "bench-bf16 rc=$?"
+        ;;
+    bench-f32)
+        gpu_pytest f32-option 120 packages/mate-runtime/tests/gpu/test_ssu_kernels.py -k f32_packed_register_cap
+        left=$(budget_left)
+        [ "$left" -lt 30 ] && { stamp "bench-f32 skipped: ${left}s left"; continue; }
+        stamp "bench-f32 (${left}s)"
+        timeout "$left" python3 -m mate.bench.ssu --state fp32 --out "$OUT" --name ssu-f32-ab \
+            --env MATE_SSU_F32_PACKED_MIN_BLOCKS=6 --env MATE_SSU_F32_PACKED_MIN_BLOCKS=5 \
+            >"$OUT/bench-f32.log" 2>&1
+        stamp "bench-f32 rc=$?"
         ;;
     *)
         stamp "unknown stage $stage"

@@ -363,19 +363,36 @@ def test_bf16_packed_without_register_cap(case, monkeypatch):
     _check_with_options(case, {"packed_min_blocks": 0}, monkeypatch)
 
 
-def _check_with_options(case, opts, monkeypatch):
+def _check_with_options(case, opts, monkeypatch, f32: bool = False):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)  # recipes keep the kernels they were built with
-    prev = tl_ssu.set_bf16_options(opts)
+    prev = tl_ssu.set_f32_options(opts) if f32 else tl_ssu.set_bf16_options(opts)
     try:
-        tag = tl_ssu._TAG_2B
+        tag = tl_ssu._TAG_F32 if f32 else tl_ssu._TAG_2B
         assert tag != "ssu"
         check(case)
         assert any(k[0] == tag for k in tl_ssu._kernels), "the option's kernel was not the one launched"
     finally:
-        tl_ssu._TAG_2B = prev
+        if f32:
+            tl_ssu._TAG_F32 = prev
+        else:
+            tl_ssu._TAG_2B = prev
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(Case(state=F32, form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8),
+                     id="mtp-t6-f32"),  # fmt: skip
+        pytest.param(Case(state=F32, form="dense", T=5, table="flat", ibuf=True, disable=True, parent=True),
+                     id="sglang-parent-f32"),  # fmt: skip
+    ],
+)
+def test_f32_packed_register_cap(case, monkeypatch):
+    """MATE_SSU_F32_PACKED_MIN_BLOCKS=6 (opt-in, 80 registers for 6 CTAs per SM) computes the same results."""
+    _check_with_options(case, {"packed_min_blocks": 6}, monkeypatch, f32=True)
 
 
 def test_one_token_kernel_chosen_by_shape():

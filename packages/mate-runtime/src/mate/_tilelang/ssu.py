@@ -193,6 +193,38 @@ def _tag_options(tag: str) -> dict:
 
 _TAG_2B = bf16_tag(parse_bf16_options(os.environ))
 
+# ---- The one option for fp32 states (docs/ssu-kernels.md): a register cap for the packed (MTP) kernel. ptxas
+# gives it 80 registers without spilling under a 6-CTA cap (4 CTAs per SM without one); not measured yet, so
+# the default stays 0 (no cap) and keeps the plain "ssu" key; another value tags fp32 packed keys "ssu:f32pmb=n".
+#   MATE_SSU_F32_PACKED_MIN_BLOCKS=n  __launch_bounds__(threads, n) on the fp32-state packed kernel (0: no cap)
+F32_ENV = ("MATE_SSU_F32_PACKED_MIN_BLOCKS",)
+F32_DEFAULTS = {"packed_min_blocks": 0}
+
+
+def parse_f32_options(env) -> dict:
+    """The fp32-state kernel options from an environment mapping (ValueError on a malformed value)."""
+    value = env.get("MATE_SSU_F32_PACKED_MIN_BLOCKS", "0")
+    if not value.isdigit() or not 0 <= int(value) <= 32:
+        raise ValueError(f"MATE_SSU_F32_PACKED_MIN_BLOCKS: expected an integer 0..32, got {value!r}")
+    return {"packed_min_blocks": int(value)}
+
+
+def f32_tag(opts: dict) -> str:
+    """The key's first entry of an fp32-state packed kernel: "ssu" for the defaults, else "ssu:f32pmb=n"."""
+    return "ssu" if opts == F32_DEFAULTS else f"ssu:f32pmb={opts['packed_min_blocks']}"
+
+
+_TAG_F32 = f32_tag(parse_f32_options(os.environ))
+
+
+def set_f32_options(opts: dict | None) -> str:
+    """Switch the fp32-state options for kernels planned from now on (None: the defaults); returns the previous
+    tag (A/B benchmarks, as :func:`set_bf16_options`)."""
+    global _TAG_F32
+    prev = _TAG_F32
+    _TAG_F32 = f32_tag(dict(F32_DEFAULTS) if opts is None else {**F32_DEFAULTS, **opts})
+    return prev
+
 
 def set_bf16_options(opts: dict | None) -> str:
     """Switch the 2-byte-state options for kernels planned from now on (None: the defaults); returns the previous
@@ -206,7 +238,10 @@ def set_bf16_options(opts: dict | None) -> str:
 
 def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
          vstate, vio):  # fmt: skip
-    tag = _TAG_2B if state_dt in TWO_BYTE_STATES else "ssu"
+    if state_dt in TWO_BYTE_STATES:
+        tag = _TAG_2B
+    else:
+        tag = _TAG_F32 if state_dt == torch.float32 and not one_token else "ssu"
     return (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
             tied, vstate, vio)  # fmt: skip
 
@@ -214,11 +249,14 @@ def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, d
 def _builder(key):
     (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
      vio) = key  # fmt: skip
-    # the options shape 2-byte-state kernels only; fp32 states keep the factory's defaults
+    # the 2-byte-state options; fp32 states keep the factory's defaults but for the packed kernel's register cap
     opts = _tag_options(tag) if state_dt in TWO_BYTE_STATES else {}
+    f32_cap = int(tag.split("=")[1]) if tag.startswith("ssu:f32pmb=") else 0
 
     def build():
         extra = {}
+        if f32_cap:
+            extra = dict(min_blocks=f32_cap)
         if opts:
             kmod = _kmod()
             extra = dict(
@@ -651,6 +689,11 @@ def compile_grid() -> list[CompileItem]:
             f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}"
         )
         items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
+    # the fp32 packed kernel under the opt-in 6-CTA register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS=6)
+    base = _key(False, 64, 128, 16, f32, bf16, f32, f32, f32, i32, i64, i32, f32, True, True, True)
+    key = (f32_tag({"packed_min_blocks": 6}),) + base[1:]
+    label = f"packed P64 N128 H/G16 state=float32 io=bfloat16 dt=float32 tied {key[0]}"
+    items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
     # the former 2-byte default (no register caps, late narrowing): still selectable for A/B runs
     ab = {"pack_early": False, "min_blocks": 0, "per_thread": 4, "packed_min_blocks": 0}
     for one_token in (True, False):
@@ -666,5 +709,5 @@ def compile_grid() -> list[CompileItem]:
 __all__ = [
     "selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS",
     "LaunchRecipe", "make_recipe", "direct_callable", "parse_bf16_options", "bf16_tag", "set_bf16_options",
-    "BF16_ENV", "BF16_DEFAULTS",
+    "BF16_ENV", "BF16_DEFAULTS", "F32_ENV", "F32_DEFAULTS", "parse_f32_options", "f32_tag", "set_f32_options",
 ]  # fmt: skip

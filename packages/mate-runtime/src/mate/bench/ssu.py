@@ -113,38 +113,42 @@ def _mate(st: Setup, w: Window):
 
 
 def _mate_with_options(spec: str):
-    """MATE with the bf16-state kernel options of ``spec`` ("MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8"):
-    each call plans its kernel under those options (the eager fast path is off for it, so the time includes no
-    host-side difference that matters under graph replay; no host time is reported for it)."""
+    """MATE with the kernel options of ``spec`` ("MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8", or the fp32
+    state's "MATE_SSU_F32_PACKED_MIN_BLOCKS=6"): each call plans its kernel under those options (the eager fast
+    path is off for it, so the time includes no host-side difference that matters under graph replay; no host
+    time is reported for it)."""
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 
+    names = tl_ssu.BF16_ENV + tl_ssu.F32_ENV
     env = {}
     for item in spec.replace(" ", ",").split(","):
         if not item:
             continue
         name, sep, value = item.partition("=")
-        if not sep or name not in tl_ssu.BF16_ENV:
-            raise ValueError(f"--env {spec!r}: expected NAME=VALUE items with NAME in {tl_ssu.BF16_ENV}")
+        if not sep or name not in names:
+            raise ValueError(f"--env {spec!r}: expected NAME=VALUE items with NAME in {names}")
         env[name] = value
     opts = tl_ssu.parse_bf16_options(env)
+    f32_opts = tl_ssu.parse_f32_options(env)
 
     def call(st: Setup, w: Window):
         fast, mssu.FAST_PATH = mssu.FAST_PATH, False
         prev = tl_ssu.set_bf16_options(opts)
+        prev_f32 = tl_ssu.set_f32_options(f32_opts)
         try:
             return _mate(st, w)
         finally:
-            tl_ssu._TAG_2B = prev
+            tl_ssu._TAG_2B, tl_ssu._TAG_F32 = prev, prev_f32
             mssu.FAST_PATH = fast
 
     return call
 
 
 def variant_name(spec: str) -> str:
-    """The implementation name of a ``--env`` variant: mate[PACK=1,MIN_BLOCKS=8]."""
+    """The implementation name of a ``--env`` variant: mate[PACK=1,MIN_BLOCKS=8], mate[F32_PACKED_MIN_BLOCKS=6]."""
     items = [i for i in spec.replace(" ", ",").split(",") if i]
-    return "mate[" + ",".join(i.replace("MATE_SSU_BF16_", "") for i in items) + "]"
+    return "mate[" + ",".join(i.replace("MATE_SSU_BF16_", "").replace("MATE_SSU_", "") for i in items) + "]"
 
 
 def _load_vllm():
@@ -337,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", choices=("bf16", "fp32"), default=None, help="only the cases of this state dtype")
     ap.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
-        help="one more MATE column with these bf16-state kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS; "
-        "docs/ssu-kernels.md), beside the default kernels; repeatable",
+        help="one more MATE column with these kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS, "
+        "_PACKED_MIN_BLOCKS for 2-byte states; MATE_SSU_F32_PACKED_MIN_BLOCKS for fp32; docs/ssu-kernels.md), "
+        "beside the default kernels; repeatable",
     )  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
