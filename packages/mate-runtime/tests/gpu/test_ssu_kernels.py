@@ -384,10 +384,14 @@ def _check_with_options(case, opts, monkeypatch, f32: bool = False):
 @pytest.mark.parametrize(
     "case",
     [
-        pytest.param(Case(state=F32, form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8),
-                     id="mtp-t6-f32"),  # fmt: skip
-        pytest.param(Case(state=F32, form="dense", T=5, table="flat", ibuf=True, disable=True, parent=True),
-                     id="sglang-parent-f32"),  # fmt: skip
+        pytest.param(
+            Case(state=F32, form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8),
+            id="mtp-t6-f32",
+        ),
+        pytest.param(
+            Case(state=F32, form="dense", T=5, table="flat", ibuf=True, disable=True, parent=True),
+            id="sglang-parent-f32",
+        ),
     ],
 )
 def test_f32_packed_register_cap(case, monkeypatch):
