@@ -121,7 +121,7 @@ def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per
 
 
 @functools.cache
-def source(key, threads: int | None = None) -> str:
+def source(key, threads: int | None = None, fold: bool = False) -> str:
     """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads. Head dims that
     are not a multiple of 64 take the opt-in narrow-P tiling."""
     import torch
@@ -131,6 +131,8 @@ def source(key, threads: int | None = None) -> str:
     P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
     with tl_ssd.narrow_p_allowed():
         tiles = tl_ssd.plan(P, N, L, io, threads=threads)
+    if fold:
+        tiles["fold_dt"] = True
     kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
     return kern.get_kernel_source()
 
@@ -147,6 +149,7 @@ KERNELS = [
     pytest.param((SMALL, dict(kind="lean")), id="lean"),
     pytest.param((dict(SMALL, P=80), dict(kind="prepass")), id="prepass_narrow-P80"),
     pytest.param((SMALL, dict(kind="lean", threads=512)), id="lean_512-consumer-threads"),
+    pytest.param((SMALL, dict(kind="lean", fold=True)), id="lean_folded-mask"),
 ]
 
 
@@ -154,7 +157,8 @@ def _source(spec) -> str:
     shape, opts = spec
     opts = dict(opts)
     threads = opts.pop("threads", None)
-    return source(_key(**shape, **opts), threads)
+    fold = opts.pop("fold", False)
+    return source(_key(**shape, **opts), threads, fold)
 
 
 @pytest.mark.parametrize("spec", KERNELS)

@@ -227,3 +227,22 @@ def test_prewarm_model_caches_under_the_launcher_key():
     )  # fmt: skip
     expected = {tl_ssd.cache_key(k, tl_ssd.builder_for(k)) for k in fkeys + rkeys}
     assert {key for fam, _label, key, _b, _pc in items if fam == "ssd"} == expected
+
+
+def test_mask_fold_option(monkeypatch):
+    lean_key, _, dkey = tl_ssd.kernel_keys(_call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True), "lean")
+    pre_key, _, pre_dkey = tl_ssd.kernel_keys(_call(dt_softplus=True), "prepass")
+    monkeypatch.delenv(tl_ssd.MASK_FOLD_ENV, raising=False)
+    assert "fold_dt" not in tl_ssd._fused_builder(lean_key).tiles and tl_ssd._dt_builder(dkey).tiles is None
+    monkeypatch.setenv(tl_ssd.MASK_FOLD_ENV, "1")
+    assert tl_ssd._fused_builder(lean_key).tiles["fold_dt"] is True
+    assert tl_ssd._dt_builder(dkey).tiles == {"fold_dt": True}
+    # only the lean design folds; the cache keys follow
+    assert "fold_dt" not in tl_ssd._fused_builder(pre_key).tiles and tl_ssd._dt_builder(pre_dkey).tiles is None
+    assert tl_ssd.cache_key(dkey, tl_ssd._dt_builder(dkey)) != dkey
+    # log2 dt' needs dt' >= 0: no softplus and a negative lower limit keeps the plain mask
+    neg_key, _, neg_dkey = tl_ssd.kernel_keys(_call(dt_softplus=False, dt_limit=(-1.0, 1.0)), "lean")
+    assert "fold_dt" not in tl_ssd._fused_builder(neg_key).tiles and tl_ssd._dt_builder(neg_dkey).tiles is None
+    monkeypatch.setenv(tl_ssd.MASK_FOLD_ENV, "2")
+    with pytest.raises(ValueError, match=tl_ssd.MASK_FOLD_ENV):
+        tl_ssd._fused_builder(lean_key)

@@ -232,6 +232,39 @@ def test_narrow_p_matches_reference(case: Case, kind: str):
         test_kernels_match_reference(case, kind)
 
 
+# The lean design with dt' folded into the mask's exponent (``MATE_SSD_MASK_FOLD=1``, opt-in).
+FOLD_CASES = [
+    pytest.param(Case(), id="ragged_c128"),
+    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700)), id="c256_lens-1-255-256-257-700"),
+    pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D=""), id="dt-limit_no-softplus"),
+    # a negative lower limit: dt' >= 0 is not guaranteed, so the mask stays plain (dt' itself stays positive here)
+    pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(-0.05, 1.0)), id="negative-dt-limit_plain-mask"),
+    pytest.param(Case(H=8, G=1, chunk=256, seqlens=(6000,), z=True), id="one-long-sequence_c256_z"),
+    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
+]
+
+
+@pytest.mark.parametrize("case", FOLD_CASES)
+def test_lean_folded_mask_matches_reference(case: Case, monkeypatch):
+    from mate._tilelang.cache import CACHE
+    from mate.mamba._ssd_call import normalize_ssd
+
+    monkeypatch.setenv(tl_ssd.MASK_FOLD_ENV, "1")
+    with tl_ssd.using("lean"):
+        test_kernels_match_reference(case, "lean")
+    # the kernel this call launched is the folded one (or, where log2 dt' is not safe, the plain one)
+    kw = build(case)
+    if case.pool:
+        pool, idx = fresh_pool(case, len(case.seqlens))
+        kw.update(final_states_out=pool, final_state_indices=idx)
+    names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
+             "seq_idx"]  # fmt: skip
+    key = tl_ssd.kernel_keys(normalize_ssd(*[kw.pop(n) for n in names], **kw), "lean")[0]
+    build_fn = tl_ssd.builder_for(key)
+    assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
+    assert build_fn.tiles.get("fold_dt", False) == (case.softplus or case.dt_limit[0] >= 0)
+
+
 def test_small_chunk_raises():
     kw = build(Case(chunk=32))
     with pytest.raises(NotImplementedError, match="chunk_size"):

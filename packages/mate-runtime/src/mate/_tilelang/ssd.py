@@ -146,6 +146,7 @@ def _block_p(dim: int) -> int:
 
 BLOCK_L_ENV = "MATE_SSD_BLOCK_L"
 THREADS_ENV = "MATE_SSD_THREADS"
+MASK_FOLD_ENV = "MATE_SSD_MASK_FOLD"
 
 
 def _tile_knob(name: str, allowed: tuple[int, ...]) -> int | None:
@@ -157,6 +158,17 @@ def _tile_knob(name: str, allowed: tuple[int, ...]) -> int | None:
     if raw.isdigit() and int(raw) in allowed:
         return int(raw)
     raise ValueError(f"{name}={raw!r}: expected 0 (automatic) or one of {', '.join(map(str, allowed))}")
+
+
+def _fold_valid(kind: str, softplus: bool, lo: float) -> bool:
+    """Whether a kernel may fold dt' into the lean mask's exponent: it takes log2 dt', so only the lean design
+    and only where dt' >= 0 is guaranteed (softplus, or dt_min >= 0)."""
+    return kind == "ssd_lean" and (softplus or lo >= 0)
+
+
+def _mask_fold(kind: str, softplus: bool, lo: float) -> bool:
+    """Whether to fold (``MATE_SSD_MASK_FOLD=1``, opt-in: compile-checked, not yet run) where it is valid."""
+    return _fold_valid(kind, softplus, lo) and _tile_knob(MASK_FOLD_ENV, (1,)) == 1
 
 
 def plan(
@@ -213,7 +225,10 @@ def _fused_builder(key, tiles: dict | None = None):
     """The build function of a fused-kernel key, with the planned tiles (or ``tiles``, for the compile check)."""
     (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
      intermediate) = key  # fmt: skip
-    tiles = tiles or plan(P, N, L, getattr(torch, io))
+    tiles = dict(tiles or plan(P, N, L, getattr(torch, io)))
+    # the folded lean mask: asked for by the caller's tiles (compile check, tests) or the environment
+    if (tiles.pop("fold_dt", False) or _mask_fold(kind, softplus, lo)) and _fold_valid(kind, softplus, lo):
+        tiles["fold_dt"] = True
 
     def build():
         return _kmod().ssd_fused_kernel(
@@ -235,15 +250,21 @@ def _dt_key(fused_key) -> tuple:
     return ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, kind == "ssd_lean")
 
 
-def _dt_builder(key):
+def _dt_builder(key, fold: bool | None = None):
+    """The build function of a pre-pass key; ``fold`` (default: as the fused kernel's ``_mask_fold``) writes the
+    folded row 1 for the lean mask (then part of the in-memory cache key, like the fused kernel's tiles)."""
     _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows = key
+    kind = "ssd_lean" if decay_rows else "ssd_prepass"  # (only the lean design's pre-pass has decay rows)
+    fold = _mask_fold(kind, softplus, lo) if fold is None else fold and _fold_valid(kind, softplus, lo)
+    extra = {"fold_dt": True} if fold else {}
 
     def build():
         return _kmod().ssd_dt_kernel(
             heads=H, chunk_size=L, block_L=block_L, dt_dtype=dt, dt_bias_dtype=dtb, cu_dtype=cu, seq_idx_dtype=sq,
-            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows,
+            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows, **extra,
         )  # fmt: skip
 
+    build.tiles = extra or None
     return build
 
 
@@ -571,6 +592,13 @@ def compile_grid() -> list[CompileItem]:
     label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 threads 512"
     build = _fused_builder(key, tiles)
     items.append(CompileItem(family="ssd", label=label, build=build, pass_configs=dict(PASS_CONFIGS)))
+    # the MATE_SSD_MASK_FOLD=1 lean mask (dt' folded into the exponent) and its pre-pass
+    tiles = {**plan(64, 128, 256, torch.bfloat16), "fold_dt": True}
+    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 folded mask"
+    items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
+                             pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
+    items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows folded",
+                             build=_dt_builder(_dt_key(key), fold=True), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
