@@ -24,9 +24,8 @@ def main(argv=None) -> int:
 
     # the narrow-P cases' kernels (opt-in tiling) are planned here and in the spawned compile workers
     os.environ[tl_ssd.NARROW_P_ENV] = "1"
-    keys = []
-    for p in t.CASES + t.NARROW_P_CASES:
-        case = p.values[0]
+
+    def call_of(case):
         kw = t.build(case, dev="cpu")
         kw = {k: v for k, v in kw.items()}
         if case.pool:
@@ -38,7 +37,11 @@ def main(argv=None) -> int:
         names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
                  "seq_idx"]  # fmt: skip
         pos = [kw.pop(n) for n in names]
-        call = normalize_ssd(*pos, **kw)
+        return normalize_ssd(*pos, **kw)
+
+    keys = []
+    for p in t.CASES + t.NARROW_P_CASES:
+        call = call_of(p.values[0])
         for kind in tl_ssd.VARIANTS:
             keys.extend(tl_ssd.kernel_keys(call, kind))
     if not args.only_tests:
@@ -56,6 +59,14 @@ def main(argv=None) -> int:
     keys = list(dict.fromkeys(keys))
     print(f"{len(keys)} kernels", flush=True)
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
+    # the folded-mask lean kernels of their GPU test: the same keys, built under MATE_SSD_MASK_FOLD=1 (the setting
+    # is read when a worker makes a kernel's builder, and the workers start with this environment)
+    fold_keys = [k for p in t.FOLD_CASES for k in tl_ssd.kernel_keys(call_of(p.values[0]), "lean")]
+    os.environ[tl_ssd.MASK_FOLD_ENV] = "1"
+    try:
+        tl_ssd.precompile(list(dict.fromkeys(fold_keys)), jobs=args.jobs, log=lambda m: print(m, flush=True))
+    finally:
+        del os.environ[tl_ssd.MASK_FOLD_ENV]
     return 0
 
 
