@@ -119,10 +119,7 @@ def narrow_p_enabled() -> bool:
     (``MATE_SSD_NARROW_P=1``; opt-in until it has passed the GPU tests)."""
     if _narrow_override:
         return _narrow_override[-1]
-    value = os.environ.get(NARROW_P_ENV, "0").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{NARROW_P_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return _env_choice(NARROW_P_ENV, (1,)) == 1
 
 
 @contextlib.contextmanager
@@ -149,15 +146,15 @@ THREADS_ENV = "MATE_SSD_THREADS"
 MASK_FOLD_ENV = "MATE_SSD_MASK_FOLD"
 
 
-def _tile_knob(name: str, allowed: tuple[int, ...]) -> int | None:
-    """A tile tuning variable: None when unset, empty or 0 (the planner chooses), else one of ``allowed``
+def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
+    """An SSD tuning or opt-in variable: None when unset, empty or 0 (the default), else one of ``allowed``
     (ValueError naming the variable otherwise)."""
     raw = os.environ.get(name, "").strip()
     if raw in ("", "0"):
         return None
     if raw.isdigit() and int(raw) in allowed:
         return int(raw)
-    raise ValueError(f"{name}={raw!r}: expected 0 (automatic) or one of {', '.join(map(str, allowed))}")
+    raise ValueError(f"{name}={raw!r}: expected 0 (the default) or one of {', '.join(map(str, allowed))}")
 
 
 def _fold_valid(kind: str, softplus: bool, lo: float) -> bool:
@@ -166,9 +163,12 @@ def _fold_valid(kind: str, softplus: bool, lo: float) -> bool:
     return kind == "ssd_lean" and (softplus or lo >= 0)
 
 
-def _mask_fold(kind: str, softplus: bool, lo: float) -> bool:
-    """Whether to fold (``MATE_SSD_MASK_FOLD=1``, opt-in: compile-checked, not yet run) where it is valid."""
-    return _fold_valid(kind, softplus, lo) and _tile_knob(MASK_FOLD_ENV, (1,)) == 1
+def _mask_fold(kind: str, softplus: bool, lo: float, requested: bool | None = None) -> bool:
+    """Whether a kernel folds: where it is valid, when ``requested`` (None: ``MATE_SSD_MASK_FOLD=1``, opt-in:
+    compile-checked, not yet run)."""
+    if not _fold_valid(kind, softplus, lo):
+        return False
+    return _env_choice(MASK_FOLD_ENV, (1,)) == 1 if requested is None else requested
 
 
 def plan(
@@ -184,8 +184,8 @@ def plan(
     block_P = _block_p(dim)
     narrow = block_P % 64 != 0
     kmod = _kmod()
-    forced = block_L or _tile_knob(BLOCK_L_ENV, (64, 128))
-    threads = threads or _tile_knob(THREADS_ENV, (256, 512)) or 256
+    forced = block_L or _env_choice(BLOCK_L_ENV, (64, 128))
+    threads = threads or _env_choice(THREADS_ENV, (256, 512)) or 256
     for block_L in (forced,) if forced else (128, 64):
         if chunk_size % block_L:
             continue
@@ -227,7 +227,7 @@ def _fused_builder(key, tiles: dict | None = None):
      intermediate) = key  # fmt: skip
     tiles = dict(tiles or plan(P, N, L, getattr(torch, io)))
     # the folded lean mask: asked for by the caller's tiles (compile check, tests) or the environment
-    if (tiles.pop("fold_dt", False) or _mask_fold(kind, softplus, lo)) and _fold_valid(kind, softplus, lo):
+    if _mask_fold(kind, softplus, lo, tiles.pop("fold_dt", None)):
         tiles["fold_dt"] = True
 
     def build():
@@ -255,8 +255,7 @@ def _dt_builder(key, fold: bool | None = None):
     folded row 1 for the lean mask (then part of the in-memory cache key, like the fused kernel's tiles)."""
     _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows = key
     kind = "ssd_lean" if decay_rows else "ssd_prepass"  # (only the lean design's pre-pass has decay rows)
-    fold = _mask_fold(kind, softplus, lo) if fold is None else fold and _fold_valid(kind, softplus, lo)
-    extra = {"fold_dt": True} if fold else {}
+    extra = {"fold_dt": True} if _mask_fold(kind, softplus, lo, fold) else {}
 
     def build():
         return _kmod().ssd_dt_kernel(
@@ -398,7 +397,7 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
     key, rkey, *dkey = kernel_keys(call, kind)
     runs = _get(rkey, _runs_builder, dev)
-    kernel = _get(key, _fused_builder, dev)
+    kernel = _get(key, lambda k: _fused_builder(k, tiles), dev)  # the tiles this launch is planned with
     D_per_dim = not call.D_tied
     init_dt = key[8]
 
