@@ -20,28 +20,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import test_ssd_kernels as t
     from mate._tilelang import ssd as tl_ssd
-    from mate.mamba._ssd_call import normalize_ssd
 
     # the narrow-P cases' kernels (opt-in tiling) are planned here and in the spawned compile workers
     os.environ[tl_ssd.NARROW_P_ENV] = "1"
 
-    def call_of(case):
-        kw = t.build(case, dev="cpu")
-        kw = {k: v for k, v in kw.items()}
-        if case.pool:
-            pool, idx = (
-                torch.zeros(len(case.seqlens) + 5, case.H, case.P, case.N, dtype=case.state),
-                torch.arange(len(case.seqlens), dtype=torch.int32),
-            )
-            kw.update(final_states_out=pool, final_state_indices=idx)
-        names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
-                 "seq_idx"]  # fmt: skip
-        pos = [kw.pop(n) for n in names]
-        return normalize_ssd(*pos, **kw)
-
     keys = []
     for p in t.CASES + t.NARROW_P_CASES:
-        call = call_of(p.values[0])
+        call = t.normalized_call(p.values[0])
         for kind in tl_ssd.VARIANTS:
             keys.extend(tl_ssd.kernel_keys(call, kind))
     if not args.only_tests:
@@ -61,7 +46,7 @@ def main(argv=None) -> int:
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
     # the folded-mask lean kernels of their GPU test: the same keys, built under MATE_SSD_MASK_FOLD=1 (the setting
     # is read when a worker makes a kernel's builder, and the workers start with this environment)
-    fold_keys = [k for p in t.FOLD_CASES for k in tl_ssd.kernel_keys(call_of(p.values[0]), "lean")]
+    fold_keys = [k for p in t.FOLD_CASES for k in tl_ssd.kernel_keys(t.normalized_call(p.values[0]), "lean")]
     os.environ[tl_ssd.MASK_FOLD_ENV] = "1"
     try:
         tl_ssd.precompile(list(dict.fromkeys(fold_keys)), jobs=args.jobs, log=lambda m: print(m, flush=True))

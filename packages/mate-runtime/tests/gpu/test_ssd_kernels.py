@@ -124,6 +124,23 @@ def fresh_pool(case: Case, batch: int, seed: int = 7):
     return pool, idx
 
 
+def normalized_call(case: Case, dev="cpu"):
+    """The normalised call of a case (for its kernel keys: they depend on shapes and dtypes only, so CPU tensors
+    and a dense stand-in for the pool serve)."""
+    from mate.mamba._ssd_call import normalize_ssd
+
+    kw = build(case, dev=dev)
+    if case.pool:
+        batch = len(case.seqlens)
+        kw.update(
+            final_states_out=torch.zeros(batch + 5, case.H, case.P, case.N, dtype=case.state, device=dev),
+            final_state_indices=torch.arange(batch, dtype=torch.int32, device=dev),
+        )
+    names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
+             "seq_idx"]  # fmt: skip
+    return normalize_ssd(*[kw.pop(n) for n in names], **kw)
+
+
 def run(case: Case, backend: str, seed: int = 0):
     kw = build(case, seed)
     out = torch.full_like(kw["x"], float("nan"), memory_format=torch.contiguous_format)
@@ -247,19 +264,12 @@ FOLD_CASES = [
 @pytest.mark.parametrize("case", FOLD_CASES)
 def test_lean_folded_mask_matches_reference(case: Case, monkeypatch):
     from mate._tilelang.cache import CACHE
-    from mate.mamba._ssd_call import normalize_ssd
 
     monkeypatch.setenv(tl_ssd.MASK_FOLD_ENV, "1")
     with tl_ssd.using("lean"):
         test_kernels_match_reference(case, "lean")
     # the kernel this call launched is the folded one (or, where log2 dt' is not safe, the plain one)
-    kw = build(case)
-    if case.pool:
-        pool, idx = fresh_pool(case, len(case.seqlens))
-        kw.update(final_states_out=pool, final_state_indices=idx)
-    names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
-             "seq_idx"]  # fmt: skip
-    key = tl_ssd.kernel_keys(normalize_ssd(*[kw.pop(n) for n in names], **kw), "lean")[0]
+    key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
     build_fn = tl_ssd.builder_for(key)
     assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
     assert build_fn.tiles.get("fold_dt", False) == (case.softplus or case.dt_limit[0] >= 0)
