@@ -121,7 +121,7 @@ def _packed_key(state):
 
 
 def test_f32_packed_register_cap_option(monkeypatch):
-    assert tl_ssu.parse_f32_options({}) == tl_ssu.F32_DEFAULTS == {"packed_min_blocks": 0}
+    assert tl_ssu.parse_f32_options({}) == tl_ssu.F32_DEFAULTS == {"packed_min_blocks": 6}
     assert _packed_key(F32)[0] == "ssu"
     for bad in ("x", "-1", "33"):
         with pytest.raises(ValueError, match="MATE_SSU_F32_PACKED_MIN_BLOCKS"):
@@ -134,15 +134,19 @@ def test_f32_packed_register_cap_option(monkeypatch):
 
     monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
     tl_ssu.build_kernel(_packed_key(F32))
-    assert "min_blocks" not in seen  # the default: no cap
-    prev = tl_ssu.set_f32_options(tl_ssu.parse_f32_options({"MATE_SSU_F32_PACKED_MIN_BLOCKS": "6"}))
+    assert seen["min_blocks"] == 6  # the default: the measured 6-CTA cap, under the plain key
+    for key in (_key(F32), _packed_key(BF16)):  # only the fp32 packed kernel takes it
+        seen.clear()
+        tl_ssu.build_kernel(key)
+        assert seen.get("min_blocks") != 6
+    prev = tl_ssu.set_f32_options(tl_ssu.parse_f32_options({"MATE_SSU_F32_PACKED_MIN_BLOCKS": "0"}))
     try:
         # only the fp32 packed kernel's key and build change
-        assert _packed_key(F32)[0] == "ssu:f32pmb=6"
+        assert _packed_key(F32)[0] == "ssu:f32pmb=0"
         assert _key(F32)[0] == "ssu" and _key(BF16)[0] == "ssu" and _packed_key(BF16)[0] == "ssu"
         seen.clear()
         tl_ssu.build_kernel(_packed_key(F32))
-        assert seen["min_blocks"] == 6 and "pack_early" not in seen and "tiling" not in seen
+        assert "min_blocks" not in seen and "pack_early" not in seen and "tiling" not in seen
     finally:
         tl_ssu._TAG_F32 = prev
     assert _packed_key(F32)[0] == "ssu"
@@ -152,13 +156,13 @@ def test_bench_f32_variant(monkeypatch):
     import mate.mamba.ssu as mssu
     from mate.bench import ssu as bench
 
-    spec = "MATE_SSU_F32_PACKED_MIN_BLOCKS=6"
-    assert bench.variant_name(spec) == "mate[F32_PACKED_MIN_BLOCKS=6]"
+    spec = "MATE_SSU_F32_PACKED_MIN_BLOCKS=5"
+    assert bench.variant_name(spec) == "mate[F32_PACKED_MIN_BLOCKS=5]"
     seen = []
     monkeypatch.setattr(bench, "_mate", lambda st, w: seen.append((tl_ssu._TAG_F32, tl_ssu._TAG_2B)) or "y")
     tags = (tl_ssu._TAG_F32, tl_ssu._TAG_2B)
     assert bench._mate_with_options(spec)(None, None) == "y"
-    assert seen == [("ssu:f32pmb=6", "ssu")]
+    assert seen == [("ssu:f32pmb=5", "ssu")]
     assert (tl_ssu._TAG_F32, tl_ssu._TAG_2B) == tags and mssu.FAST_PATH is True
     with pytest.raises(ValueError, match="MATE_SSU_F32_PACKED_MIN_BLOCKS"):
         bench.load_impls(["mate"], ("MATE_SSU_F32_PACKED_MIN_BLOCKS=99",))

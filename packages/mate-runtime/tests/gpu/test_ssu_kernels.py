@@ -395,8 +395,10 @@ def _check_with_options(case, opts, monkeypatch, f32: bool = False):
     ],
 )
 def test_f32_packed_register_cap(case, monkeypatch):
-    """MATE_SSU_F32_PACKED_MIN_BLOCKS=6 (opt-in, 80 registers for 6 CTAs per SM) computes the same results."""
-    _check_with_options(case, {"packed_min_blocks": 6}, monkeypatch, f32=True)
+    """The fp32 packed kernel without its default 6-CTA register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS=0) and with
+    a 5-CTA one computes the same results (the default is covered by every other fp32 test)."""
+    for cap in (0, 5):
+        _check_with_options(case, {"packed_min_blocks": cap}, monkeypatch, f32=True)
 
 
 def test_one_token_kernel_chosen_by_shape():

@@ -193,17 +193,18 @@ def _tag_options(tag: str) -> dict:
 
 _TAG_2B = bf16_tag(parse_bf16_options(os.environ))
 
-# ---- The one option for fp32 states (docs/ssu-kernels.md): a register cap for the packed (MTP) kernel. ptxas
-# gives it 80 registers without spilling under a 6-CTA cap (4 CTAs per SM without one); not measured yet, so
-# the default stays 0 (no cap) and keeps the plain "ssu" key; another value tags fp32 packed keys "ssu:f32pmb=n".
+# ---- The one option for fp32 states (docs/ssu-kernels.md): a register cap for the packed (MTP) kernel. Under a
+# 6-CTA cap ptxas gives it 80 registers without spilling (126 and 4 CTAs per SM without one); measured on the H200
+# (2026-11-30, fourth session): MTP 6 fp32 batch 8 73.0 -> 67.4 us (vLLM 69.2), batch 64 510 -> 501 us, one-token
+# unaffected. The default (6) keeps the plain "ssu" key; another value tags fp32 packed keys "ssu:f32pmb=n".
 #   MATE_SSU_F32_PACKED_MIN_BLOCKS=n  __launch_bounds__(threads, n) on the fp32-state packed kernel (0: no cap)
 F32_ENV = ("MATE_SSU_F32_PACKED_MIN_BLOCKS",)
-F32_DEFAULTS = {"packed_min_blocks": 0}
+F32_DEFAULTS = {"packed_min_blocks": 6}
 
 
 def parse_f32_options(env) -> dict:
     """The fp32-state kernel options from an environment mapping (ValueError on a malformed value)."""
-    value = env.get("MATE_SSU_F32_PACKED_MIN_BLOCKS", "0")
+    value = env.get("MATE_SSU_F32_PACKED_MIN_BLOCKS", str(F32_DEFAULTS["packed_min_blocks"]))
     if not value.isdigit() or not 0 <= int(value) <= 32:
         raise ValueError(f"MATE_SSU_F32_PACKED_MIN_BLOCKS: expected an integer 0..32, got {value!r}")
     return {"packed_min_blocks": int(value)}
@@ -251,7 +252,10 @@ def _builder(key):
      vio) = key  # fmt: skip
     # the 2-byte-state options; fp32 states keep the factory's defaults but for the packed kernel's register cap
     opts = _tag_options(tag) if state_dt in TWO_BYTE_STATES else {}
-    f32_cap = int(tag.split("=")[1]) if tag.startswith("ssu:f32pmb=") else 0
+    if tag.startswith("ssu:f32pmb="):
+        f32_cap = int(tag.split("=")[1])
+    else:  # the plain key: the default cap, on the fp32 packed kernel only
+        f32_cap = F32_DEFAULTS["packed_min_blocks"] if state_dt == torch.float32 and not one_token else 0
 
     def build():
         extra = {}
@@ -689,9 +693,9 @@ def compile_grid() -> list[CompileItem]:
             f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}"
         )
         items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
-    # the fp32 packed kernel under the opt-in 6-CTA register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS=6)
+    # the fp32 packed kernel without its register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS=0, the former default)
     base = _key(False, 64, 128, 16, f32, bf16, f32, f32, f32, i32, i64, i32, f32, True, True, True)
-    key = (f32_tag({"packed_min_blocks": 6}),) + base[1:]
+    key = (f32_tag({"packed_min_blocks": 0}),) + base[1:]
     label = f"packed P64 N128 H/G16 state=float32 io=bfloat16 dt=float32 tied {key[0]}"
     items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
     # the former 2-byte default (no register caps, late narrowing): still selectable for A/B runs
