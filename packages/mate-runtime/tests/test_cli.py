@@ -44,9 +44,9 @@ def test_info_lists_the_mate_settings_in_force(capsys, monkeypatch):
     assert cli.main(["info"]) == 0
     assert "defaults (no MATE_* variable set)" in capsys.readouterr().out
     monkeypatch.setenv("MATE_SSD_KERNEL", "lean")
-    monkeypatch.setenv("MATE_SSD_NARROW_P", "1")
+    monkeypatch.setenv("MATE_SSD_BLOCK_L", "64")
     assert cli.main(["info"]) == 0
-    assert "MATE_SSD_KERNEL=lean, MATE_SSD_NARROW_P=1" in capsys.readouterr().out
+    assert "MATE_SSD_BLOCK_L=64, MATE_SSD_KERNEL=lean" in capsys.readouterr().out
 
 
 def test_info_reports_missing_tilelang_cleanly(capsys, monkeypatch):

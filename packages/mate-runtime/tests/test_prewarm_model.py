@@ -70,8 +70,8 @@ def test_dry_run_lists_every_kernel(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "per rank heads 64, groups 4" in out
     assert "ssu one-token" in out and "ssu packed (MTP 5 + 1)" in out
-    # the default (prepass) design: the fused kernel fed by the dt pre-pass, final and intermediate states
-    assert "ssd prepass" in out and "ssd prepass intermediate" in out and "ssd runs" in out
+    # the default (lean) design: the fused kernel fed by the dt pre-pass, final and intermediate states
+    assert "ssd lean" in out and "ssd lean intermediate" in out and "ssd runs" in out
     assert "ssd dt pre-pass" in out
     assert "(dry run: nothing compiled)" in out
 

@@ -121,18 +121,15 @@ def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per
 
 
 @functools.cache
-def source(key, threads: int | None = None, fold: bool = False) -> str:
+def source(key, threads: int | None = None) -> str:
     """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads. Head dims that
-    are not a multiple of 64 take the opt-in narrow-P tiling."""
+    are not a multiple of 64 take the narrow-P tiling."""
     import torch
     from mate._tilelang import ssd as tl_ssd
     from mate._tilelang.cache import compile_prim_func
 
     P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
-    with tl_ssd.narrow_p_allowed():
-        tiles = tl_ssd.plan(P, N, L, io, threads=threads)
-    if fold:
-        tiles["fold_dt"] = True
+    tiles = tl_ssd.plan(P, N, L, io, threads=threads)
     kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
     return kern.get_kernel_source()
 
@@ -144,12 +141,12 @@ KERNELS = [
     pytest.param((SMALL, dict(has_D=False)), id="fused_no-D"),
     pytest.param((SMALL, dict(has_D=False, softplus=False, lo=0.02, hi=0.15)), id="fused_no-D_dt-limit"),
     pytest.param((FALCON, {}), id="fused_tile64_P128_N256"),
-    # options compile-checked but not yet run on a GPU: the lean design (uniform z / entering-state tests,
-    # TMA output store), the K-major narrow-P tiling, four consumer warpgroups
+    # the lean design (the default: uniform z / entering-state tests, TMA output store), the K-major narrow-P
+    # tiling, four consumer warpgroups (the MATE_SSD_THREADS=512 tuning setting)
     pytest.param((SMALL, dict(kind="lean")), id="lean"),
+    pytest.param((dict(SMALL, P=80), dict(kind="lean")), id="lean_narrow-P80"),
     pytest.param((dict(SMALL, P=80), dict(kind="prepass")), id="prepass_narrow-P80"),
     pytest.param((SMALL, dict(kind="lean", threads=512)), id="lean_512-consumer-threads"),
-    pytest.param((SMALL, dict(kind="lean", fold=True)), id="lean_folded-mask"),
 ]
 
 
@@ -157,8 +154,7 @@ def _source(spec) -> str:
     shape, opts = spec
     opts = dict(opts)
     threads = opts.pop("threads", None)
-    fold = opts.pop("fold", False)
-    return source(_key(**shape, **opts), threads, fold)
+    return source(_key(**shape, **opts), threads)
 
 
 @pytest.mark.parametrize("spec", KERNELS)

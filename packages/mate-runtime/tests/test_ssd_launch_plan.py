@@ -37,23 +37,12 @@ def test_plan_picks_a_fitting_tile(P, N, L, io, block_L, shared):
         pytest.param(64, 128, 128, torch.float32, "float32", id="fp32-io"),
         pytest.param(64, 128, 32, torch.bfloat16, "chunk_size=32", id="chunk-32"),
         pytest.param(64, 96, 128, torch.bfloat16, "dstate=96", id="dstate-96"),
-        pytest.param(80, 128, 128, torch.bfloat16, "dim=80", id="dim-80"),
+        pytest.param(72, 128, 128, torch.bfloat16, "dim=72", id="dim-72-not-16"),
     ],
 )
 def test_plan_raises_not_implemented(P, N, L, io, words):
-    with tl_ssd.narrow_p_allowed(False), pytest.raises(NotImplementedError, match=words):
+    with pytest.raises(NotImplementedError, match=words):
         tl_ssd.plan(P, N, L, io)
-
-
-def test_narrow_p_needs_the_opt_in(monkeypatch):
-    monkeypatch.delenv(tl_ssd.NARROW_P_ENV, raising=False)
-    with pytest.raises(NotImplementedError, match=f"dim=80.*{tl_ssd.NARROW_P_ENV}=1"):
-        tl_ssd.plan(80, 128, 256, torch.bfloat16)
-    monkeypatch.setenv(tl_ssd.NARROW_P_ENV, "1")
-    assert tl_ssd.plan(80, 128, 256, torch.bfloat16)["narrow_p"] is True
-    monkeypatch.setenv(tl_ssd.NARROW_P_ENV, "yes")
-    with pytest.raises(ValueError, match=tl_ssd.NARROW_P_ENV):
-        tl_ssd.plan(80, 128, 256, torch.bfloat16)
 
 
 @pytest.mark.parametrize(
@@ -68,8 +57,7 @@ def test_narrow_p_needs_the_opt_in(monkeypatch):
 def test_narrow_p_plan(P, N, L, block_P, block_L):
     from mate_kernels.ssd import fused_smem_bytes
 
-    with tl_ssd.narrow_p_allowed():
-        p = tl_ssd.plan(P, N, L, torch.bfloat16)
+    p = tl_ssd.plan(P, N, L, torch.bfloat16)
     assert (p["block_P"], p["block_L"], p["narrow_p"]) == (block_P, block_L, True)
     smem = fused_smem_bytes(dim_block=block_P, dstate=N, block_L=block_L, io_bytes=2, num_stages=2,
                             scores_in_shared=p["scores_in_shared"], precomputed_dt=True, decay_rows=True,
@@ -79,13 +67,12 @@ def test_narrow_p_plan(P, N, L, block_P, block_L):
 
 @pytest.mark.parametrize("P", [pytest.param(72, id="P72-not-16"), pytest.param(8, id="P8")])
 def test_narrow_p_still_needs_16(P):
-    with tl_ssd.narrow_p_allowed(), pytest.raises(NotImplementedError, match=f"dim={P}"):
+    with pytest.raises(NotImplementedError, match=f"dim={P}"):
         tl_ssd.plan(P, 128, 128, torch.bfloat16)
 
 
 def test_multiple_of_64_keeps_the_measured_tiling():
-    with tl_ssd.narrow_p_allowed():
-        p = tl_ssd.plan(128, 128, 256, torch.bfloat16)
+    p = tl_ssd.plan(128, 128, 256, torch.bfloat16)
     assert p["block_P"] == 64 and "narrow_p" not in p
 
 
@@ -157,7 +144,7 @@ def test_lean_design_is_the_prepass_keys_under_its_own_name():
 
 def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):
     monkeypatch.delenv(tl_ssd.KERNEL_ENV, raising=False)
-    assert tl_ssd.variant() == tl_ssd.DEFAULT_VARIANT == "prepass"
+    assert tl_ssd.variant() == tl_ssd.DEFAULT_VARIANT == "lean"
     monkeypatch.setenv(tl_ssd.KERNEL_ENV, " Fused ")
     assert tl_ssd.variant() == "fused"
     with tl_ssd.using("prepass"):
@@ -227,22 +214,3 @@ def test_prewarm_model_caches_under_the_launcher_key():
     )  # fmt: skip
     expected = {tl_ssd.cache_key(k, tl_ssd.builder_for(k)) for k in fkeys + rkeys}
     assert {key for fam, _label, key, _b, _pc in items if fam == "ssd"} == expected
-
-
-def test_mask_fold_option(monkeypatch):
-    lean_key, _, dkey = tl_ssd.kernel_keys(_call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True), "lean")
-    pre_key, _, pre_dkey = tl_ssd.kernel_keys(_call(dt_softplus=True), "prepass")
-    monkeypatch.delenv(tl_ssd.MASK_FOLD_ENV, raising=False)
-    assert "fold_dt" not in tl_ssd._fused_builder(lean_key).tiles and tl_ssd._dt_builder(dkey).tiles is None
-    monkeypatch.setenv(tl_ssd.MASK_FOLD_ENV, "1")
-    assert tl_ssd._fused_builder(lean_key).tiles["fold_dt"] is True
-    assert tl_ssd._dt_builder(dkey).tiles == {"fold_dt": True}
-    # only the lean design folds; the cache keys follow
-    assert "fold_dt" not in tl_ssd._fused_builder(pre_key).tiles and tl_ssd._dt_builder(pre_dkey).tiles is None
-    assert tl_ssd.cache_key(dkey, tl_ssd._dt_builder(dkey)) != dkey
-    # log2 dt' needs dt' >= 0: no softplus and a negative lower limit keeps the plain mask
-    neg_key, _, neg_dkey = tl_ssd.kernel_keys(_call(dt_softplus=False, dt_limit=(-1.0, 1.0)), "lean")
-    assert "fold_dt" not in tl_ssd._fused_builder(neg_key).tiles and tl_ssd._dt_builder(neg_dkey).tiles is None
-    monkeypatch.setenv(tl_ssd.MASK_FOLD_ENV, "2")
-    with pytest.raises(ValueError, match=tl_ssd.MASK_FOLD_ENV):
-        tl_ssd._fused_builder(lean_key)

@@ -195,7 +195,6 @@ def ssd_fused_kernel(
     lean: bool = False,
     decay_rows: bool = False,
     narrow_p: bool = False,
-    fold_dt: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -209,11 +208,6 @@ def ssd_fused_kernel(
     N dimension is ``block_P`` (``C·state``, ``S x``, ``Bᵀ x``) take their B operand K-major (the state, x and the
     weighted x transposed into shared memory by the consumers), because TileLang 0.1.15 has no canonical
     MN-major wgmma layout for such a width; with a multiple of 64 the operands stay as loaded.
-
-    ``fold_dt`` (lean with ``decay_rows``; the pre-pass's ``fold_dt``): the pre-pass row 1 holds
-    ``dA_k - log2 dt'_k`` (log2 units) instead of ``dt'_k``, so the mask is ``cb * exp2(dA_m - row1_k + u)`` with
-    ``u`` 0 on and below the diagonal and -inf above: two adds, one exp2 and one multiply per element. Only valid
-    when ``dt' >= 0`` is guaranteed (softplus, or ``dt_min >= 0``): the caller decides.
 
     ``decay_rows`` (with ``precomputed_dt``) takes the pre-pass's four rows (``ssd_dt_kernel(decay_rows=True)``):
     the cumsum already in log2 units and the per-row factors ``exp(dA_last - dA_k) dt'_k`` and ``exp(dA_m)``, so
@@ -246,8 +240,6 @@ def ssd_fused_kernel(
         raise ValueError(f"block_P ({block_P}) not a multiple of 64 needs narrow_p (K-major B operands)")
     if decay_rows and not precomputed_dt:
         raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
-    if fold_dt and not (lean and decay_rows):
-        raise ValueError("fold_dt needs lean and decay_rows (the folded row comes from ssd_dt_kernel(fold_dt=True))")
     DTR = 4 if decay_rows else 2  # rows per (tile, head) of the pre-pass output
     rep = H // G
     n_pb = P // block_P
@@ -419,13 +411,7 @@ def ssd_fused_kernel(
 
                 # Stage 4: C B^T, then the causal decay mask and dt' weights.
                 T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
-                if fold_dt:
-                    # dt' is inside the exponent (row 1 = dA_k - log2 dt'_k, +inf where dt' = 0); the causal mask
-                    # is an added 0 / -inf that depends on the thread and the unrolled index only
-                    for m, k in T.Parallel(BL, BL):
-                        up = T.log2(T.Cast(accum, k <= m))  # log2 of the 0/1 causal factor: -inf or 0
-                        cb_c[m, k] = cb[m, k] * T.exp2(dA_cs[m] - dt_sh[k] + up)
-                elif lean:
+                if lean:
                     # No branch around the loads (so the compiler can reuse the per-row / per-column values): a
                     # 0/1 factor lo masks the upper triangle and zeroes its exponent there (exp2(0) stays finite
                     # whatever the decay); the causal part keeps its exact exponent.
@@ -543,7 +529,6 @@ def ssd_dt_kernel(
     dt_min: float = 0.0,
     dt_max: float = math.inf,
     decay_rows: bool = False,
-    fold_dt: bool = False,
 ):
     """The per-tile ``dt'`` pre-pass of :func:`ssd_fused_kernel` with ``precomputed_dt``: one CTA of ``block_L``
     threads per (tile ``v = c * chunk_size / block_L + sub``, head). Writes
@@ -553,8 +538,6 @@ def ssd_dt_kernel(
     - ``tmeta[v] = (first token, valid tokens, seq_idx[c] if the tile opens a sequence else -1, 0)``;
     - with ``decay_rows`` (the fused kernel's ``decay_rows``): row 0 holds the cumsum times log2(e), row 2
       ``exp(dA_last - dA_k) dt'_k`` (the end-state weight of token k), row 3 ``exp(dA_m)``;
-    - with ``fold_dt`` (needs ``decay_rows``, and dt' >= 0): row 1 holds ``dA_k log2(e) - log2 dt'_k`` (+inf where
-      dt' = 0) instead of dt' (the fused kernel's ``fold_dt`` mask).
 
     Inputs: ``dt [T, H]`` (any row stride), ``A [H]`` fp32, ``dt_bias [H]``, ``cu_chunk_seqlens [nchunks + 1]``,
     ``seq_idx [nchunks]``; outputs ``dtA [nchunks * S, H, 2 or 4, block_L]`` fp32,
@@ -566,8 +549,6 @@ def ssd_dt_kernel(
     if L % BL:
         raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
     S = L // BL
-    if fold_dt and not decay_rows:
-        raise ValueError("fold_dt needs decay_rows")
     DTR = 4 if decay_rows else 2
     accum = "float32"
     dtp = functools.partial(dt_prime, T, has_dt_bias=has_dt_bias, dt_softplus=dt_softplus, dt_min=dt_min, dt_max=dt_max)
@@ -599,8 +580,7 @@ def ssd_dt_kernel(
             n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
             raw = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
             v = T.if_then_else(i < n_valid, dtp(raw, T.Cast(accum, dt_bias[h])), T.float32(0))
-            if not fold_dt:
-                dtA[vt, h, 1, i] = v
+            dtA[vt, h, 1, i] = v
             a_s[i] = v * A[h]
             T.sync_threads()
             src_buf, dst_buf = a_s, b_s
@@ -613,8 +593,6 @@ def ssd_dt_kernel(
                 dtA[vt, h, 0, i] = a
                 dtA[vt, h, 2, i] = T.exp2(src_buf[BL - 1] * LOG2E - a) * v
                 dtA[vt, h, 3, i] = T.exp2(a)
-                if fold_dt:
-                    dtA[vt, h, 1, i] = a - T.log2(v)
             else:
                 dtA[vt, h, 0, i] = src_buf[i]
             if h == 0:

@@ -21,9 +21,6 @@ def main(argv=None) -> int:
     import test_ssd_kernels as t
     from mate._tilelang import ssd as tl_ssd
 
-    # the narrow-P cases' kernels (opt-in tiling) are planned here and in the spawned compile workers
-    os.environ[tl_ssd.NARROW_P_ENV] = "1"
-
     keys = []
     for p in t.CASES + t.NARROW_P_CASES:
         call = t.normalized_call(p.values[0])
@@ -44,14 +41,6 @@ def main(argv=None) -> int:
     keys = list(dict.fromkeys(keys))
     print(f"{len(keys)} kernels", flush=True)
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
-    # the folded-mask lean kernels of their GPU test: the same keys, built under MATE_SSD_MASK_FOLD=1 (the setting
-    # is read when a worker makes a kernel's builder, and the workers start with this environment)
-    fold_keys = [k for p in t.FOLD_CASES for k in tl_ssd.kernel_keys(t.normalized_call(p.values[0]), "lean")]
-    os.environ[tl_ssd.MASK_FOLD_ENV] = "1"
-    try:
-        tl_ssd.precompile(list(dict.fromkeys(fold_keys)), jobs=args.jobs, log=lambda m: print(m, flush=True))
-    finally:
-        del os.environ[tl_ssd.MASK_FOLD_ENV]
     return 0
 
 

@@ -227,13 +227,13 @@ def test_fp32_io_raises():
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-def test_dim_80_raises():
-    kw = build(Case(P=80))
-    with tl_ssd.narrow_p_allowed(False), pytest.raises(NotImplementedError, match="dim=80"):
+def test_dim_not_a_multiple_of_16_raises():
+    kw = build(Case(P=72))
+    with pytest.raises(NotImplementedError, match="dim=72"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-# Head dims that are not a multiple of 64: the opt-in K-major tiling (``MATE_SSD_NARROW_P=1``).
+# Head dims that are not a multiple of 64: the K-major tiling (``narrow_p``).
 NARROW_P_CASES = [
     pytest.param(Case(P=80, H=4, chunk=256, seqlens=(1, 255, 300, 513)), id="P80_c256_N128_64-token-tiles"),
     pytest.param(Case(P=80, N=64, D="full", z=True, seqlens=(77, 129, 2)), id="P80_N64_128-token-tiles_Dfull_z"),
@@ -245,34 +245,7 @@ NARROW_P_CASES = [
 
 @pytest.mark.parametrize("case", NARROW_P_CASES)
 def test_narrow_p_matches_reference(case: Case, kind: str):
-    with tl_ssd.narrow_p_allowed():
-        test_kernels_match_reference(case, kind)
-
-
-# The lean design with dt' folded into the mask's exponent (``MATE_SSD_MASK_FOLD=1``, opt-in).
-FOLD_CASES = [
-    pytest.param(Case(), id="ragged_c128"),
-    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700)), id="c256_lens-1-255-256-257-700"),
-    pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D=""), id="dt-limit_no-softplus"),
-    # a negative lower limit: dt' >= 0 is not guaranteed, so the mask stays plain (dt' itself stays positive here)
-    pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(-0.05, 1.0)), id="negative-dt-limit_plain-mask"),
-    pytest.param(Case(H=8, G=1, chunk=256, seqlens=(6000,), z=True), id="one-long-sequence_c256_z"),
-    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
-]
-
-
-@pytest.mark.parametrize("case", FOLD_CASES)
-def test_lean_folded_mask_matches_reference(case: Case, monkeypatch):
-    from mate._tilelang.cache import CACHE
-
-    monkeypatch.setenv(tl_ssd.MASK_FOLD_ENV, "1")
-    with tl_ssd.using("lean"):
-        test_kernels_match_reference(case, "lean")
-    # the kernel this call launched is the folded one (or, where log2 dt' is not safe, the plain one)
-    key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
-    build_fn = tl_ssd.builder_for(key)
-    assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
-    assert build_fn.tiles.get("fold_dt", False) == (case.softplus or case.dt_limit[0] >= 0)
+    test_kernels_match_reference(case, kind)
 
 
 def test_small_chunk_raises():

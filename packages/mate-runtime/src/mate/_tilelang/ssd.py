@@ -49,18 +49,19 @@ def _kmod():
 KERNEL_ENV = "MATE_SSD_KERNEL"
 VARIANTS = ("fused", "prepass", "lean")
 PREPASS_VARIANTS = ("prepass", "lean")  # the designs fed by the dt pre-pass
-DEFAULT_VARIANT = "prepass"
+DEFAULT_VARIANT = "lean"  # measured fastest on the H200 (docs/benchmarks/ssd.md)
 
 
 _override: list[str] = []  # set by ``using`` (tests and the benchmark compare the variants in one process)
 
 
 def variant() -> str:
-    """The prefill kernel design: ``MATE_SSD_KERNEL`` = ``prepass`` (default: a parallel pre-pass computes every
-    tile's dt', cumsum and bounds, the fused kernel's producer loads them), ``fused`` (the fused kernel's
-    consumers compute them per tile; 10-18 % slower on the H200, kept as the reference design) or ``lean``
-    (prepass plus a trimmed per-tile instruction stream: uniform tests, branch-free mask, TMA output store,
-    per-row decay factors from the pre-pass; compile-checked, not yet run on a GPU)."""
+    """The prefill kernel design: ``MATE_SSD_KERNEL`` = ``lean`` (default: a parallel pre-pass computes every
+    tile's dt', cumsum, per-row decay factors and bounds, the fused kernel's producer loads them, and the
+    consumers run a trimmed per-tile instruction stream: uniform tests, branch-free mask, TMA output store;
+    1.7-2.15x vLLM on Nemotron-H on the H200), ``prepass`` (the same pre-pass without the trimming; about half
+    lean's speed) or ``fused`` (the fused kernel's consumers compute dt' and its cumsum per tile; the reference
+    design, 10-18 % slower than prepass)."""
     if _override:
         return _override[-1]
     name = os.environ.get(KERNEL_ENV, "").strip().lower() or DEFAULT_VARIANT
@@ -98,39 +99,13 @@ def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dty
             f"dstate={dstate} in the TileLang SSD prefill (64, 128 or 256) is not supported by MATE yet; "
             "use backend='torch'"
         )
-    if dim % 64 and (dim % 16 or not narrow_p_enabled()):
-        # A P block that is not a multiple of 64 (e.g. 80) has no canonical MN-major wgmma layout in TileLang
-        # 0.1.15; the K-major tiling (``narrow_p``) serves multiples of 16, but has not run on a GPU yet.
-        hint = f"; {NARROW_P_ENV}=1 enables the K-major tiling for it (compile-checked, not yet run on a GPU)"
+    if dim % 16:
+        # The P block is the N of three wgmmas: a multiple of 64 takes the MN-major tiling, another multiple of
+        # 16 (e.g. 80) the K-major ``narrow_p`` one; below 16 or off that grid there is no wgmma tile.
         raise NotImplementedError(
-            f"dim={dim} in the TileLang SSD prefill (a multiple of 64) is not supported by MATE yet; "
-            f"use backend='torch'{hint if dim % 16 == 0 else ''}"
+            f"dim={dim} in the TileLang SSD prefill (a multiple of 16) is not supported by MATE yet; "
+            "use backend='torch'"
         )
-
-
-NARROW_P_ENV = "MATE_SSD_NARROW_P"
-
-
-_narrow_override: list[bool] = []  # set by ``narrow_p_allowed`` (the compile check and the GPU tests)
-
-
-def narrow_p_enabled() -> bool:
-    """Whether head dims that are not a multiple of 64 (but of 16) may use the K-major ``narrow_p`` tiling
-    (``MATE_SSD_NARROW_P=1``; opt-in until it has passed the GPU tests)."""
-    if _narrow_override:
-        return _narrow_override[-1]
-    return _env_choice(NARROW_P_ENV, (1,)) == 1
-
-
-@contextlib.contextmanager
-def narrow_p_allowed(allowed: bool = True):
-    """Plan the enclosed calls' kernels as if ``MATE_SSD_NARROW_P`` were ``allowed`` (kernels are planned when
-    their builder is made, so a compile grid made inside this block keeps the setting)."""
-    _narrow_override.append(allowed)
-    try:
-        yield
-    finally:
-        _narrow_override.pop()
 
 
 def _block_p(dim: int) -> int:
@@ -143,7 +118,6 @@ def _block_p(dim: int) -> int:
 
 BLOCK_L_ENV = "MATE_SSD_BLOCK_L"
 THREADS_ENV = "MATE_SSD_THREADS"
-MASK_FOLD_ENV = "MATE_SSD_MASK_FOLD"
 
 
 def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
@@ -155,20 +129,6 @@ def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
     if raw.isdigit() and int(raw) in allowed:
         return int(raw)
     raise ValueError(f"{name}={raw!r}: expected 0 (the default) or one of {', '.join(map(str, allowed))}")
-
-
-def _fold_valid(kind: str, softplus: bool, lo: float) -> bool:
-    """Whether a kernel may fold dt' into the lean mask's exponent: it takes log2 dt', so only the lean design
-    and only where dt' >= 0 is guaranteed (softplus, or dt_min >= 0)."""
-    return kind == "ssd_lean" and (softplus or lo >= 0)
-
-
-def _mask_fold(kind: str, softplus: bool, lo: float, requested: bool | None = None) -> bool:
-    """Whether a kernel folds: where it is valid, when ``requested`` (None: ``MATE_SSD_MASK_FOLD=1``, opt-in:
-    compile-checked, not yet run)."""
-    if not _fold_valid(kind, softplus, lo):
-        return False
-    return _env_choice(MASK_FOLD_ENV, (1,)) == 1 if requested is None else requested
 
 
 def plan(
@@ -226,9 +186,6 @@ def _fused_builder(key, tiles: dict | None = None):
     (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
      intermediate) = key  # fmt: skip
     tiles = dict(tiles or plan(P, N, L, getattr(torch, io)))
-    # the folded lean mask: asked for by the caller's tiles (compile check, tests) or the environment
-    if _mask_fold(kind, softplus, lo, tiles.pop("fold_dt", None)):
-        tiles["fold_dt"] = True
 
     def build():
         return _kmod().ssd_fused_kernel(
@@ -250,20 +207,16 @@ def _dt_key(fused_key) -> tuple:
     return ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, kind == "ssd_lean")
 
 
-def _dt_builder(key, fold: bool | None = None):
-    """The build function of a pre-pass key; ``fold`` (default: as the fused kernel's ``_mask_fold``) writes the
-    folded row 1 for the lean mask (then part of the in-memory cache key, like the fused kernel's tiles)."""
+def _dt_builder(key):
+    """The build function of a pre-pass key."""
     _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows = key
-    kind = "ssd_lean" if decay_rows else "ssd_prepass"  # (only the lean design's pre-pass has decay rows)
-    extra = {"fold_dt": True} if _mask_fold(kind, softplus, lo, fold) else {}
 
     def build():
         return _kmod().ssd_dt_kernel(
             heads=H, chunk_size=L, block_L=block_L, dt_dtype=dt, dt_bias_dtype=dtb, cu_dtype=cu, seq_idx_dtype=sq,
-            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows, **extra,
+            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows,
         )  # fmt: skip
 
-    build.tiles = extra or None
     return build
 
 
@@ -578,9 +531,8 @@ def compile_grid() -> list[CompileItem]:
     ]
     for kind, rows in (("fused", grid), ("prepass", prepass_grid), ("lean", prepass_grid)):
         items.extend(_compile_items(kind, rows))
-    # the opt-in K-major tiling of a head dim that is not a multiple of 64 (P 80: 64-token tiles at N 128)
-    with narrow_p_allowed():
-        items.extend(_compile_items("prepass", [(32, 4, 80, 128, 256, "bfloat16", "float32", False, False)]))
+    # the K-major tiling of a head dim that is not a multiple of 64 (P 80: 64-token tiles at N 128)
+    items.extend(_compile_items("lean", [(32, 4, 80, 128, 256, "bfloat16", "float32", False, False)]))
     # the MATE_SSD_THREADS=512 tuning setting (four consumer warpgroups, scores in shared memory)
     key = _fused_key(
         H=128, G=8, P=64, N=128, L=256, io="bfloat16", state="float32", init="float32", dt="float32", dtb="float32",
@@ -591,13 +543,6 @@ def compile_grid() -> list[CompileItem]:
     label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 threads 512"
     build = _fused_builder(key, tiles)
     items.append(CompileItem(family="ssd", label=label, build=build, pass_configs=dict(PASS_CONFIGS)))
-    # the MATE_SSD_MASK_FOLD=1 lean mask (dt' folded into the exponent) and its pre-pass
-    tiles = {**plan(64, 128, 256, torch.bfloat16), "fold_dt": True}
-    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 folded mask"
-    items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
-                             pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
-    items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows folded",
-                             build=_dt_builder(_dt_key(key), fold=True), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
