@@ -1,12 +1,13 @@
 """TileLang launcher for ``ssd_combined_fwd_varlen``: one normalised :class:`SSDCall` -> kernel launches.
 
-Two launches, three with the default ``prepass`` design:
+Three launches with the default ``lean`` design and ``prepass`` (two with ``fused``):
     1. ``ssd_runs_kernel`` derives, on the GPU, the chunk range of each CTA row (runs of chunks with one
        ``seq_idx``) and the chunk -> state-row map of the returned/pool states;
     2. ``ssd_fused_kernel`` walks each run's chunks per (head, P-block) with the fp32 state in registers and
-       writes ``out`` and the requested chunk-end states. In the ``prepass`` design (``MATE_SSD_KERNEL``, see
-       :func:`variant`) ``ssd_dt_kernel`` first computes every tile's ``dt'``, cumsum and bounds in parallel,
-       and the fused kernel's producer warpgroup loads them with the x/B/C tiles.
+       writes ``out`` and the requested chunk-end states. In the ``lean`` and ``prepass`` designs
+       (``MATE_SSD_KERNEL``, see :func:`variant`) ``ssd_dt_kernel`` first computes every tile's ``dt'``, cumsum
+       and bounds (lean: also the per-row decay factors) in parallel, and the fused kernel's producer warpgroup
+       loads them with the x/B/C tiles.
 
 Scratch (the run bounds, the state-row map, staging copies of inputs the kernels cannot read in place)
 comes from the workspace cache, so a steady-state call allocates only the returned state tensor. Nothing is

@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mate bench ssd", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
     ap.add_argument("--name", default="ssd")
-    ap.add_argument("--impls", default="mate,vllm", help="mate (the design in force), mate-fused, mate-prepass, vllm")
+    ap.add_argument(
+        "--impls", default="mate,vllm", help="mate (the design in force), mate-lean, mate-prepass, mate-fused, vllm"
+    )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
