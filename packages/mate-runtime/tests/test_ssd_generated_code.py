@@ -121,15 +121,15 @@ def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per
 
 
 @functools.cache
-def source(key, threads: int | None = None) -> str:
-    """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads. Head dims that
-    are not a multiple of 64 take the narrow-P tiling."""
+def source(key, threads: int | None = None, overlap: bool = False) -> str:
+    """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads, ``overlap`` asks for
+    the asynchronous wgmmas. Head dims that are not a multiple of 64 take the narrow-P tiling."""
     import torch
     from mate._tilelang import ssd as tl_ssd
     from mate._tilelang.cache import compile_prim_func
 
     P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
-    tiles = tl_ssd.plan(P, N, L, io, threads=threads)
+    tiles = {**tl_ssd.plan(P, N, L, io, threads=threads), "overlap": overlap}
     kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
     return kern.get_kernel_source()
 
@@ -147,6 +147,9 @@ KERNELS = [
     pytest.param((dict(SMALL, P=80), dict(kind="lean")), id="lean_narrow-P80"),
     pytest.param((dict(SMALL, P=80), dict(kind="prepass")), id="prepass_narrow-P80"),
     pytest.param((SMALL, dict(kind="lean", threads=512)), id="lean_512-consumer-threads"),
+    # the opt-in asynchronous wgmmas (MATE_SSD_OVERLAP=1), compile-checked, not yet run on a GPU
+    pytest.param((SMALL, dict(kind="lean", overlap=True)), id="lean_overlap"),
+    pytest.param((FALCON, dict(kind="lean", overlap=True)), id="lean_overlap_tile64_P128_N256"),
 ]
 
 
@@ -154,7 +157,8 @@ def _source(spec) -> str:
     shape, opts = spec
     opts = dict(opts)
     threads = opts.pop("threads", None)
-    return source(_key(**shape, **opts), threads)
+    overlap = opts.pop("overlap", False)
+    return source(_key(**shape, **opts), threads, overlap)
 
 
 @pytest.mark.parametrize("spec", KERNELS)
@@ -178,6 +182,22 @@ def test_tma_store_reads_finish_before_the_next_barrier(spec):
     # the check fails without the wait
     mutated = re.sub(r"\n[^\n]*tma_store_wait[^\n]*", "", src)
     assert tma_store_problems(mutated)
+
+
+@pytest.mark.parametrize("spec", [p for p in KERNELS if "lean" in p.id])
+def test_overlap_waits_only_where_a_result_is_read(spec):
+    """Per tile, the overlapped kernel issues C B^T and C.state back to back and waits for all but the last
+    group (the mask reads C B^T while C.state runs), waits for everything before scaling y, issues S x without a
+    wait, and waits for all but the end-state GEMM before the epilogue and for everything after it; the plain
+    kernel waits for each GEMM at once."""
+    src = _source(spec)
+    overlap = spec[1].get("overlap", False)
+    waits = re.findall(r"tl::(warpgroup_wait|wait_wgmma)<(\d)>", src)
+    if overlap:
+        assert waits.count(("warpgroup_wait", "1")) == 2 and waits.count(("wait_wgmma", "0")) == 2
+        assert len(re.findall(r"tl::warpgroup_commit_batch\(\);", src)) == 4  # four GEMMs, four groups
+    else:
+        assert ("warpgroup_wait", "1") not in waits and not any(w == "wait_wgmma" for w, _ in waits)
 
 
 def test_checks_can_fail():

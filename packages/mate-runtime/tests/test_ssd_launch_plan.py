@@ -158,7 +158,11 @@ def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):
             pass
 
 
-@pytest.mark.parametrize("impls", ["mate-split", "mate,triton", ","], ids=["unknown-design", "unknown-peer", "empty"])
+@pytest.mark.parametrize(
+    "impls",
+    ["mate-split", "mate,triton", ",", "mate-prepass+overlap"],
+    ids=["unknown-design", "unknown-peer", "empty", "overlap-not-lean"],
+)
 def test_bench_ssd_rejects_unknown_impls_before_touching_a_device(impls):
     from mate.bench import ssd as bench_ssd
 
@@ -214,3 +218,48 @@ def test_prewarm_model_caches_under_the_launcher_key():
     )  # fmt: skip
     expected = {tl_ssd.cache_key(k, tl_ssd.builder_for(k)) for k in fkeys + rkeys}
     assert {key for fam, _label, key, _b, _pc in items if fam == "ssd"} == expected
+
+
+def test_overlap_option(monkeypatch):
+    lean_key = tl_ssd.kernel_keys(_call(), "lean")[0]
+    pre_key = tl_ssd.kernel_keys(_call(), "prepass")[0]
+    monkeypatch.delenv(tl_ssd.OVERLAP_ENV, raising=False)
+    assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles  # the default: the measured kernel, its key
+    plain = tl_ssd.cache_key(lean_key, tl_ssd._fused_builder(lean_key))
+    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "1")
+    assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True
+    assert tl_ssd.cache_key(lean_key, tl_ssd._fused_builder(lean_key)) != plain
+    # only the lean design at a P block that is a multiple of 64
+    assert "overlap" not in tl_ssd._fused_builder(pre_key).tiles
+    narrow = tl_ssd.plan(80, 128, 128, torch.bfloat16)
+    assert "overlap" not in tl_ssd._fused_builder(lean_key, narrow).tiles
+    # asked for by the caller's tiles (the compile check), whatever the environment
+    monkeypatch.delenv(tl_ssd.OVERLAP_ENV)
+    tiles = {**tl_ssd.plan(64, 128, 128, torch.bfloat16), "overlap": True}
+    assert tl_ssd._fused_builder(lean_key, tiles).tiles["overlap"] is True
+    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "2")
+    with pytest.raises(ValueError, match=tl_ssd.OVERLAP_ENV):
+        tl_ssd._fused_builder(lean_key)
+
+
+def test_overlap_needs_lean_decay_rows_and_a_64_multiple():
+    from mate_kernels.ssd import ssd_fused_kernel
+
+    base = dict(heads=8, groups=2, dim=64, dstate=128, chunk_size=128, block_P=64, overlap=True)
+    for bad in (dict(), dict(lean=True, precomputed_dt=True), dict(lean=True, precomputed_dt=True, decay_rows=True,
+                                                                   dim=80, block_P=80, narrow_p=True)):  # fmt: skip
+        with pytest.raises(ValueError, match="overlap"):
+            ssd_fused_kernel(**{**base, **bad})
+
+
+def test_overlapping_and_the_bench_impl_name(monkeypatch):
+    from mate.bench.ssd import mate_kind
+
+    monkeypatch.delenv(tl_ssd.OVERLAP_ENV, raising=False)
+    lean_key = tl_ssd.kernel_keys(_call(), "lean")[0]
+    with tl_ssd.overlapping():
+        assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True
+        with tl_ssd.overlapping(False):
+            assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles
+    assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles
+    assert mate_kind("mate-lean+overlap") == "lean+overlap" and mate_kind("mate") is None

@@ -41,6 +41,9 @@ import functools
 import math
 
 LOG2E = 1.4426950408889634
+# wgmma issue without waiting / waiting for all but the most recent group (``overlap``)
+NO_WAIT = {"wg_wait": -1}
+WAIT_ALL_BUT_LAST = {"wg_wait": 1}
 FLAG_Z = 1  # runtime flags of the fused kernel
 FLAG_INIT = 2
 # Per-tile record of the dt pre-pass (first token, valid tokens, opening sequence or -1): 3 int32 used, padded
@@ -195,6 +198,7 @@ def ssd_fused_kernel(
     lean: bool = False,
     decay_rows: bool = False,
     narrow_p: bool = False,
+    overlap: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -208,6 +212,12 @@ def ssd_fused_kernel(
     N dimension is ``block_P`` (``C·state``, ``S x``, ``Bᵀ x``) take their B operand K-major (the state, x and the
     weighted x transposed into shared memory by the consumers), because TileLang 0.1.15 has no canonical
     MN-major wgmma layout for such a width; with a multiple of 64 the operands stay as loaded.
+
+    ``overlap`` (lean with ``decay_rows``, a ``block_P`` multiple of 64) issues the tile's wgmmas asynchronously
+    and overlaps each with CUDA-core work that does not depend on it: ``C Bᵀ`` then ``C·state`` back to back,
+    the causal mask on ``C Bᵀ`` while ``C·state`` runs; ``S x`` while the x weighting and the state decay run;
+    the end-state GEMM while the epilogue (``D x``, the z gate, the store) runs. Same arithmetic, same order
+    of accumulation within each GEMM.
 
     ``decay_rows`` (with ``precomputed_dt``) takes the pre-pass's four rows (``ssd_dt_kernel(decay_rows=True)``):
     the cumsum already in log2 units and the per-row factors ``exp(dA_last - dA_k) dt'_k`` and ``exp(dA_m)``, so
@@ -240,6 +250,8 @@ def ssd_fused_kernel(
         raise ValueError(f"block_P ({block_P}) not a multiple of 64 needs narrow_p (K-major B operands)")
     if decay_rows and not precomputed_dt:
         raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
+    if overlap and not (lean and decay_rows and not narrow_p):
+        raise ValueError("overlap needs lean and decay_rows, and a block_P that is a multiple of 64")
     DTR = 4 if decay_rows else 2  # rows per (tile, head) of the pre-pass output
     rep = H // G
     n_pb = P // block_P
@@ -395,22 +407,28 @@ def ssd_fused_kernel(
                             T.if_then_else(has_init, T.Cast(accum, initial_states[sq, h, p0 + p, n]), T.float32(0)),
                             state[n, p],
                         )
-                # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state.
-                if narrow_p:
-                    for p, n in T.Parallel(BP, N):
-                        st_s[p, n] = state[n, p]
-                    T.gemm(C_s, st_s, y, transpose_B=True, clear_accum=True, policy=policy)
-                else:
+                # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state; stage 4: C B^T.
+                if overlap:
+                    # both issued back to back; the wait leaves C.state in flight under the mask below
                     T.copy(state, st_s)
-                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy)
-                for m, p in T.Parallel(BL, BP):
-                    if decay_rows:
-                        y[m, p] = y[m, p] * wy_s[m]
+                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy, annotations=NO_WAIT)
+                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations=WAIT_ALL_BUT_LAST)
+                else:
+                    if narrow_p:
+                        for p, n in T.Parallel(BP, N):
+                            st_s[p, n] = state[n, p]
+                        T.gemm(C_s, st_s, y, transpose_B=True, clear_accum=True, policy=policy)
                     else:
-                        y[m, p] = y[m, p] * T.exp2(dA_cs[m] * LOG2E)
+                        T.copy(state, st_s)
+                        T.gemm(C_s, st_s, y, clear_accum=True, policy=policy)
+                    for m, p in T.Parallel(BL, BP):
+                        if decay_rows:
+                            y[m, p] = y[m, p] * wy_s[m]
+                        else:
+                            y[m, p] = y[m, p] * T.exp2(dA_cs[m] * LOG2E)
+                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
 
-                # Stage 4: C B^T, then the causal decay mask and dt' weights.
-                T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
+                # The causal decay mask and dt' weights.
                 if lean:
                     # No branch around the loads (so the compiler can reuse the per-row / per-column values): a
                     # 0/1 factor lo masks the upper triangle and zeroes its exponent there (exp2(0) stays finite
@@ -426,11 +444,23 @@ def ssd_fused_kernel(
                         cb_c[m, k] = T.if_then_else(
                             k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
                         )
+                if overlap:
+                    T.wait_wgmma(0)
+                    for m, p in T.Parallel(BL, BP):
+                        y[m, p] = y[m, p] * wy_s[m]
                 # Stage 5: intra-chunk scan.
                 if narrow_p:
                     for p, k in T.Parallel(BP, BL):
                         xt_s[p, k] = x_s[k, p]
                     T.gemm(cb_c, xt_s, y, transpose_B=True, policy=policy)
+                elif overlap:
+                    # S x runs under the x weighting and the state decay; the end-state GEMM under the epilogue
+                    T.gemm(cb_c, x_s, y, policy=policy, annotations=NO_WAIT)
+                    for k, p in T.Parallel(BL, BP):
+                        xw_s[k, p] = x_s[k, p] * wx_s[k]
+                    for n, p in T.Parallel(N, BP):
+                        state[n, p] = state[n, p] * wy_s[BL - 1]
+                    T.gemm(B_s, xw_s, state, transpose_A=True, annotations=WAIT_ALL_BUT_LAST)
                 else:
                     T.gemm(cb_c, x_s, y, policy=policy)
 
@@ -473,7 +503,9 @@ def ssd_fused_kernel(
                             out[s0 + m, h, p0 + p] = y_s[m, p]
 
                 # State update: state = exp(dA_last) state + B^T (x * exp(dA_last - dA_k) dt'_k).
-                if narrow_p:  # written transposed (K-major for the GEMM below)
+                if overlap:
+                    T.wait_wgmma(0)  # (issued before the epilogue)
+                elif narrow_p:  # written transposed (K-major for the GEMM below)
                     for p, k in T.Parallel(BP, BL):
                         if decay_rows:
                             xt_s[p, k] = x_s[k, p] * wx_s[k]
@@ -485,15 +517,16 @@ def ssd_fused_kernel(
                             xw_s[k, p] = x_s[k, p] * wx_s[k]
                         else:
                             xw_s[k, p] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
-                for n, p in T.Parallel(N, BP):
-                    if decay_rows:
-                        state[n, p] = state[n, p] * wy_s[BL - 1]
+                if not overlap:
+                    for n, p in T.Parallel(N, BP):
+                        if decay_rows:
+                            state[n, p] = state[n, p] * wy_s[BL - 1]
+                        else:
+                            state[n, p] = state[n, p] * T.exp2(dA_cs[BL - 1] * LOG2E)
+                    if narrow_p:
+                        T.gemm(B_s, xt_s, state, transpose_A=True, transpose_B=True)
                     else:
-                        state[n, p] = state[n, p] * T.exp2(dA_cs[BL - 1] * LOG2E)
-                if narrow_p:
-                    T.gemm(B_s, xt_s, state, transpose_A=True, transpose_B=True)
-                else:
-                    T.gemm(B_s, xw_s, state, transpose_A=True)
+                        T.gemm(B_s, xw_s, state, transpose_A=True)
 
                 # Chunk end: report the end state where asked.
                 if sub == S - 1:

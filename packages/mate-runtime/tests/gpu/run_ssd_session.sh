@@ -11,11 +11,12 @@
 #     tests       tests/gpu/test_ssd_kernels.py, junit XML + log
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
-#     quick       mate bench ssd --quick (headline shape, two batches)
+#     quick       mate bench ssd --quick (headline shape, two batches; lean, lean with MATE_SSD_OVERLAP, vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
-#                 ("threads:block_L", default "256:128 256:64 512:64"; MATE_SSD_THREADS / MATE_SSD_BLOCK_L), each
-#                 in its own process, designs $SWEEP_IMPLS (default mate-lean,vllm)
+#                 ("threads:block_L[:overlap]", default "256:64 512:64 512:64:overlap"; MATE_SSD_THREADS /
+#                 MATE_SSD_BLOCK_L / MATE_SSD_OVERLAP=1), each in its own process, designs $SWEEP_IMPLS (default
+#                 mate-lean,vllm)
 # Everything goes under $OUT (default ./ssd-session-out); only 8 files come back from the device machine, so
 # the last step packs everything into $OUT/ssd-session.tgz.
 OUT="${OUT:-$PWD/ssd-session-out}"
@@ -50,24 +51,25 @@ for stage in "${stages[@]}"; do
         ;;
     quick)
         stamp "bench quick"
-        timeout "$(stage_limit 180)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-lean,mate-prepass,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
+        timeout "$(stage_limit 180)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-lean,mate-lean+overlap,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
     bench)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-lean,mate-prepass,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-lean,mate-lean+overlap,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     sweep)
-        for setting in ${SWEEP:-256:128 256:64 512:64}; do
-            IFS=: read -r thr bl <<<"$setting"
-            tag="t${thr}_l${bl}"
+        for setting in ${SWEEP:-256:64 512:64 512:64:overlap}; do
+            IFS=: read -r thr bl ovl <<<"$setting"
+            tag="t${thr}_l${bl}${ovl:+_overlap}"
+            [ "$ovl" = overlap ] && ovl=1 || ovl=0
             left=$(budget_left)
             [ "$left" -lt 60 ] && { stamp "sweep $setting skipped: ${left}s left"; continue; }
             stamp "sweep threads $thr block_L $bl"
-            MATE_SSD_THREADS=$thr MATE_SSD_BLOCK_L=$bl timeout $((left < 150 ? left : 150)) \
+            MATE_SSD_THREADS=$thr MATE_SSD_BLOCK_L=$bl MATE_SSD_OVERLAP=$ovl timeout $((left < 150 ? left : 150)) \
                 python3 -m mate.bench.ssd --quick --impls "${SWEEP_IMPLS:-mate-lean,vllm}" \
                 --out "$OUT" --name "ssd_sweep_$tag" >"$OUT/sweep_$tag.log" 2>&1
             stamp "sweep threads $thr block_L $bl rc=$?"

@@ -41,6 +41,17 @@ def main(argv=None) -> int:
     keys = list(dict.fromkeys(keys))
     print(f"{len(keys)} kernels", flush=True)
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
+    # the overlapped lean kernels (MATE_SSD_OVERLAP=1) of their GPU tests and, unless --only-tests, of the
+    # benchmark (the sweep's overlap setting): the same keys, built under the setting (read when a worker makes
+    # a kernel's builder; the workers start with this environment)
+    cases = [p.values[0] for p in t.OVERLAP_CASES] + [t.GRAPH_CASE]
+    ovl = [k for c in cases for k in tl_ssd.kernel_keys(t.normalized_call(c), "lean")]
+    ovl += [k for k in keys if k[0] == "ssd_lean"]
+    os.environ[tl_ssd.OVERLAP_ENV] = "1"
+    try:
+        tl_ssd.precompile(list(dict.fromkeys(ovl)), jobs=args.jobs, log=lambda m: print(m, flush=True))
+    finally:
+        del os.environ[tl_ssd.OVERLAP_ENV]
     return 0
 
 

@@ -248,14 +248,48 @@ def test_narrow_p_matches_reference(case: Case, kind: str):
     test_kernels_match_reference(case, kind)
 
 
+# The lean design with its wgmmas issued asynchronously (``MATE_SSD_OVERLAP=1``, opt-in).
+OVERLAP_CASES = [
+    pytest.param(Case(), id="ragged_c128"),
+    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700)), id="c256_lens-1-255-256-257-700"),
+    pytest.param(Case(H=8, G=1, chunk=256, seqlens=(6000,), z=True, D="full"), id="one-long-sequence_c256_z_Dfull"),
+    pytest.param(Case(N=256, P=128, H=4, G=1, chunk=256, seqlens=(300, 40)), id="P128_N256_64-token-tiles"),
+    pytest.param(Case(intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="intermediate_bf16"),
+    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
+]
+
+
+@pytest.mark.parametrize("case", OVERLAP_CASES)
+def test_lean_overlap_matches_reference(case: Case, monkeypatch):
+    from mate._tilelang.cache import CACHE
+
+    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "1")
+    with tl_ssd.using("lean"):
+        test_kernels_match_reference(case, "lean")
+    # the kernel this call launched is the overlapped one
+    key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
+    build_fn = tl_ssd.builder_for(key)
+    assert build_fn.tiles.get("overlap") is True
+    assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
+
+
+def test_lean_overlap_graph_replay_equals_eager(monkeypatch):
+    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "1")
+    with tl_ssd.using("lean"):
+        test_graph_replay_equals_eager("lean")
+
+
 def test_small_chunk_raises():
     kw = build(Case(chunk=32))
     with pytest.raises(NotImplementedError, match="chunk_size"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
+GRAPH_CASE = Case(seqlens=(1, 100, 300), z=True)
+
+
 def test_graph_replay_equals_eager(kind: str):
-    case = Case(seqlens=(1, 100, 300), z=True)
+    case = GRAPH_CASE
     kw = build(case)
     out = torch.empty_like(kw["x"])
     eager_states = ssd_combined_fwd_varlen(**kw, out=out, backend="tilelang").clone()

@@ -119,6 +119,7 @@ def _block_p(dim: int) -> int:
 
 BLOCK_L_ENV = "MATE_SSD_BLOCK_L"
 THREADS_ENV = "MATE_SSD_THREADS"
+OVERLAP_ENV = "MATE_SSD_OVERLAP"
 
 
 def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
@@ -130,6 +131,32 @@ def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
     if raw.isdigit() and int(raw) in allowed:
         return int(raw)
     raise ValueError(f"{name}={raw!r}: expected 0 (the default) or one of {', '.join(map(str, allowed))}")
+
+
+_overlap_override: list[bool] = []  # set by ``overlapping`` (the benchmark compares both in one run)
+
+
+@contextlib.contextmanager
+def overlapping(on: bool = True):
+    """Plan the enclosed calls' lean kernels as if ``MATE_SSD_OVERLAP`` were ``on``."""
+    _overlap_override.append(on)
+    try:
+        yield
+    finally:
+        _overlap_override.pop()
+
+
+def _overlap(kind: str, tiles: dict) -> bool:
+    """Whether a fused kernel issues its wgmmas asynchronously (``ssd_fused_kernel(overlap=True)``): the lean
+    design at a P block that is a multiple of 64, when ``tiles`` (the compile check), :func:`overlapping` or
+    ``MATE_SSD_OVERLAP=1`` asks for it (opt-in: compile-checked, not yet run on a GPU). The results are the
+    same either way."""
+    if kind != "ssd_lean" or tiles.get("narrow_p"):
+        return False
+    requested = tiles.get("overlap")
+    if requested is None and _overlap_override:
+        requested = _overlap_override[-1]
+    return _env_choice(OVERLAP_ENV, (1,)) == 1 if requested is None else requested
 
 
 def plan(
@@ -187,6 +214,10 @@ def _fused_builder(key, tiles: dict | None = None):
     (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
      intermediate) = key  # fmt: skip
     tiles = dict(tiles or plan(P, N, L, getattr(torch, io)))
+    overlap = _overlap(kind, tiles)
+    tiles.pop("overlap", None)
+    if overlap:  # (only then, so the measured kernels' build arguments and cache keys stay as they were)
+        tiles["overlap"] = True
 
     def build():
         return _kmod().ssd_fused_kernel(
@@ -544,6 +575,11 @@ def compile_grid() -> list[CompileItem]:
     label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 threads 512"
     build = _fused_builder(key, tiles)
     items.append(CompileItem(family="ssd", label=label, build=build, pass_configs=dict(PASS_CONFIGS)))
+    # the MATE_SSD_OVERLAP=1 lean kernel (asynchronous wgmma overlapped with the mask, x weighting and epilogue)
+    tiles = {**plan(64, 128, 256, torch.bfloat16), "overlap": True}
+    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 overlap"
+    items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
+                             pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 

@@ -88,16 +88,22 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
 
 
 def mate_fn(w, L, kind: str | None = None):
-    """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``fused`` / ``prepass``)."""
+    """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``lean`` / ``prepass`` /
+    ``fused``), ``lean+overlap`` the lean design with its asynchronous wgmmas (``MATE_SSD_OVERLAP``)."""
     import contextlib
 
     from .._tilelang import ssd as tl_ssd
     from ..mamba import ssd_combined_fwd_varlen
 
     m = w["meta"]
+    design, _, option = (kind or "").partition("+")
 
     def fn():
-        with tl_ssd.using(kind) if kind else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if design:
+                stack.enter_context(tl_ssd.using(design))
+            if option == "overlap":
+                stack.enter_context(tl_ssd.overlapping())
             return ssd_combined_fwd_varlen(
                 w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
                 m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
@@ -108,7 +114,8 @@ def mate_fn(w, L, kind: str | None = None):
 
 
 def mate_kind(impl: str) -> str | None:
-    """``mate`` -> the design in force; ``mate-fused`` / ``mate-prepass`` -> that design."""
+    """``mate`` -> the design in force; ``mate-lean`` / ``mate-prepass`` / ``mate-fused`` -> that design;
+    ``mate-lean+overlap`` -> lean with asynchronous wgmmas."""
     return impl.split("-", 1)[1] if impl.startswith("mate-") else None
 
 
@@ -178,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
     ap.add_argument("--name", default="ssd")
     ap.add_argument(
-        "--impls", default="mate,vllm", help="mate (the design in force), mate-lean, mate-prepass, mate-fused, vllm"
+        "--impls",
+        default="mate,vllm",
+        help="mate (the design in force), mate-lean, mate-lean+overlap, mate-prepass, mate-fused, vllm",
     )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     impls = [i for i in args.impls.split(",") if i]
     from .._tilelang.ssd import VARIANTS
 
-    known = {"mate", "vllm", *(f"mate-{v}" for v in VARIANTS)}
+    known = {"mate", "vllm", "mate-lean+overlap", *(f"mate-{v}" for v in VARIANTS)}
     bad = [i for i in impls if i not in known]
     if bad or not impls:
         raise ValueError(f"--impls: expected a comma list of {', '.join(sorted(known))}; got {args.impls!r}")
