@@ -160,8 +160,8 @@ def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):
 
 @pytest.mark.parametrize(
     "impls",
-    ["mate-split", "mate,triton", ",", "mate-prepass+overlap"],
-    ids=["unknown-design", "unknown-peer", "empty", "overlap-not-lean"],
+    ["mate-split", "mate,triton", ",", "mate-prepass+overlap", "mate-lean+fast"],
+    ids=["unknown-design", "unknown-peer", "empty", "overlap-not-lean", "unknown-option"],
 )
 def test_bench_ssd_rejects_unknown_impls_before_touching_a_device(impls):
     from mate.bench import ssd as bench_ssd
@@ -252,14 +252,43 @@ def test_overlap_needs_lean_decay_rows_and_a_64_multiple():
             ssd_fused_kernel(**{**base, **bad})
 
 
-def test_overlapping_and_the_bench_impl_name(monkeypatch):
-    from mate.bench.ssd import mate_kind
+def test_options_and_the_bench_impl_names(monkeypatch):
+    from mate.bench.ssd import mate_kind, parse_kind
 
     monkeypatch.delenv(tl_ssd.OVERLAP_ENV, raising=False)
-    lean_key = tl_ssd.kernel_keys(_call(), "lean")[0]
-    with tl_ssd.overlapping():
+    monkeypatch.delenv(tl_ssd.DT_HEADS_ENV, raising=False)
+    lean_key, _, dkey = tl_ssd.kernel_keys(_call(), "lean")
+    with tl_ssd.options(overlap=True, dt_heads=8):
         assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True
-        with tl_ssd.overlapping(False):
+        assert tl_ssd._dt_builder(dkey).tiles == {"heads_per_cta": 4}  # 4 heads in this call: 4 per CTA
+        with tl_ssd.options(overlap=False):
             assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles
-    assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles
+    assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles and tl_ssd._dt_builder(dkey).tiles is None
     assert mate_kind("mate-lean+overlap") == "lean+overlap" and mate_kind("mate") is None
+    assert parse_kind("lean+overlap+dt8") == ("lean", {"overlap": True, "dt_heads": 8})
+    assert parse_kind("prepass") == ("prepass", {}) and parse_kind(None) == (None, {})
+    for bad in ("prepass+overlap", "lean+fast"):
+        with pytest.raises(ValueError, match="lean"):
+            parse_kind(bad)
+
+
+@pytest.mark.parametrize("heads, n, hb", [(128, 8, 8), (24, 16, 8), (80, 8, 8), (4, 8, 4), (6, 8, 2), (7, 8, 1)])
+def test_dt_heads_option(monkeypatch, heads, n, hb):
+    monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, str(n))
+    assert tl_ssd._dt_heads(heads) == hb
+    key = ("ssd_dt", heads, 256, 128, "float32", "float32", "int32", "int32", True, 0.0, math.inf, True, True)
+    build = tl_ssd._dt_builder(key)
+    assert build.tiles == ({"heads_per_cta": hb} if hb > 1 else None)
+    assert tl_ssd.cache_key(key, build) == (key if hb == 1 else key + ((("heads_per_cta", hb),),))
+    monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, "3")
+    with pytest.raises(ValueError, match=tl_ssd.DT_HEADS_ENV):
+        tl_ssd._dt_heads(heads)
+    monkeypatch.delenv(tl_ssd.DT_HEADS_ENV)
+    assert tl_ssd._dt_heads(heads) == 1
+
+
+def test_dt_kernel_heads_per_cta_must_divide_heads():
+    from mate_kernels.ssd import ssd_dt_kernel
+
+    with pytest.raises(ValueError, match="heads_per_cta"):
+        ssd_dt_kernel(heads=6, chunk_size=128, heads_per_cta=4)

@@ -235,8 +235,6 @@ def ssd_fused_kernel(
     initial states are runtime options). Unused optional inputs are still passed (any tensor of
     the declared form; a 1-row dummy works) and never read.
     """
-    import tilelang.language as T
-
     H, G, P, N, L = heads, groups, dim, dstate, chunk_size
     if H % G:
         raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
@@ -252,6 +250,8 @@ def ssd_fused_kernel(
         raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
     if overlap and not (lean and decay_rows and not narrow_p):
         raise ValueError("overlap needs lean and decay_rows, and a block_P that is a multiple of 64")
+    import tilelang.language as T  # (after the argument checks: they need no toolchain)
+
     DTR = 4 if decay_rows else 2  # rows per (tile, head) of the pre-pass output
     rep = H // G
     n_pb = P // block_P
@@ -562,6 +562,7 @@ def ssd_dt_kernel(
     dt_min: float = 0.0,
     dt_max: float = math.inf,
     decay_rows: bool = False,
+    heads_per_cta: int = 1,
 ):
     """The per-tile ``dt'`` pre-pass of :func:`ssd_fused_kernel` with ``precomputed_dt``: one CTA of ``block_L``
     threads per (tile ``v = c * chunk_size / block_L + sub``, head). Writes
@@ -575,17 +576,27 @@ def ssd_dt_kernel(
     Inputs: ``dt [T, H]`` (any row stride), ``A [H]`` fp32, ``dt_bias [H]``, ``cu_chunk_seqlens [nchunks + 1]``,
     ``seq_idx [nchunks]``; outputs ``dtA [nchunks * S, H, 2 or 4, block_L]`` fp32,
     ``tmeta [nchunks * S, META_WIDTH]`` int32.
-    Fully parallel: it takes the loads, softplus and scan off the fused kernel's serial per-tile path."""
-    import tilelang.language as T
+    Fully parallel: it takes the loads, softplus and scan off the fused kernel's serial per-tile path.
 
+    ``heads_per_cta`` > 1: one CTA per (tile, group of that many heads): each thread reads its token's
+    ``heads_per_cta`` consecutive ``dt`` values (one 32-byte sector at 8 fp32 heads, where one head per CTA
+    uses 4 bytes of each sector it fetches) and the heads' scans share the barriers."""
     H, L, BL = heads, chunk_size, block_L
     if L % BL:
         raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
+    if heads_per_cta < 1 or H % heads_per_cta:
+        raise ValueError(f"heads_per_cta ({heads_per_cta}) must divide heads ({H})")
+    if heads_per_cta > 1:
+        return _dt_kernel_grouped(H, L, BL, heads_per_cta, dt_dtype, dt_bias_dtype, cu_dtype, seq_idx_dtype,
+                                  has_dt_bias, dt_softplus, dt_min, dt_max, decay_rows)  # fmt: skip
+    import tilelang.language as T
+
     S = L // BL
     DTR = 4 if decay_rows else 2
     accum = "float32"
     dtp = functools.partial(dt_prime, T, has_dt_bias=has_dt_bias, dt_softplus=dt_softplus, dt_min=dt_min, dt_max=dt_max)
     scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
+    tile_meta = _tile_meta_macro()
 
     T_ = T.dynamic("T")
     nchunks = T.dynamic("nchunks")
@@ -630,12 +641,91 @@ def ssd_dt_kernel(
                 dtA[vt, h, 0, i] = src_buf[i]
             if h == 0:
                 if i == 0:
-                    opens = T.if_then_else(
-                        sub == 0, T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)), 0
-                    )
-                    tmeta[vt, 0] = s0
-                    tmeta[vt, 1] = n_valid
-                    tmeta[vt, 2] = T.if_then_else(opens == 1, T.Cast("int32", seq_idx[c]), -1)
-                    tmeta[vt, 3] = 0
+                    tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid)
+
+    return dtpass
+
+
+def _tile_meta_macro():
+    """The pre-pass's ``tmeta[vt]`` record (first token, valid tokens, the sequence a tile opens or -1), one rule
+    for both pre-pass kernels (written by one thread of the tile's first CTA)."""
+    import tilelang.language as T
+
+    @T.macro
+    def tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid):
+        opens = T.if_then_else(
+            sub == 0, T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)), 0
+        )
+        tmeta[vt, 0] = s0
+        tmeta[vt, 1] = n_valid
+        tmeta[vt, 2] = T.if_then_else(opens == 1, T.Cast("int32", seq_idx[c]), -1)
+        tmeta[vt, 3] = 0
+
+    return tile_meta
+
+
+def _dt_kernel_grouped(H, L, BL, HB, dt_dtype, dt_bias_dtype, cu_dtype, seq_idx_dtype, has_dt_bias, dt_softplus,
+                       dt_min, dt_max, decay_rows):  # fmt: skip
+    """:func:`ssd_dt_kernel` with ``heads_per_cta = HB`` > 1 (same outputs)."""
+    import tilelang.language as T
+
+    tile_meta = _tile_meta_macro()
+    S = L // BL
+    DTR = 4 if decay_rows else 2
+    accum = "float32"
+    dtp = functools.partial(dt_prime, T, has_dt_bias=has_dt_bias, dt_softplus=dt_softplus, dt_min=dt_min, dt_max=dt_max)
+    scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
+
+    T_ = T.dynamic("T")
+    nchunks = T.dynamic("nchunks")
+    nchunks1 = T.dynamic("nchunks1")
+    nvt = T.dynamic("nvt")
+    dt_rs = T.dynamic("dt_rs")
+
+    @T.prim_func
+    def dtpass(
+        dt: T.StridedTensor((T_, H), (dt_rs, 1), dt_dtype),
+        A: T.Tensor((H,), "float32"),
+        dt_bias: T.Tensor((H,), dt_bias_dtype),
+        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
+        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
+        dtA: T.Tensor((nvt, H, DTR, BL), accum),
+        tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
+    ):
+        with T.Kernel(nchunks * S, H // HB, threads=BL) as (vt, hb):
+            a_s = T.alloc_shared((HB, BL), accum)
+            b_s = T.alloc_shared((HB, BL), accum)
+            v = T.alloc_local((HB,), accum)
+            i = T.get_thread_binding()
+            c = vt // S
+            sub = vt % S
+            s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
+            n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
+            h0 = hb * HB
+            # the token's HB consecutive dt values first (one sector), then the per-head work
+            for j in T.unroll(HB):
+                v[j] = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h0 + j]), T.float32(0))
+            for j in T.unroll(HB):
+                v[j] = T.if_then_else(i < n_valid, dtp(v[j], T.Cast(accum, dt_bias[h0 + j])), T.float32(0))
+                dtA[vt, h0 + j, 1, i] = v[j]
+                a_s[j, i] = v[j] * A[h0 + j]
+            T.sync_threads()
+            src_buf, dst_buf = a_s, b_s
+            for off in scan_offsets:
+                for j in T.unroll(HB):
+                    dst_buf[j, i] = src_buf[j, i] + T.if_then_else(i >= off, src_buf[j, i - off], T.float32(0))
+                T.sync_threads()
+                src_buf, dst_buf = dst_buf, src_buf
+            for j in T.unroll(HB):
+                if decay_rows:
+                    a = src_buf[j, i] * LOG2E
+                    dtA[vt, h0 + j, 0, i] = a
+                    dtA[vt, h0 + j, 2, i] = T.exp2(src_buf[j, BL - 1] * LOG2E - a) * v[j]
+                    dtA[vt, h0 + j, 3, i] = T.exp2(a)
+                else:
+                    dtA[vt, h0 + j, 0, i] = src_buf[j, i]
+            if hb == 0:
+                if i == 0:
+                    tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid)
 
     return dtpass

@@ -52,6 +52,15 @@ def main(argv=None) -> int:
         tl_ssd.precompile(list(dict.fromkeys(ovl)), jobs=args.jobs, log=lambda m: print(m, flush=True))
     finally:
         del os.environ[tl_ssd.OVERLAP_ENV]
+    # the pre-passes with 8 heads per CTA (MATE_SSD_DT_HEADS=8) of their GPU tests and of the benchmark
+    dt8 = [k for p in t.DT_HEADS_CASES for d in ("lean", "prepass")
+           for k in tl_ssd.kernel_keys(t.normalized_call(p.values[0]), d)[2:]]  # fmt: skip
+    dt8 += [k for k in keys if k[0] == "ssd_dt"]
+    os.environ[tl_ssd.DT_HEADS_ENV] = "8"
+    try:
+        tl_ssd.precompile(list(dict.fromkeys(dt8)), jobs=args.jobs, log=lambda m: print(m, flush=True))
+    finally:
+        del os.environ[tl_ssd.DT_HEADS_ENV]
     return 0
 
 

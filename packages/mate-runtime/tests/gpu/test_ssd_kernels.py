@@ -279,6 +279,29 @@ def test_lean_overlap_graph_replay_equals_eager(monkeypatch):
         test_graph_replay_equals_eager("lean")
 
 
+# The dt pre-pass with several heads per CTA (``MATE_SSD_DT_HEADS=8``, opt-in), under both designs it feeds.
+DT_HEADS_CASES = [
+    pytest.param(Case(), id="ragged_c128_8-heads-per-CTA"),
+    pytest.param(Case(H=24, G=1, chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), id="H24_c256_8-per-CTA"),
+    pytest.param(Case(H=4, G=2, softplus=False, dt_bias=False, dt_limit=(0.02, 0.15)), id="H4_dt-limit_4-per-CTA"),
+    pytest.param(Case(H=8, rows_view=True, dt_dtype=BF16, history=(0, 100, 0, 64)), id="row-views_bf16-dt"),
+]
+
+
+@pytest.mark.parametrize("case", DT_HEADS_CASES)
+@pytest.mark.parametrize("design", ["lean", "prepass"])
+def test_dt_heads_per_cta_matches_reference(case: Case, design: str, monkeypatch):
+    from mate._tilelang.cache import CACHE
+
+    monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, "8")
+    with tl_ssd.using(design):
+        test_kernels_match_reference(case, design)
+    dkey = tl_ssd.kernel_keys(normalized_call(case), design)[2]
+    build_fn = tl_ssd.builder_for(dkey)
+    assert build_fn.tiles == {"heads_per_cta": min(8, case.H)}
+    assert tl_ssd.cache_key(dkey, build_fn) in CACHE.kernels
+
+
 def test_small_chunk_raises():
     kw = build(Case(chunk=32))
     with pytest.raises(NotImplementedError, match="chunk_size"):

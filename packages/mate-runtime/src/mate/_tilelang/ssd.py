@@ -120,6 +120,7 @@ def _block_p(dim: int) -> int:
 BLOCK_L_ENV = "MATE_SSD_BLOCK_L"
 THREADS_ENV = "MATE_SSD_THREADS"
 OVERLAP_ENV = "MATE_SSD_OVERLAP"
+DT_HEADS_ENV = "MATE_SSD_DT_HEADS"
 
 
 def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
@@ -133,29 +134,34 @@ def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
     raise ValueError(f"{name}={raw!r}: expected 0 (the default) or one of {', '.join(map(str, allowed))}")
 
 
-_overlap_override: list[bool] = []  # set by ``overlapping`` (the benchmark compares both in one run)
+_option_override: list[dict] = []  # set by ``options`` (the benchmark compares settings in one run)
 
 
 @contextlib.contextmanager
-def overlapping(on: bool = True):
-    """Plan the enclosed calls' lean kernels as if ``MATE_SSD_OVERLAP`` were ``on``."""
-    _overlap_override.append(on)
+def options(*, overlap: bool | None = None, dt_heads: int | None = None):
+    """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` were set to these
+    values (None: as the environment says)."""
+    _option_override.append({"overlap": overlap, "dt_heads": dt_heads})
     try:
         yield
     finally:
-        _overlap_override.pop()
+        _option_override.pop()
+
+
+def _overridden(name: str):
+    return _option_override[-1][name] if _option_override else None
 
 
 def _overlap(kind: str, tiles: dict) -> bool:
     """Whether a fused kernel issues its wgmmas asynchronously (``ssd_fused_kernel(overlap=True)``): the lean
-    design at a P block that is a multiple of 64, when ``tiles`` (the compile check), :func:`overlapping` or
+    design at a P block that is a multiple of 64, when ``tiles`` (the compile check), :func:`options` or
     ``MATE_SSD_OVERLAP=1`` asks for it (opt-in: compile-checked, not yet run on a GPU). The results are the
     same either way."""
     if kind != "ssd_lean" or tiles.get("narrow_p"):
         return False
     requested = tiles.get("overlap")
-    if requested is None and _overlap_override:
-        requested = _overlap_override[-1]
+    if requested is None:
+        requested = _overridden("overlap")
     return _env_choice(OVERLAP_ENV, (1,)) == 1 if requested is None else requested
 
 
@@ -239,16 +245,29 @@ def _dt_key(fused_key) -> tuple:
     return ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, kind == "ssd_lean")
 
 
-def _dt_builder(key):
-    """The build function of a pre-pass key."""
+def _dt_heads(heads: int, requested: int | None = None) -> int:
+    """Heads per CTA of the dt pre-pass: 1 (the measured kernel), or under ``MATE_SSD_DT_HEADS=n`` (or
+    ``requested``, or :func:`options`; opt-in: compile-checked, not yet run on a GPU) the largest power of two up
+    to n dividing ``heads``."""
+    if requested is None:
+        requested = _overridden("dt_heads")
+    n = requested if requested is not None else (_env_choice(DT_HEADS_ENV, (2, 4, 8, 16)) or 1)
+    return max(d for d in (1, 2, 4, 8, 16) if d <= n and heads % d == 0)
+
+
+def _dt_builder(key, heads_per_cta: int | None = None):
+    """The build function of a pre-pass key (``heads_per_cta``: see :func:`_dt_heads`)."""
     _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows = key
+    hb = _dt_heads(H, heads_per_cta)
+    extra = {"heads_per_cta": hb} if hb > 1 else {}  # (the measured kernel keeps its build arguments and key)
 
     def build():
         return _kmod().ssd_dt_kernel(
             heads=H, chunk_size=L, block_L=block_L, dt_dtype=dt, dt_bias_dtype=dtb, cu_dtype=cu, seq_idx_dtype=sq,
-            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows,
+            has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows, **extra,
         )  # fmt: skip
 
+    build.tiles = extra or None  # part of the in-memory cache key (``_get``)
     return build
 
 
@@ -575,6 +594,9 @@ def compile_grid() -> list[CompileItem]:
     label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 threads 512"
     build = _fused_builder(key, tiles)
     items.append(CompileItem(family="ssd", label=label, build=build, pass_configs=dict(PASS_CONFIGS)))
+    # the MATE_SSD_DT_HEADS=8 pre-pass (8 heads per CTA, one dt sector per token)
+    items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows 8 heads per CTA",
+                             build=_dt_builder(_dt_key(key), 8), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     # the MATE_SSD_OVERLAP=1 lean kernel (asynchronous wgmma overlapped with the mask, x weighting and epilogue)
     tiles = {**plan(64, 128, 256, torch.bfloat16), "overlap": True}
     label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 overlap"

@@ -89,21 +89,22 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
 
 def mate_fn(w, L, kind: str | None = None):
     """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``lean`` / ``prepass`` /
-    ``fused``), ``lean+overlap`` the lean design with its asynchronous wgmmas (``MATE_SSD_OVERLAP``)."""
+    ``fused``), with ``+`` options of the lean design: ``overlap`` (``MATE_SSD_OVERLAP``), ``dt8``
+    (``MATE_SSD_DT_HEADS=8``), e.g. ``lean+overlap+dt8``."""
     import contextlib
 
     from .._tilelang import ssd as tl_ssd
     from ..mamba import ssd_combined_fwd_varlen
 
     m = w["meta"]
-    design, _, option = (kind or "").partition("+")
+    design, opts = parse_kind(kind)
 
     def fn():
         with contextlib.ExitStack() as stack:
             if design:
                 stack.enter_context(tl_ssd.using(design))
-            if option == "overlap":
-                stack.enter_context(tl_ssd.overlapping())
+            if opts:
+                stack.enter_context(tl_ssd.options(**opts))
             return ssd_combined_fwd_varlen(
                 w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
                 m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
@@ -113,9 +114,24 @@ def mate_fn(w, L, kind: str | None = None):
     return fn
 
 
+LEAN_OPTIONS = {"overlap": ("overlap", True), "dt8": ("dt_heads", 8)}
+
+
+def parse_kind(kind: str | None) -> tuple[str | None, dict]:
+    """``lean+overlap+dt8`` -> (``lean``, {overlap: True, dt_heads: 8}); ValueError on an unknown option or an
+    option on another design than lean."""
+    if not kind:
+        return None, {}
+    design, *names = kind.split("+")
+    bad = [n for n in names if n not in LEAN_OPTIONS]
+    if bad or (names and design != "lean"):
+        raise ValueError(f"mate-{kind}: options {', '.join(LEAN_OPTIONS)} apply to the lean design only")
+    return design, dict(LEAN_OPTIONS[n] for n in names)
+
+
 def mate_kind(impl: str) -> str | None:
-    """``mate`` -> the design in force; ``mate-lean`` / ``mate-prepass`` / ``mate-fused`` -> that design;
-    ``mate-lean+overlap`` -> lean with asynchronous wgmmas."""
+    """``mate`` -> the design in force; ``mate-lean`` / ``mate-prepass`` / ``mate-fused`` -> that design, with
+    ``+`` options of the lean design (``mate-lean+overlap``)."""
     return impl.split("-", 1)[1] if impl.startswith("mate-") else None
 
 
@@ -187,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--impls",
         default="mate,vllm",
-        help="mate (the design in force), mate-lean, mate-lean+overlap, mate-prepass, mate-fused, vllm",
+        help="mate (the design in force), mate-lean[+overlap][+dt8], mate-prepass, mate-fused, vllm",
     )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
@@ -196,10 +212,22 @@ def main(argv: list[str] | None = None) -> int:
     impls = [i for i in args.impls.split(",") if i]
     from .._tilelang.ssd import VARIANTS
 
-    known = {"mate", "vllm", "mate-lean+overlap", *(f"mate-{v}" for v in VARIANTS)}
-    bad = [i for i in impls if i not in known]
+    known = {"mate", "vllm", *(f"mate-{v}" for v in VARIANTS)}
+
+    def ok(impl: str) -> bool:
+        if impl in known:
+            return True
+        try:
+            return impl.startswith("mate-lean+") and bool(parse_kind(mate_kind(impl))[1])
+        except ValueError:
+            return False
+
+    bad = [i for i in impls if not ok(i)]
     if bad or not impls:
-        raise ValueError(f"--impls: expected a comma list of {', '.join(sorted(known))}; got {args.impls!r}")
+        raise ValueError(
+            f"--impls: expected a comma list of {', '.join(sorted(known))} (mate-lean may carry the options "
+            f"+{' +'.join(LEAN_OPTIONS)}); got {args.impls!r}"
+        )
     if not torch.cuda.is_available():
         print("mate bench ssd: needs a CUDA device", file=sys.stderr)
         return 2
