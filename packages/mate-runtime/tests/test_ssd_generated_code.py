@@ -38,7 +38,9 @@ _PRODUCER_OK = re.compile(
     r"mbarrier\[.*\]\.(wait|arrive_and_expect_tx)\(.*\);|if \(tl::tl_shuffle_elect<\d+>\(\)\) \{|"
     r"tl::tma_load\(.*\);|int (condval\w*|s0\w*|c_first\w*|n_tiles\w*);|"
     r"condval\w* = (cu_chunk_seqlens|bounds)\[.*\];|condval\w* = 0;|if \(.*\) \{|\} else \{|"
-    r"int (s0|c_first|n_tiles)\w* = .*;)\s*$"
+    r"int (s0|c_first|n_tiles)\w* = .*;|"
+    # the floor division / modulo of the tile counter by the tiles per head (several heads per CTA)
+    r"(int|int64_t) r(div|mod)\w* = \(+(\(int64_t\))?j\)? [/%] \(*(\(int64_t\))?n_tiles\)*;)\s*$"
 )
 _TMA_DESC = re.compile(r"tl::tma_load\(\w+_desc, mbarrier\[(.+?)\], \(&\(\(\(\w+\*\)(\w+)\)")
 _TMA_BULK = re.compile(r"tl::tma_load\(\(&\(\(\(\w+\*\)(\w+)\)\[.*\]\)\), .*, mbarrier\[(.+?)\], \d+\);")
@@ -121,15 +123,18 @@ def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per
 
 
 @functools.cache
-def source(key, threads: int | None = None, overlap: bool = False) -> str:
+def source(key, threads: int | None = None, overlap: bool = False, hpc: int = 1) -> str:
     """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads, ``overlap`` asks for
-    the asynchronous wgmmas. Head dims that are not a multiple of 64 take the narrow-P tiling."""
+    the asynchronous wgmmas, ``hpc`` heads per CTA. Head dims that are not a multiple of 64 take the narrow-P
+    tiling."""
     import torch
     from mate._tilelang import ssd as tl_ssd
     from mate._tilelang.cache import compile_prim_func
 
     P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
     tiles = {**tl_ssd.plan(P, N, L, io, threads=threads), "overlap": overlap}
+    if hpc > 1:
+        tiles["heads_per_cta"] = hpc
     kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
     return kern.get_kernel_source()
 
@@ -150,6 +155,9 @@ KERNELS = [
     # the opt-in asynchronous wgmmas (MATE_SSD_OVERLAP=1), compile-checked, not yet run on a GPU
     pytest.param((SMALL, dict(kind="lean", overlap=True)), id="lean_overlap"),
     pytest.param((FALCON, dict(kind="lean", overlap=True)), id="lean_overlap_tile64_P128_N256"),
+    # several heads per CTA (MATE_SSD_HEADS_PER_CTA), compile-checked, not yet run on a GPU
+    pytest.param((SMALL, dict(kind="lean", hpc=2)), id="lean_2-heads-per-CTA"),
+    pytest.param((SMALL, dict(kind="lean", hpc=4, overlap=True)), id="lean_4-heads-per-CTA_overlap"),
 ]
 
 
@@ -158,7 +166,8 @@ def _source(spec) -> str:
     opts = dict(opts)
     threads = opts.pop("threads", None)
     overlap = opts.pop("overlap", False)
-    return source(_key(**shape, **opts), threads, overlap)
+    hpc = opts.pop("hpc", 1)
+    return source(_key(**shape, **opts), threads, overlap, hpc)
 
 
 @pytest.mark.parametrize("spec", KERNELS)

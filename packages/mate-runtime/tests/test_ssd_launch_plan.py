@@ -266,6 +266,7 @@ def test_options_and_the_bench_impl_names(monkeypatch):
     assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles and tl_ssd._dt_builder(dkey).tiles is None
     assert mate_kind("mate-lean+overlap") == "lean+overlap" and mate_kind("mate") is None
     assert parse_kind("lean+overlap+dt8") == ("lean", {"overlap": True, "dt_heads": 8})
+    assert parse_kind("lean+hpc8") == ("lean", {"heads_per_cta": 8})
     assert parse_kind("prepass") == ("prepass", {}) and parse_kind(None) == (None, {})
     for bad in ("prepass+overlap", "lean+fast"):
         with pytest.raises(ValueError, match="lean"):
@@ -292,3 +293,57 @@ def test_dt_kernel_heads_per_cta_must_divide_heads():
 
     with pytest.raises(ValueError, match="heads_per_cta"):
         ssd_dt_kernel(heads=6, chunk_size=128, heads_per_cta=4)
+
+
+@pytest.mark.parametrize(
+    "kind, heads, batch, env, hpc",
+    [
+        pytest.param("ssd_lean", 128, 32, "8", 8, id="32x512-8"),
+        pytest.param("ssd_lean", 128, 8, "8", 2, id="8x2048-2"),
+        pytest.param("ssd_lean", 128, 1, "8", 1, id="1x8192-1"),
+        pytest.param("ssd_lean", 128, 5, "8", 1, id="ragged5-1"),
+        pytest.param("ssd_lean", 24, 64, "8", 2, id="H24-64seqs-2"),
+        pytest.param("ssd_lean", 128, 32, "", 1, id="unset-1"),
+        pytest.param("ssd_prepass", 128, 32, "8", 1, id="prepass-1"),
+    ],
+)
+def test_heads_per_cta_leaves_three_waves(monkeypatch, kind, heads, batch, env, hpc):
+    monkeypatch.setenv(tl_ssd.HPC_ENV, env)
+    assert tl_ssd.heads_per_cta(kind, heads, 1, batch, 132) == hpc
+
+
+def test_heads_per_cta_variants_are_prewarmed_and_launched(monkeypatch):
+    from mate.prewarm_model import ModelSSM, plan_kernels
+
+    lean_key, rkey, dkey = tl_ssd.kernel_keys(_call(), "lean")
+    monkeypatch.delenv(tl_ssd.HPC_ENV, raising=False)
+    assert [ck for ck, _ in tl_ssd.builds(lean_key)] == [tl_ssd.cache_key(lean_key, tl_ssd.builder_for(lean_key))]
+    monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
+    variants = tl_ssd.builds(lean_key)  # 4 heads in this call: 1, 2, 4 per CTA
+    assert [(b.tiles or {}).get("heads_per_cta", 1) for _, b in variants] == [1, 2, 4]
+    assert len({ck for ck, _ in variants}) == 3 and tl_ssd.builds(rkey)[0][0] == rkey
+    model = ModelSSM(model_type="mamba2", heads=8, dim=64, dstate=128, groups=2, chunk_size=128)
+    _, _, items = plan_kernels(model, tp=1, state_dtype=torch.float32, io_dtype=torch.bfloat16, mtp_tokens=0)
+    labels = [label for fam, label, *_ in items if fam == "ssd"]
+    assert "ssd lean 8 heads per CTA" in labels and "ssd lean intermediate 2 heads per CTA" in labels
+    # the launcher picks a variant from the call's batch and the device's SMs, and launches it
+    launched = []
+    monkeypatch.setattr(tl_ssd, "is_accelerator", lambda dev: True)
+    monkeypatch.setattr(tl_ssd, "sm_count", lambda dev: 1)  # 2 sequences x 4 heads >= 3 waves of 1 SM at 2 per CTA
+    monkeypatch.setattr(
+        tl_ssd, "_get", lambda key, builder, dev: launched.append((key, builder(key))) or (lambda *a: None)
+    )
+    with tl_ssd.using("lean"):
+        tl_ssd.ssd_combined_fwd_varlen(_call())
+    fused = [b for key, b in launched if key[0] == "ssd_lean"]
+    assert len(fused) == 1 and fused[0].tiles["heads_per_cta"] == 2
+
+
+def test_fused_kernel_heads_per_cta_checks():
+    from mate_kernels.ssd import ssd_fused_kernel
+
+    base = dict(heads=8, groups=2, dim=64, dstate=128, chunk_size=128, block_P=64)
+    lean = dict(lean=True, precomputed_dt=True, decay_rows=True)
+    for bad in (dict(heads_per_cta=3, **lean), dict(heads_per_cta=2), dict(heads_per_cta=0, **lean)):
+        with pytest.raises(ValueError, match="heads_per_cta"):
+            ssd_fused_kernel(**{**base, **bad})

@@ -199,6 +199,7 @@ def ssd_fused_kernel(
     decay_rows: bool = False,
     narrow_p: bool = False,
     overlap: bool = False,
+    heads_per_cta: int = 1,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -218,6 +219,12 @@ def ssd_fused_kernel(
     the causal mask on ``C Bᵀ`` while ``C·state`` runs; ``S x`` while the x weighting and the state decay run;
     the end-state GEMM while the epilogue (``D x``, the z gate, the store) runs. Same arithmetic, same order
     of accumulation within each GEMM.
+
+    ``heads_per_cta`` > 1 (lean): one CTA per (P block, group of that many consecutive heads, sequence) walks the
+    sequence's tiles once per head in one pipelined loop: the producer loads the next head's first tiles while
+    the consumers finish the current head, and the grid has that many times fewer CTAs, so each CTA's start
+    (pipeline fill, barrier setup) and the wave quantisation are paid less often. A head's first tile re-opens
+    the state like any sequence start; its chunk ends write its own rows.
 
     ``decay_rows`` (with ``precomputed_dt``) takes the pre-pass's four rows (``ssd_dt_kernel(decay_rows=True)``):
     the cumsum already in log2 units and the per-row factors ``exp(dA_last - dA_k) dt'_k`` and ``exp(dA_m)``, so
@@ -250,6 +257,9 @@ def ssd_fused_kernel(
         raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
     if overlap and not (lean and decay_rows and not narrow_p):
         raise ValueError("overlap needs lean and decay_rows, and a block_P that is a multiple of 64")
+    HPC = heads_per_cta
+    if HPC < 1 or H % HPC or (HPC > 1 and not (lean and precomputed_dt)):
+        raise ValueError(f"heads_per_cta ({HPC}) must divide heads ({H}); more than 1 needs lean")
     import tilelang.language as T  # (after the argument checks: they need no toolchain)
 
     DTR = 4 if decay_rows else 2  # rows per (tile, head) of the pre-pass output
@@ -300,7 +310,7 @@ def ssd_fused_kernel(
         tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
         flags: T.int32,
     ):
-        with T.Kernel(n_pb, H, batch1 - 1, threads=threads) as (pb, h, b):
+        with T.Kernel(n_pb, H // HPC, batch1 - 1, threads=threads) as (pb, h, b):
             x_s = T.alloc_shared((BL, BP), io_dtype)
             B_s = T.alloc_shared((BL, N), io_dtype)
             C_s = T.alloc_shared((BL, N), io_dtype)
@@ -345,22 +355,29 @@ def ssd_fused_kernel(
             a_h = A[h]
 
             T.clear(state)
-            for j in T.Pipelined(n_tiles, num_stages=num_stages):
-                c = c_first + j // S
+            for j in T.Pipelined(n_tiles * HPC if HPC > 1 else n_tiles, num_stages=num_stages):
+                if HPC > 1:
+                    # the CTA's heads one after the other, each over the sequence's tiles
+                    hh = h * HPC + j // n_tiles
+                    gg = hh // rep
+                    c = c_first + (j % n_tiles) // S
+                else:
+                    hh, gg = h, g
+                    c = c_first + j // S
                 sub = j % S
                 s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
                 n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
 
-                T.copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s)
-                T.copy(B[s0 : s0 + BL, g, 0:N], B_s)
-                T.copy(C[s0 : s0 + BL, g, 0:N], C_s)
+                T.copy(x[s0 : s0 + BL, hh, p0 : p0 + BP], x_s)
+                T.copy(B[s0 : s0 + BL, gg, 0:N], B_s)
+                T.copy(C[s0 : s0 + BL, gg, 0:N], C_s)
                 if precomputed_dt:
                     vt = c * S + sub
-                    T.copy(dtA[vt, h, 0, 0:BL], dA_pre)
-                    T.copy(dtA[vt, h, 1, 0:BL], dt_sh)
+                    T.copy(dtA[vt, hh, 0, 0:BL], dA_pre)
+                    T.copy(dtA[vt, hh, 1, 0:BL], dt_sh)
                     if decay_rows:
-                        T.copy(dtA[vt, h, 2, 0:BL], wx_s)
-                        T.copy(dtA[vt, h, 3, 0:BL], wy_s)
+                        T.copy(dtA[vt, hh, 2, 0:BL], wx_s)
+                        T.copy(dtA[vt, hh, 3, 0:BL], wy_s)
                     T.copy(tmeta[vt, 0:META_WIDTH], meta_s)
                     s0 = meta_s[0]
                     n_valid = meta_s[1]
@@ -397,14 +414,14 @@ def ssd_fused_kernel(
                     if opens == 1:
                         if has_init:
                             for n, p in T.Parallel(N, BP):
-                                state[n, p] = T.Cast(accum, initial_states[sq, h, p0 + p, n])
+                                state[n, p] = T.Cast(accum, initial_states[sq, hh, p0 + p, n])
                         else:
                             T.clear(state)
                 else:
                     for n, p in T.Parallel(N, BP):
                         state[n, p] = T.if_then_else(
                             opens == 1,
-                            T.if_then_else(has_init, T.Cast(accum, initial_states[sq, h, p0 + p, n]), T.float32(0)),
+                            T.if_then_else(has_init, T.Cast(accum, initial_states[sq, hh, p0 + p, n]), T.float32(0)),
                             state[n, p],
                         )
                 # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state; stage 4: C B^T.
@@ -470,20 +487,20 @@ def ssd_fused_kernel(
                 if has_D:
                     for m, p in T.Parallel(BL, BP):
                         if D_per_dim:
-                            y[m, p] = y[m, p] + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
+                            y[m, p] = y[m, p] + T.Cast(accum, D[hh, p0 + p]) * T.Cast(accum, x_s[m, p])
                         else:
-                            y[m, p] = y[m, p] + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
+                            y[m, p] = y[m, p] + T.Cast(accum, D[hh]) * T.Cast(accum, x_s[m, p])
                 if lean:
                     if has_z:
                         # rows past the valid ones read a clamped, in-bounds row and are never stored
                         for m, p in T.Parallel(BL, BP):
-                            zv = T.Cast(accum, z[T.min(s0 + m, Tz - 1), h, p0 + p])
+                            zv = T.Cast(accum, z[T.min(s0 + m, Tz - 1), hh, p0 + p])
                             y[m, p] = y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E))
                 else:
                     for m, p in T.Parallel(BL, BP):
                         zv = T.if_then_else(
                             has_z,
-                            T.if_then_else(m < n_valid, T.Cast(accum, z[s0 + m, h, p0 + p]), T.float32(0)),
+                            T.if_then_else(m < n_valid, T.Cast(accum, z[s0 + m, hh, p0 + p]), T.float32(0)),
                             T.float32(0),
                         )
                         y[m, p] = T.if_then_else(has_z, y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E)), y[m, p])
@@ -491,16 +508,16 @@ def ssd_fused_kernel(
                 if lean:
                     if n_valid >= BL:
                         # every row belongs to this chunk: one TMA store
-                        T.copy(y_s, out[s0 : s0 + BL, h, p0 : p0 + BP])
+                        T.copy(y_s, out[s0 : s0 + BL, hh, p0 : p0 + BP])
                     else:
                         # the rows past the chunk's end belong to the next chunk (maybe another CTA's)
                         for m, p in T.Parallel(BL, BP):
                             if m < n_valid:
-                                out[s0 + m, h, p0 + p] = y_s[m, p]
+                                out[s0 + m, hh, p0 + p] = y_s[m, p]
                 else:
                     for m, p in T.Parallel(BL, BP):
                         if m < n_valid:
-                            out[s0 + m, h, p0 + p] = y_s[m, p]
+                            out[s0 + m, hh, p0 + p] = y_s[m, p]
 
                 # State update: state = exp(dA_last) state + B^T (x * exp(dA_last - dA_k) dt'_k).
                 if overlap:
@@ -532,18 +549,18 @@ def ssd_fused_kernel(
                 if sub == S - 1:
                     if intermediate:
                         for n, p in T.Parallel(N, BP):
-                            states_out[c, h, p0 + p, n] = state[n, p]
+                            states_out[c, hh, p0 + p, n] = state[n, p]
                     elif lean:
                         # one load and one uniform test per chunk (a let-bound load is re-issued per element)
                         d_row[0] = dest[c]
                         if d_row[0] >= 0:
                             for n, p in T.Parallel(N, BP):
-                                states_out[d_row[0], h, p0 + p, n] = state[n, p]
+                                states_out[d_row[0], hh, p0 + p, n] = state[n, p]
                     else:
                         d = dest[c]
                         if d >= 0:
                             for n, p in T.Parallel(N, BP):
-                                states_out[d, h, p0 + p, n] = state[n, p]
+                                states_out[d, hh, p0 + p, n] = state[n, p]
 
     return fused
 

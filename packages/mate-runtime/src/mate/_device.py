@@ -51,6 +51,18 @@ def graph_context(device: torch.device):
     return device_module(device).graph
 
 
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of an accelerator (cached: read once per device)."""
+    key = (device.type, device.index)
+    n = _SM_COUNTS.get(key)
+    if n is None:
+        n = _SM_COUNTS[key] = int(device_module(device).get_device_properties(device).multi_processor_count)
+    return n
+
+
 def synchronize(device: torch.device) -> None:
     if is_accelerator(device):
         device_module(device).synchronize(device)

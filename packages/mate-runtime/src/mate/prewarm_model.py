@@ -115,9 +115,11 @@ def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens):
             label = f"ssd runs{' pool' if key[-1] else ''}"
         else:
             label = f"ssd {key[0].removeprefix('ssd_')}{' intermediate' if key[-1] is True else ''}"
-        build = tl_ssd.builder_for(key)
-        # cached under the launcher's own key, so a prewarmed kernel is the one a (captured) call finds
-        items.append(("ssd", label, tl_ssd.cache_key(key, build), build, tl_ssd.PASS_CONFIGS))
+        # cached under the launcher's own key, so a prewarmed kernel is the one a (captured) call finds; a lean
+        # fused key brings each heads-per-CTA variant a launch may pick (MATE_SSD_HEADS_PER_CTA)
+        for ck, build in tl_ssd.builds(key):
+            hpc = (getattr(build, "tiles", None) or {}).get("heads_per_cta", 1)
+            items.append(("ssd", label + (f" {hpc} heads per CTA" if hpc > 1 else ""), ck, build, tl_ssd.PASS_CONFIGS))
     return heads, groups, items
 
 

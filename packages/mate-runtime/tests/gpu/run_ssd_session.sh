@@ -12,7 +12,7 @@
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
 #     quick       mate bench ssd --quick (headline shape, two batches; lean with and without the opt-in
-#                 MATE_SSD_OVERLAP / MATE_SSD_DT_HEADS=8 options, vLLM)
+#                 MATE_SSD_OVERLAP / MATE_SSD_DT_HEADS=8 / MATE_SSD_HEADS_PER_CTA=8 options, vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
 #                 ("threads:block_L[:overlap]", default "256:64 512:64 512:64:overlap"; MATE_SSD_THREADS /
@@ -52,14 +52,14 @@ for stage in "${stages[@]}"; do
         ;;
     quick)
         stamp "bench quick"
-        timeout "$(stage_limit 240)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-lean,mate-lean+overlap,mate-lean+dt8,mate-lean+overlap+dt8,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
+        timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-lean,mate-lean+overlap,mate-lean+dt8,mate-lean+hpc8,mate-lean+overlap+dt8+hpc8,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
     bench)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-lean,mate-lean+overlap+dt8,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-lean,mate-lean+overlap+dt8+hpc8,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     sweep)

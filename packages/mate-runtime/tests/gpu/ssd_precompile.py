@@ -13,6 +13,23 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def _under(env: dict, keys, jobs) -> None:
+    """Compile ``keys`` with ``env`` set: the tuning and opt-in variables are read when a worker makes a kernel's
+    builder, and the workers start with this process's environment."""
+    from mate._tilelang import ssd as tl_ssd
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        tl_ssd.precompile(list(dict.fromkeys(keys)), jobs=jobs, log=lambda m: print(m, flush=True))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=None)
@@ -21,11 +38,11 @@ def main(argv=None) -> int:
     import test_ssd_kernels as t
     from mate._tilelang import ssd as tl_ssd
 
-    keys = []
-    for p in t.CASES + t.NARROW_P_CASES:
-        call = t.normalized_call(p.values[0])
-        for kind in tl_ssd.VARIANTS:
-            keys.extend(tl_ssd.kernel_keys(call, kind))
+    def keys_of(case, kind):
+        return list(tl_ssd.kernel_keys(t.normalized_call(case), kind))
+
+    tests = [k for p in t.CASES + t.NARROW_P_CASES for kind in tl_ssd.VARIANTS for k in keys_of(p.values[0], kind)]
+    bench = []
     if not args.only_tests:
         from mate.bench.ssd import PLAN, SSD_SHAPES
 
@@ -37,30 +54,21 @@ def main(argv=None) -> int:
                                                  chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
                                                  dt_dtype=torch.float32, kind=kind)  # fmt: skip
                     # the benchmark returns final states: no intermediate-state kernels
-                    keys.extend([k for k in fk if k[-1] is not True] + list(rk))
-    keys = list(dict.fromkeys(keys))
+                    bench.extend([k for k in fk if k[-1] is not True] + list(rk))
+    keys = list(dict.fromkeys(tests + bench))
     print(f"{len(keys)} kernels", flush=True)
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
-    # the overlapped lean kernels (MATE_SSD_OVERLAP=1) of their GPU tests and, unless --only-tests, of the
-    # benchmark (the sweep's overlap setting): the same keys, built under the setting (read when a worker makes
-    # a kernel's builder; the workers start with this environment)
-    cases = [p.values[0] for p in t.OVERLAP_CASES] + [t.GRAPH_CASE]
-    ovl = [k for c in cases for k in tl_ssd.kernel_keys(t.normalized_call(c), "lean")]
-    ovl += [k for k in keys if k[0] == "ssd_lean"]
-    os.environ[tl_ssd.OVERLAP_ENV] = "1"
-    try:
-        tl_ssd.precompile(list(dict.fromkeys(ovl)), jobs=args.jobs, log=lambda m: print(m, flush=True))
-    finally:
-        del os.environ[tl_ssd.OVERLAP_ENV]
-    # the pre-passes with 8 heads per CTA (MATE_SSD_DT_HEADS=8) of their GPU tests and of the benchmark
-    dt8 = [k for p in t.DT_HEADS_CASES for d in ("lean", "prepass")
-           for k in tl_ssd.kernel_keys(t.normalized_call(p.values[0]), d)[2:]]  # fmt: skip
-    dt8 += [k for k in keys if k[0] == "ssd_dt"]
-    os.environ[tl_ssd.DT_HEADS_ENV] = "8"
-    try:
-        tl_ssd.precompile(list(dict.fromkeys(dt8)), jobs=args.jobs, log=lambda m: print(m, flush=True))
-    finally:
-        del os.environ[tl_ssd.DT_HEADS_ENV]
+    # the opt-in options' kernels: those of their GPU tests and of the benchmark's option impls (mate-lean+...)
+    bench_lean = [k for k in bench if k[0] == "ssd_lean"]
+    graph = keys_of(t.GRAPH_CASE, "lean")[:1]
+    overlap = [k for p in t.OVERLAP_CASES for k in keys_of(p.values[0], "lean")[:1]]
+    _under({tl_ssd.OVERLAP_ENV: "1"}, overlap + graph + bench_lean, args.jobs)
+    # (under MATE_SSD_HEADS_PER_CTA a worker compiles every heads-per-CTA variant a launch may pick)
+    hpc = [k for p in t.HPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
+    for ovl in ("0", "1"):
+        _under({tl_ssd.HPC_ENV: "8", tl_ssd.OVERLAP_ENV: ovl}, hpc + graph + bench_lean, args.jobs)
+    dt8 = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)[2:]]
+    _under({tl_ssd.DT_HEADS_ENV: "8"}, dt8 + [k for k in bench if k[0] == "ssd_dt"], args.jobs)
     return 0
 
 

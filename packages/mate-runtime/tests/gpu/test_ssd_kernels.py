@@ -302,6 +302,40 @@ def test_dt_heads_per_cta_matches_reference(case: Case, design: str, monkeypatch
     assert tl_ssd.cache_key(dkey, build_fn) in CACHE.kernels
 
 
+# The lean design with several heads per CTA (``MATE_SSD_HEADS_PER_CTA=8``, opt-in; the three-waves rule is
+# lifted so that these small calls take the largest variant).
+HPC_CASES = [
+    pytest.param(Case(), id="ragged_c128_8-per-CTA"),
+    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700), z=True, D="full"), id="c256_lens_z_Dfull"),
+    pytest.param(Case(intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="intermediate_bf16_history"),
+    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
+    pytest.param(Case(N=256, P=128, H=4, G=1, chunk=256, seqlens=(300, 40)), id="P128_N256_4-per-CTA"),
+    pytest.param(Case(H=16, G=2, init=False, seqlens=(129, 1, 1000)), id="H16_two-groups-per-CTA_no-init"),
+]
+
+
+@pytest.mark.parametrize("case", HPC_CASES)
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_heads_per_cta_matches_reference(case: Case, overlap: bool, monkeypatch):
+    from mate._tilelang.cache import CACHE
+
+    monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
+    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
+    with tl_ssd.using("lean"), tl_ssd.options(overlap=overlap):
+        test_kernels_match_reference(case, "lean")
+        key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
+        hpc = min(8, case.H)
+        tiles = {**tl_ssd.plan(case.P, case.N, case.chunk, case.io), "heads_per_cta": hpc}
+        assert tl_ssd.cache_key(key, tl_ssd._fused_builder(key, tiles)) in CACHE.kernels
+
+
+def test_heads_per_cta_graph_replay_equals_eager(monkeypatch):
+    monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
+    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
+    with tl_ssd.using("lean"):
+        test_graph_replay_equals_eager("lean")
+
+
 def test_small_chunk_raises():
     kw = build(Case(chunk=32))
     with pytest.raises(NotImplementedError, match="chunk_size"):

@@ -22,6 +22,7 @@ import os
 
 import torch
 
+from .._device import is_accelerator, sm_count
 from ..mamba._ssd_call import SSDCall
 from .cache import CACHE
 from .compile_check import CompileItem
@@ -121,6 +122,10 @@ BLOCK_L_ENV = "MATE_SSD_BLOCK_L"
 THREADS_ENV = "MATE_SSD_THREADS"
 OVERLAP_ENV = "MATE_SSD_OVERLAP"
 DT_HEADS_ENV = "MATE_SSD_DT_HEADS"
+HPC_ENV = "MATE_SSD_HEADS_PER_CTA"
+# a heads-per-CTA choice must leave at least this many CTAs per SM: fewer, longer CTAs would leave SMs idle
+# (one sequence of 128 heads is one wave; grouping its heads would halve the SMs in use)
+HPC_MIN_WAVES = 3
 
 
 def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
@@ -138,10 +143,10 @@ _option_override: list[dict] = []  # set by ``options`` (the benchmark compares 
 
 
 @contextlib.contextmanager
-def options(*, overlap: bool | None = None, dt_heads: int | None = None):
-    """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` were set to these
-    values (None: as the environment says)."""
-    _option_override.append({"overlap": overlap, "dt_heads": dt_heads})
+def options(*, overlap: bool | None = None, dt_heads: int | None = None, heads_per_cta: int | None = None):
+    """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` /
+    ``MATE_SSD_HEADS_PER_CTA`` were set to these values (None: as the environment says)."""
+    _option_override.append({"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta})
     try:
         yield
     finally:
@@ -150,6 +155,23 @@ def options(*, overlap: bool | None = None, dt_heads: int | None = None):
 
 def _overridden(name: str):
     return _option_override[-1][name] if _option_override else None
+
+
+def hpc_candidates(kind: str, heads: int) -> list[int]:
+    """The heads-per-CTA values a launch of a ``kind`` fused kernel may pick (:func:`heads_per_cta`): [1], or
+    under ``MATE_SSD_HEADS_PER_CTA=n`` (or :func:`options`; opt-in: compile-checked, not yet run on a GPU) for
+    the lean design every power of two up to n that divides ``heads``. Prewarm compiles each of them."""
+    if kind != "ssd_lean":
+        return [1]
+    n = _overridden("heads_per_cta") or _env_choice(HPC_ENV, (2, 4, 8)) or 1
+    return [d for d in (1, 2, 4, 8) if d <= n and heads % d == 0]
+
+
+def heads_per_cta(kind: str, heads: int, p_blocks: int, batch: int, sms: int) -> int:
+    """Heads per CTA of one launch: the largest candidate that still leaves ``HPC_MIN_WAVES`` CTAs per SM (many
+    short sequences: fewer CTA starts and less wave quantisation; one long sequence keeps one head per CTA)."""
+    ok = [d for d in hpc_candidates(kind, heads) if p_blocks * (heads // d) * batch >= HPC_MIN_WAVES * sms]
+    return max(ok, default=1)
 
 
 def _overlap(kind: str, tiles: dict) -> bool:
@@ -295,6 +317,19 @@ def builder_for(key):
     }[key[0]](key)
 
 
+def builds(key) -> list[tuple]:
+    """The (cache key, build function) pairs a launch of ``key`` may use: its kernel and, for a lean fused key
+    under ``MATE_SSD_HEADS_PER_CTA``, each heads-per-CTA variant a launch may pick (prewarm compiles them all)."""
+    build = builder_for(key)
+    out = [(cache_key(key, build), build)]
+    if key[0] == "ssd_lean":
+        P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
+        for d in hpc_candidates(key[0], key[1])[1:]:
+            b = _fused_builder(key, {**plan(P, N, L, io), "heads_per_cta": d})
+            out.append((cache_key(key, b), b))
+    return out
+
+
 def cache_key(key, build) -> tuple:
     """The in-memory cache key of a kernel key and its build function. A fused kernel's tiles come from plan()
     (the tuning variables included), not from its key: the compiled kernel is cached under both, so a process
@@ -400,6 +435,9 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
     key, rkey, *dkey = kernel_keys(call, kind)
+    hpc = heads_per_cta(key[0], H, P // tiles["block_P"], batch, sm_count(dev)) if is_accelerator(dev) else 1
+    if hpc > 1:
+        tiles = {**tiles, "heads_per_cta": hpc}
     runs = _get(rkey, _runs_builder, dev)
     kernel = _get(key, lambda k: _fused_builder(k, tiles), dev)  # the tiles this launch is planned with
     D_per_dim = not call.D_tied
@@ -518,10 +556,11 @@ def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_d
     )  # fmt: skip
     done = []
     for key in fkeys + rkeys:
-        if device is None:
-            CACHE.compile_only(key, builder_for(key), target=target, pass_configs=PASS_CONFIGS)
-        else:
-            _get(key, builder_for, device)
+        for ck, build in builds(key):
+            if device is None:
+                CACHE.compile_only(ck, build, target=target, pass_configs=PASS_CONFIGS)
+            else:
+                CACHE.get(ck, build, device, prewarm_hint=PREWARM_HINT, pass_configs=PASS_CONFIGS)
         done.append(key)
     return done
 
@@ -531,7 +570,8 @@ def _compile_key_worker(key, target):
     from .cache import compile_prim_func
 
     try:
-        compile_prim_func(builder_for(key)(), target=target, pass_configs=PASS_CONFIGS)
+        for _ck, build in builds(key):
+            compile_prim_func(build(), target=target, pass_configs=PASS_CONFIGS)
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc)[-400:]}"
     return None
@@ -597,6 +637,11 @@ def compile_grid() -> list[CompileItem]:
     # the MATE_SSD_DT_HEADS=8 pre-pass (8 heads per CTA, one dt sector per token)
     items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows 8 heads per CTA",
                              build=_dt_builder(_dt_key(key), 8), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
+    # the MATE_SSD_HEADS_PER_CTA lean kernel (4 heads per CTA in one pipelined loop)
+    tiles = {**plan(64, 128, 256, torch.bfloat16), "heads_per_cta": 4}
+    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 4 heads per CTA"
+    items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
+                             pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     # the MATE_SSD_OVERLAP=1 lean kernel (asynchronous wgmma overlapped with the mask, x weighting and epilogue)
     tiles = {**plan(64, 128, 256, torch.bfloat16), "overlap": True}
     label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 overlap"

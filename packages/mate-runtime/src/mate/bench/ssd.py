@@ -90,7 +90,7 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
 def mate_fn(w, L, kind: str | None = None):
     """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``lean`` / ``prepass`` /
     ``fused``), with ``+`` options of the lean design: ``overlap`` (``MATE_SSD_OVERLAP``), ``dt8``
-    (``MATE_SSD_DT_HEADS=8``), e.g. ``lean+overlap+dt8``."""
+    (``MATE_SSD_DT_HEADS=8``), ``hpc8`` (``MATE_SSD_HEADS_PER_CTA=8``), e.g. ``lean+overlap+dt8``."""
     import contextlib
 
     from .._tilelang import ssd as tl_ssd
@@ -114,7 +114,7 @@ def mate_fn(w, L, kind: str | None = None):
     return fn
 
 
-LEAN_OPTIONS = {"overlap": ("overlap", True), "dt8": ("dt_heads", 8)}
+LEAN_OPTIONS = {"overlap": ("overlap", True), "dt8": ("dt_heads", 8), "hpc8": ("heads_per_cta", 8)}
 
 
 def parse_kind(kind: str | None) -> tuple[str | None, dict]:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--impls",
         default="mate,vllm",
-        help="mate (the design in force), mate-lean[+overlap][+dt8], mate-prepass, mate-fused, vllm",
+        help="mate (the design in force), mate-lean[+overlap][+dt8][+hpc8], mate-prepass, mate-fused, vllm",
     )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
     ap.add_argument("--replays", type=int, default=10)
