@@ -310,7 +310,7 @@ HPC_CASES = [
     pytest.param(Case(intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="intermediate_bf16_history"),
     pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
     pytest.param(Case(N=256, P=128, H=4, G=1, chunk=256, seqlens=(300, 40)), id="P128_N256_4-per-CTA"),
-    pytest.param(Case(H=16, G=2, init=False, seqlens=(129, 1, 1000)), id="H16_two-groups-per-CTA_no-init"),
+    pytest.param(Case(H=16, G=4, init=False, seqlens=(129, 1, 1000)), id="H16_two-groups-per-CTA_no-init"),
 ]
 
 
