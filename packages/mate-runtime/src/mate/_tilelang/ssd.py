@@ -435,7 +435,9 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
     key, rkey, *dkey = kernel_keys(call, kind)
-    hpc = heads_per_cta(key[0], H, P // tiles["block_P"], batch, sm_count(dev)) if is_accelerator(dev) else 1
+    hpc = 1
+    if len(hpc_candidates(key[0], H)) > 1 and is_accelerator(dev):  # (the SM count is read only when asked for)
+        hpc = heads_per_cta(key[0], H, P // tiles["block_P"], batch, sm_count(dev))
     if hpc > 1:
         tiles = {**tiles, "heads_per_cta": hpc}
     runs = _get(rkey, _runs_builder, dev)
