@@ -3,7 +3,8 @@
 Both run in the same process on the same inputs, each call captured in a CUDA graph (one call per window of
 disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per
 shape and chunk size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak
-~790 TFLOP/s; the device copy bandwidth measured in the same run), and MATE's speed-up over vLLM.
+~790 TFLOP/s; the device copy bandwidth measured in the same run), MATE's speed-up over vLLM, and each
+implementation's eager host time per call.
 
 FLOP count (the algorithm's useful work, identical for both implementations; L = chunk size):
 ``T * (2 G L N  [C B^T]  +  H (L P  [causal intra-chunk scan]  +  4 P N  [chunk state + C·state]))``.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .report import write_report
-from .timing import copy_ceiling_tbps, graph_time_us, windows_for
+from .timing import copy_ceiling_tbps, graph_time_us, host_time_us, windows_for
 
 PEAK_TFLOPS_BF16 = 790.0
 
@@ -243,10 +244,12 @@ def main(argv: list[str] | None = None) -> int:
             flops=__doc__.split("FLOP count")[1].split("\n\n")[0].strip(),
         )  # fmt: skip
         cols = ["shape", "batch", "chunk", "impl", "us", "mtok_s", "tflops", "tbps", "pct_copy", "speedup_vs_vllm",
-                "max_rel_diff_vs_vllm"]  # fmt: skip
+                "max_rel_diff_vs_vllm", "host_us"]  # fmt: skip
         preface = (
             f"# SSD varlen prefill: MATE vs vLLM 0.33 Triton\n\n{meta['device']}; copy ceiling {ceiling:.2f} TB/s; "
-            f"{meta['timing']}.\n{meta['dtypes']}.\nTFLOP/s counts {meta['flops']}"
+            f"{meta['timing']}.\n{meta['dtypes']}.\nTFLOP/s counts {meta['flops']}\n"
+            "host_us: eager host time per call (the time the Python caller is blocked, the device running behind; "
+            "best of 3 loops of 20 calls)."
         )
         paths = write_report(args.name, rows, args.out, meta=meta, columns=cols, preface=preface)
         png = plot_bars(rows, os.path.join(args.out, f"{args.name}.png"))
@@ -292,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                     )  # fmt: skip
                     if impl in agree:
                         row["max_rel_diff_vs_vllm"] = f"{agree[impl]:.1e}"
+                    try:
+                        row["host_us"] = round(host_time_us(fns[0], iters=20, device=dev), 1)
+                    except Exception as exc:  # report, keep measuring
+                        print(f"{impl} host time: {type(exc).__name__}: {exc}", flush=True)
                     rows.append(row)
                     print(row, flush=True)
                 if "vllm" in base:
