@@ -8,11 +8,13 @@
 # (default 570 s, counted from before the setup), so the later ones still run and the results are packed before
 # the device command's 600 s limit):
 #     precompile  every SSD kernel of the tests and the benchmark, in parallel processes
-#     tests       tests/gpu/test_ssd_kernels.py, junit XML + log
+#     tests       tests/gpu/test_ssd_kernels.py, junit XML + log: the measured designs, then each opt-in option's
+#                 tests on their own
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
 #     quick       mate bench ssd --quick (headline shape, two batches; lean with and without the opt-in
-#                 MATE_SSD_OVERLAP / MATE_SSD_DT_HEADS=8 / MATE_SSD_HEADS_PER_CTA=8 options, vLLM)
+#                 MATE_SSD_OVERLAP / MATE_SSD_HEADS_PER_CTA=8 / MATE_SSD_DT_HEADS=8 options (those whose tests
+#                 passed, when the tests stage ran), vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
 #                 ("threads:block_L[:overlap]", default "256:64 512:64 512:64:overlap"; MATE_SSD_THREADS /
@@ -35,10 +37,22 @@ for stage in "${stages[@]}"; do
         stamp "precompile rc=$? ($(grep -c '^precompiled' "$OUT/precompile.log") ok, $(grep -c FAILED "$OUT/precompile.log") failed)"
         ;;
     tests)
+        # the measured designs first; then each opt-in option on its own (a fault or hang in one leaves the
+        # others' results), and the quick benchmark takes only the options whose tests passed
         stamp "tests"
-        timeout "$(stage_limit "${TESTS_S:-300}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
+        timeout "$(stage_limit "${TESTS_S:-240}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+            $G/test_ssd_kernels.py -k "not lean_overlap and not heads_per_cta and not dt_heads" \
             --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
         stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
+        PASSED_OPTIONS=""
+        for opt in "overlap:lean_overlap" "hpc8:heads_per_cta and not dt_heads" "dt8:dt_heads"; do
+            IFS=: read -r name sel <<<"$opt"
+            timeout "$(stage_limit 120)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
+                -k "$sel" --junitxml="$OUT/test_ssd_$name.xml" >"$OUT/tests_$name.log" 2>&1
+            rc=$?
+            stamp "tests $name rc=$rc $(tail -1 "$OUT/tests_$name.log")"
+            [ $rc -eq 0 ] && PASSED_OPTIONS="$PASSED_OPTIONS $name"
+        done
         ;;
     ptxas)
         stamp "ptxas"
@@ -51,8 +65,14 @@ for stage in "${stages[@]}"; do
         stamp "profile rc=$?"
         ;;
     quick)
-        stamp "bench quick"
-        timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-mate-lean,mate-lean+overlap,mate-lean+dt8,mate-lean+hpc8,mate-lean+overlap+dt8+hpc8,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
+        # lean, each option whose tests passed in this session (all when the tests stage did not run), all of
+        # them together, vLLM
+        opts=${PASSED_OPTIONS-overlap hpc8 dt8}
+        impls=mate-lean
+        for o in $opts; do impls="$impls,mate-lean+$o"; done
+        [ "$(echo $opts | wc -w)" -gt 1 ] && impls="$impls,mate-lean+$(echo $opts | tr ' ' '+')"
+        stamp "bench quick (${IMPLS:-$impls,vllm})"
+        timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-$impls,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
     bench)
