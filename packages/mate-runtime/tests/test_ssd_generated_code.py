@@ -112,6 +112,48 @@ def tma_store_problems(src: str) -> list[str]:
     return problems
 
 
+_DESC_INIT = re.compile(r"initialize_wgmma_descriptor<.*>\(\w+, \(&\(\(\(\w+\*\)(\w+)\)")
+_WG_WAIT = re.compile(r"tl::(?:warpgroup_wait|wait_wgmma)<(\d+)>\(\);")
+_ARRIVE = re.compile(r"\s*mbarrier\[(.+)\]\.arrive\(\);")
+_SMEM_WRITE = re.compile(
+    r"(?:\(\(\w+\*\)(\w+)\)\[[^\]]*\]|\*\(\w+\*\)\(\(\(\w+\*\)(\w+)\)[^=]*\)) = |"
+    r"ptx_stmatrix\w*\(\(&\(\(\(\w+\*\)(\w+)\)"
+)
+
+
+def async_wgmma_problems(src: str) -> list[str]:
+    """Shared buffers read by a wgmma group that is still in flight (committed, not yet covered by a
+    ``warpgroup_wait<n>`` / ``wait_wgmma<n>``) when the consumers release them to the producer (the arrive on the
+    barrier the producer waits on before reloading the buffer) or write them. TileLang places a pipelined
+    buffer's release right after the last GEMM reading it in program order, whatever that GEMM's wait."""
+    _, producer, consumer = branches(src)
+    empty = {}  # release barrier -> buffer, from the producer's wait before each TMA load
+    bar = None
+    for line in producer:
+        bar = _wait_bar(line) or bar
+        if bar is not None and (m := _TMA_DESC.search(line) or _TMA_BULK.search(line)):
+            empty[bar] = m.group(2) if m.re is _TMA_DESC else m.group(1)
+            bar = None
+    problems, pending, reads = [], [], set()
+    for i, line in enumerate(consumer):
+        if m := _DESC_INIT.search(line):
+            reads.add(m.group(1))
+        elif "tl::warpgroup_commit_batch();" in line:
+            pending.append(reads)
+            reads = set()
+        elif m := _WG_WAIT.search(line):
+            del pending[: max(0, len(pending) - int(m.group(1)))]
+        in_flight = set().union(*pending) if pending else set()
+        if (m := _ARRIVE.match(line)) and empty.get(_norm(m.group(1))) in in_flight:
+            problems.append(f"+{i}: {empty[_norm(m.group(1))]} released while a wgmma reading it is in flight")
+        for m in _SMEM_WRITE.finditer(line):
+            buf = next(g for g in m.groups() if g)
+            if buf in in_flight:
+                problems.append(f"+{i}: {buf} written while a wgmma reading it is in flight")
+    assert empty, "no producer waits before TMA loads found: the parser no longer matches TileLang's output"
+    return problems
+
+
 def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False, kind="fused"):
     from mate._tilelang import ssd as tl_ssd
 
@@ -194,19 +236,31 @@ def test_tma_store_reads_finish_before_the_next_barrier(spec):
 
 
 @pytest.mark.parametrize("spec", [p for p in KERNELS if "lean" in p.id])
-def test_overlap_waits_only_where_a_result_is_read(spec):
-    """Per tile, the overlapped kernel issues C B^T and C.state back to back and waits for all but the last
-    group (the mask reads C B^T while C.state runs), waits for everything before scaling y, issues S x without a
-    wait, and waits for all but the end-state GEMM before the epilogue and for everything after it; the plain
-    kernel waits for each GEMM at once."""
+def test_overlap_waits_once_per_pair(spec):
+    """Per tile the plain kernel waits for each of its four GEMMs at once; the overlapped one issues them in two
+    pairs (C.state + C B^T, S x + the end-state GEMM) and waits once per pair."""
     src = _source(spec)
-    overlap = spec[1].get("overlap", False)
     waits = re.findall(r"tl::(warpgroup_wait|wait_wgmma)<(\d)>", src)
-    if overlap:
-        assert waits.count(("warpgroup_wait", "1")) == 2 and waits.count(("wait_wgmma", "0")) == 2
-        assert len(re.findall(r"tl::warpgroup_commit_batch\(\);", src)) == 4  # four GEMMs, four groups
-    else:
-        assert ("warpgroup_wait", "1") not in waits and not any(w == "wait_wgmma" for w, _ in waits)
+    assert len(re.findall(r"tl::warpgroup_commit_batch\(\);", src)) == 4  # four GEMMs, four groups
+    assert waits == [("warpgroup_wait", "0")] * (2 if spec[1].get("overlap") else 4)
+
+
+@pytest.mark.parametrize("spec", KERNELS)
+def test_no_buffer_is_released_or_written_under_a_wgmma_in_flight(spec):
+    assert async_wgmma_problems(_source(spec)) == []
+
+
+def test_async_wgmma_check_can_fail():
+    src = _source((SMALL, dict(kind="lean", overlap=True)))
+    # without the end-state GEMM's wait, B_s is released (and the output tile, its x-weighted buffer, written)
+    # with that GEMM in flight
+    before, producer, consumer = branches(src)
+    commits = [i for i, line in enumerate(consumer) if "warpgroup_commit_batch" in line]
+    wait = next(i for i in range(commits[-1], len(consumer)) if _WG_WAIT.search(consumer[i]))
+    lines = src.splitlines()
+    del lines[len(before) + 1 + len(producer) + 1 + wait]  # (the split line and the "} else {" between)
+    problems = async_wgmma_problems("\n".join(lines))
+    assert any("B_s released" in p for p in problems) and any("written" in p for p in problems)
 
 
 def test_checks_can_fail():

@@ -41,9 +41,8 @@ import functools
 import math
 
 LOG2E = 1.4426950408889634
-# wgmma issue without waiting / waiting for all but the most recent group (``overlap``)
+# wgmma issued without waiting for it (``overlap``): the next GEMM's wait completes it
 NO_WAIT = {"wg_wait": -1}
-WAIT_ALL_BUT_LAST = {"wg_wait": 1}
 FLAG_Z = 1  # runtime flags of the fused kernel
 FLAG_INIT = 2
 # Per-tile record of the dt pre-pass (first token, valid tokens, opening sequence or -1): 3 int32 used, padded
@@ -214,11 +213,13 @@ def ssd_fused_kernel(
     weighted x transposed into shared memory by the consumers), because TileLang 0.1.15 has no canonical
     MN-major wgmma layout for such a width; with a multiple of 64 the operands stay as loaded.
 
-    ``overlap`` (lean with ``decay_rows``, a ``block_P`` multiple of 64) issues the tile's wgmmas asynchronously
-    and overlaps each with CUDA-core work that does not depend on it: ``C Bᵀ`` then ``C·state`` back to back,
-    the causal mask on ``C Bᵀ`` while ``C·state`` runs; ``S x`` while the x weighting and the state decay run;
-    the end-state GEMM while the epilogue (``D x``, the z gate, the store) runs. Same arithmetic, same order
-    of accumulation within each GEMM.
+    ``overlap`` (lean with ``decay_rows``, a ``block_P`` multiple of 64) issues the tile's GEMMs in two
+    back-to-back pairs with one wait each: ``C·state`` then ``C Bᵀ``; ``S x``, then the x weighting and the
+    state decay on the CUDA cores while it runs, then the end-state GEMM (before the epilogue). Each
+    asynchronous GEMM completes before any shared buffer it reads is released to the producer or rewritten:
+    TileLang releases a pipelined buffer right after the last GEMM that reads it in program order, whatever
+    that GEMM's wait, so the mask cannot run under ``C·state`` (``C_s`` would be released early) nor the
+    epilogue under the end-state GEMM (``B_s``, and the output tile is ``xw_s``'s buffer). Same arithmetic.
 
     ``heads_per_cta`` > 1 (lean): one CTA per (P block, group of that many consecutive heads, sequence) walks the
     sequence's tiles once per head in one pipelined loop: the producer loads the next head's first tiles while
@@ -426,10 +427,12 @@ def ssd_fused_kernel(
                         )
                 # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state; stage 4: C B^T.
                 if overlap:
-                    # both issued back to back; the wait leaves C.state in flight under the mask below
+                    # issued back to back, one wait (the second GEMM's) for both
                     T.copy(state, st_s)
-                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy, annotations=NO_WAIT)
-                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations=WAIT_ALL_BUT_LAST)
+                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations=NO_WAIT)
+                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
+                    for m, p in T.Parallel(BL, BP):
+                        y[m, p] = y[m, p] * wy_s[m]
                 else:
                     if narrow_p:
                         for p, n in T.Parallel(BP, N):
@@ -461,23 +464,20 @@ def ssd_fused_kernel(
                         cb_c[m, k] = T.if_then_else(
                             k <= m, cb[m, k] * T.exp2((dA_cs[m] - dA_cs[k]) * LOG2E) * dt_sh[k], T.float32(0)
                         )
-                if overlap:
-                    T.wait_wgmma(0)
-                    for m, p in T.Parallel(BL, BP):
-                        y[m, p] = y[m, p] * wy_s[m]
                 # Stage 5: intra-chunk scan.
                 if narrow_p:
                     for p, k in T.Parallel(BP, BL):
                         xt_s[p, k] = x_s[k, p]
                     T.gemm(cb_c, xt_s, y, transpose_B=True, policy=policy)
                 elif overlap:
-                    # S x runs under the x weighting and the state decay; the end-state GEMM under the epilogue
+                    # S x runs under the x weighting and the state decay; the end-state GEMM's wait covers both
+                    # (it runs before the epilogue: the epilogue's output tile shares xw_s's buffer)
                     T.gemm(cb_c, x_s, y, policy=policy, annotations=NO_WAIT)
                     for k, p in T.Parallel(BL, BP):
                         xw_s[k, p] = x_s[k, p] * wx_s[k]
                     for n, p in T.Parallel(N, BP):
                         state[n, p] = state[n, p] * wy_s[BL - 1]
-                    T.gemm(B_s, xw_s, state, transpose_A=True, annotations=WAIT_ALL_BUT_LAST)
+                    T.gemm(B_s, xw_s, state, transpose_A=True)
                 else:
                     T.gemm(cb_c, x_s, y, policy=policy)
 
@@ -519,16 +519,15 @@ def ssd_fused_kernel(
                         if m < n_valid:
                             out[s0 + m, hh, p0 + p] = y_s[m, p]
 
-                # State update: state = exp(dA_last) state + B^T (x * exp(dA_last - dA_k) dt'_k).
-                if overlap:
-                    T.wait_wgmma(0)  # (issued before the epilogue)
-                elif narrow_p:  # written transposed (K-major for the GEMM below)
+                # State update: state = exp(dA_last) state + B^T (x * exp(dA_last - dA_k) dt'_k) (with overlap:
+                # done before the epilogue).
+                if narrow_p:  # written transposed (K-major for the GEMM below)
                     for p, k in T.Parallel(BP, BL):
                         if decay_rows:
                             xt_s[p, k] = x_s[k, p] * wx_s[k]
                         else:
                             xt_s[p, k] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
-                else:
+                elif not overlap:
                     for k, p in T.Parallel(BL, BP):
                         if decay_rows:
                             xw_s[k, p] = x_s[k, p] * wx_s[k]
