@@ -602,9 +602,7 @@ def ssd_dt_kernel(
         raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
     if heads_per_cta < 1 or H % heads_per_cta:
         raise ValueError(f"heads_per_cta ({heads_per_cta}) must divide heads ({H})")
-    if heads_per_cta > 1:
-        return _dt_kernel_grouped(H, L, BL, heads_per_cta, dt_dtype, dt_bias_dtype, cu_dtype, seq_idx_dtype,
-                                  has_dt_bias, dt_softplus, dt_min, dt_max, decay_rows)  # fmt: skip
+    HB = heads_per_cta
     import tilelang.language as T
 
     S = L // BL
@@ -630,31 +628,59 @@ def ssd_dt_kernel(
         dtA: T.Tensor((nvt, H, DTR, BL), accum),
         tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
     ):
-        with T.Kernel(nchunks * S, H, threads=BL) as (vt, h):
-            a_s = T.alloc_shared((BL,), accum)
-            b_s = T.alloc_shared((BL,), accum)
+        with T.Kernel(nchunks * S, H // HB, threads=BL) as (vt, h):
             i = T.get_thread_binding()
             c = vt // S
             sub = vt % S
             s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
             n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
-            raw = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
-            v = T.if_then_else(i < n_valid, dtp(raw, T.Cast(accum, dt_bias[h])), T.float32(0))
-            dtA[vt, h, 1, i] = v
-            a_s[i] = v * A[h]
-            T.sync_threads()
-            src_buf, dst_buf = a_s, b_s
-            for off in scan_offsets:
-                dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+            if HB == 1:
+                a_s = T.alloc_shared((BL,), accum)
+                b_s = T.alloc_shared((BL,), accum)
+                raw = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+                v = T.if_then_else(i < n_valid, dtp(raw, T.Cast(accum, dt_bias[h])), T.float32(0))
+                dtA[vt, h, 1, i] = v
+                a_s[i] = v * A[h]
                 T.sync_threads()
-                src_buf, dst_buf = dst_buf, src_buf
-            if decay_rows:
-                a = src_buf[i] * LOG2E
-                dtA[vt, h, 0, i] = a
-                dtA[vt, h, 2, i] = T.exp2(src_buf[BL - 1] * LOG2E - a) * v
-                dtA[vt, h, 3, i] = T.exp2(a)
-            else:
-                dtA[vt, h, 0, i] = src_buf[i]
+                src_buf, dst_buf = a_s, b_s
+                for off in scan_offsets:
+                    dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+                    T.sync_threads()
+                    src_buf, dst_buf = dst_buf, src_buf
+                if decay_rows:
+                    a = src_buf[i] * LOG2E
+                    dtA[vt, h, 0, i] = a
+                    dtA[vt, h, 2, i] = T.exp2(src_buf[BL - 1] * LOG2E - a) * v
+                    dtA[vt, h, 3, i] = T.exp2(a)
+                else:
+                    dtA[vt, h, 0, i] = src_buf[i]
+            else:  # HB heads per CTA
+                a_s = T.alloc_shared((HB, BL), accum)
+                b_s = T.alloc_shared((HB, BL), accum)
+                v = T.alloc_local((HB,), accum)
+                h0 = h * HB
+                # the token's HB consecutive dt values first (one sector), then the per-head work
+                for j in T.unroll(HB):
+                    v[j] = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h0 + j]), T.float32(0))
+                for j in T.unroll(HB):
+                    v[j] = T.if_then_else(i < n_valid, dtp(v[j], T.Cast(accum, dt_bias[h0 + j])), T.float32(0))
+                    dtA[vt, h0 + j, 1, i] = v[j]
+                    a_s[j, i] = v[j] * A[h0 + j]
+                T.sync_threads()
+                src_buf, dst_buf = a_s, b_s
+                for off in scan_offsets:
+                    for j in T.unroll(HB):
+                        dst_buf[j, i] = src_buf[j, i] + T.if_then_else(i >= off, src_buf[j, i - off], T.float32(0))
+                    T.sync_threads()
+                    src_buf, dst_buf = dst_buf, src_buf
+                for j in T.unroll(HB):
+                    if decay_rows:
+                        a = src_buf[j, i] * LOG2E
+                        dtA[vt, h0 + j, 0, i] = a
+                        dtA[vt, h0 + j, 2, i] = T.exp2(src_buf[j, BL - 1] * LOG2E - a) * v[j]
+                        dtA[vt, h0 + j, 3, i] = T.exp2(a)
+                    else:
+                        dtA[vt, h0 + j, 0, i] = src_buf[j, i]
             if h == 0:
                 if i == 0:
                     tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid)
@@ -678,70 +704,3 @@ def _tile_meta_macro():
         tmeta[vt, 3] = 0
 
     return tile_meta
-
-
-def _dt_kernel_grouped(H, L, BL, HB, dt_dtype, dt_bias_dtype, cu_dtype, seq_idx_dtype, has_dt_bias, dt_softplus,
-                       dt_min, dt_max, decay_rows):  # fmt: skip
-    """:func:`ssd_dt_kernel` with ``heads_per_cta = HB`` > 1 (same outputs)."""
-    import tilelang.language as T
-
-    tile_meta = _tile_meta_macro()
-    S = L // BL
-    DTR = 4 if decay_rows else 2
-    accum = "float32"
-    dtp = functools.partial(dt_prime, T, has_dt_bias=has_dt_bias, dt_softplus=dt_softplus, dt_min=dt_min, dt_max=dt_max)
-    scan_offsets = [1 << i for i in range(int(math.log2(BL)))]
-
-    T_ = T.dynamic("T")
-    nchunks = T.dynamic("nchunks")
-    nchunks1 = T.dynamic("nchunks1")
-    nvt = T.dynamic("nvt")
-    dt_rs = T.dynamic("dt_rs")
-
-    @T.prim_func
-    def dtpass(
-        dt: T.StridedTensor((T_, H), (dt_rs, 1), dt_dtype),
-        A: T.Tensor((H,), "float32"),
-        dt_bias: T.Tensor((H,), dt_bias_dtype),
-        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
-        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
-        dtA: T.Tensor((nvt, H, DTR, BL), accum),
-        tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
-    ):
-        with T.Kernel(nchunks * S, H // HB, threads=BL) as (vt, hb):
-            a_s = T.alloc_shared((HB, BL), accum)
-            b_s = T.alloc_shared((HB, BL), accum)
-            v = T.alloc_local((HB,), accum)
-            i = T.get_thread_binding()
-            c = vt // S
-            sub = vt % S
-            s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
-            n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
-            h0 = hb * HB
-            # the token's HB consecutive dt values first (one sector), then the per-head work
-            for j in T.unroll(HB):
-                v[j] = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h0 + j]), T.float32(0))
-            for j in T.unroll(HB):
-                v[j] = T.if_then_else(i < n_valid, dtp(v[j], T.Cast(accum, dt_bias[h0 + j])), T.float32(0))
-                dtA[vt, h0 + j, 1, i] = v[j]
-                a_s[j, i] = v[j] * A[h0 + j]
-            T.sync_threads()
-            src_buf, dst_buf = a_s, b_s
-            for off in scan_offsets:
-                for j in T.unroll(HB):
-                    dst_buf[j, i] = src_buf[j, i] + T.if_then_else(i >= off, src_buf[j, i - off], T.float32(0))
-                T.sync_threads()
-                src_buf, dst_buf = dst_buf, src_buf
-            for j in T.unroll(HB):
-                if decay_rows:
-                    a = src_buf[j, i] * LOG2E
-                    dtA[vt, h0 + j, 0, i] = a
-                    dtA[vt, h0 + j, 2, i] = T.exp2(src_buf[j, BL - 1] * LOG2E - a) * v[j]
-                    dtA[vt, h0 + j, 3, i] = T.exp2(a)
-                else:
-                    dtA[vt, h0 + j, 0, i] = src_buf[j, i]
-            if hb == 0:
-                if i == 0:
-                    tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid)
-
-    return dtpass
