@@ -309,7 +309,7 @@ def test_dt_kernel_heads_per_cta_must_divide_heads():
 )
 def test_heads_per_cta_leaves_three_waves(monkeypatch, kind, heads, batch, env, hpc):
     monkeypatch.setenv(tl_ssd.HPC_ENV, env)
-    assert tl_ssd.heads_per_cta(kind, heads, 1, batch, 132) == hpc
+    assert tl_ssd.heads_per_cta(tl_ssd.hpc_candidates(kind, heads), heads, 1, batch, 132) == hpc
 
 
 def test_heads_per_cta_variants_are_prewarmed_and_launched(monkeypatch):

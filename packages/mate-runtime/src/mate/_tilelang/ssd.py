@@ -153,8 +153,17 @@ def options(*, overlap: bool | None = None, dt_heads: int | None = None, heads_p
         _option_override.pop()
 
 
-def _overridden(name: str):
-    return _option_override[-1][name] if _option_override else None
+def _setting(name: str, env: str, allowed: tuple[int, ...]):
+    """An opt-in option's value: the enclosing :func:`options` block's when it sets one, else the environment's
+    (:func:`_env_choice`: None when unset)."""
+    value = _option_override[-1][name] if _option_override else None
+    return _env_choice(env, allowed) if value is None else value
+
+
+def _head_groups(heads: int, n: int, largest: int) -> list[int]:
+    """The powers of two up to ``n`` (and ``largest``) that divide ``heads``: the group sizes a heads-per-CTA
+    option may use."""
+    return [d for d in (1, 2, 4, 8, 16) if d <= min(n, largest) and heads % d == 0]
 
 
 def hpc_candidates(kind: str, heads: int) -> list[int]:
@@ -163,14 +172,14 @@ def hpc_candidates(kind: str, heads: int) -> list[int]:
     the lean design every power of two up to n that divides ``heads``. Prewarm compiles each of them."""
     if kind != "ssd_lean":
         return [1]
-    n = _overridden("heads_per_cta") or _env_choice(HPC_ENV, (2, 4, 8)) or 1
-    return [d for d in (1, 2, 4, 8) if d <= n and heads % d == 0]
+    return _head_groups(heads, _setting("heads_per_cta", HPC_ENV, (2, 4, 8)) or 1, 8)
 
 
-def heads_per_cta(kind: str, heads: int, p_blocks: int, batch: int, sms: int) -> int:
-    """Heads per CTA of one launch: the largest candidate that still leaves ``HPC_MIN_WAVES`` CTAs per SM (many
-    short sequences: fewer CTA starts and less wave quantisation; one long sequence keeps one head per CTA)."""
-    ok = [d for d in hpc_candidates(kind, heads) if p_blocks * (heads // d) * batch >= HPC_MIN_WAVES * sms]
+def heads_per_cta(candidates: list[int], heads: int, p_blocks: int, batch: int, sms: int) -> int:
+    """Heads per CTA of one launch: the largest of :func:`hpc_candidates` that still leaves ``HPC_MIN_WAVES``
+    CTAs per SM (many short sequences: fewer CTA starts and less wave quantisation; one long sequence keeps one
+    head per CTA)."""
+    ok = [d for d in candidates if p_blocks * (heads // d) * batch >= HPC_MIN_WAVES * sms]
     return max(ok, default=1)
 
 
@@ -182,9 +191,7 @@ def _overlap(kind: str, tiles: dict) -> bool:
     if kind != "ssd_lean" or tiles.get("narrow_p"):
         return False
     requested = tiles.get("overlap")
-    if requested is None:
-        requested = _overridden("overlap")
-    return _env_choice(OVERLAP_ENV, (1,)) == 1 if requested is None else requested
+    return bool(_setting("overlap", OVERLAP_ENV, (1,))) if requested is None else requested
 
 
 def plan(
@@ -271,10 +278,8 @@ def _dt_heads(heads: int, requested: int | None = None) -> int:
     """Heads per CTA of the dt pre-pass: 1 (the measured kernel), or under ``MATE_SSD_DT_HEADS=n`` (or
     ``requested``, or :func:`options`; opt-in: compile-checked, not yet run on a GPU) the largest power of two up
     to n dividing ``heads``."""
-    if requested is None:
-        requested = _overridden("dt_heads")
-    n = requested if requested is not None else (_env_choice(DT_HEADS_ENV, (2, 4, 8, 16)) or 1)
-    return max(d for d in (1, 2, 4, 8, 16) if d <= n and heads % d == 0)
+    n = requested if requested is not None else (_setting("dt_heads", DT_HEADS_ENV, (2, 4, 8, 16)) or 1)
+    return max(_head_groups(heads, n, 16))
 
 
 def _dt_builder(key, heads_per_cta: int | None = None):
@@ -435,9 +440,9 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
     key, rkey, *dkey = kernel_keys(call, kind)
-    hpc = 1
-    if len(hpc_candidates(key[0], H)) > 1 and is_accelerator(dev):  # (the SM count is read only when asked for)
-        hpc = heads_per_cta(key[0], H, P // tiles["block_P"], batch, sm_count(dev))
+    hpc, candidates = 1, hpc_candidates(key[0], H)
+    if len(candidates) > 1 and is_accelerator(dev):  # (the SM count is read only when asked for)
+        hpc = heads_per_cta(candidates, H, P // tiles["block_P"], batch, sm_count(dev))
     if hpc > 1:
         tiles = {**tiles, "heads_per_cta": hpc}
     runs = _get(rkey, _runs_builder, dev)
@@ -626,29 +631,27 @@ def compile_grid() -> list[CompileItem]:
         items.extend(_compile_items(kind, rows))
     # the K-major tiling of a head dim that is not a multiple of 64 (P 80: 64-token tiles at N 128)
     items.extend(_compile_items("lean", [(32, 4, 80, 128, 256, "bfloat16", "float32", False, False)]))
-    # the MATE_SSD_THREADS=512 tuning setting (four consumer warpgroups, scores in shared memory)
+    # the lean kernel under its tuning and opt-in settings: four consumer warpgroups (MATE_SSD_THREADS=512,
+    # scores in shared memory), 4 heads per CTA in one pipelined loop (MATE_SSD_HEADS_PER_CTA), its GEMMs issued
+    # in pairs (MATE_SSD_OVERLAP=1)
     key = _fused_key(
         H=128, G=8, P=64, N=128, L=256, io="bfloat16", state="float32", init="float32", dt="float32", dtb="float32",
         D="float32", D_per_dim=False, cu="int32", sq="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True,
         has_D=True, intermediate=False, kind="ssd_lean",
     )  # fmt: skip
-    tiles = plan(64, 128, 256, torch.bfloat16, threads=512)
-    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 threads 512"
-    build = _fused_builder(key, tiles)
-    items.append(CompileItem(family="ssd", label=label, build=build, pass_configs=dict(PASS_CONFIGS)))
+    plain = plan(64, 128, 256, torch.bfloat16)
+    variants = [
+        (plan(64, 128, 256, torch.bfloat16, threads=512), "threads 512"),
+        ({**plain, "heads_per_cta": 4}, "4 heads per CTA"),
+        ({**plain, "overlap": True}, "overlap"),
+    ]
+    for tiles, what in variants:
+        label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 {what}"
+        items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
+                                 pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     # the MATE_SSD_DT_HEADS=8 pre-pass (8 heads per CTA, one dt sector per token)
     items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows 8 heads per CTA",
                              build=_dt_builder(_dt_key(key), 8), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
-    # the MATE_SSD_HEADS_PER_CTA lean kernel (4 heads per CTA in one pipelined loop)
-    tiles = {**plan(64, 128, 256, torch.bfloat16), "heads_per_cta": 4}
-    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 4 heads per CTA"
-    items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
-                             pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
-    # the MATE_SSD_OVERLAP=1 lean kernel (asynchronous wgmma overlapped with the mask, x weighting and epilogue)
-    tiles = {**plan(64, 128, 256, torch.bfloat16), "overlap": True}
-    label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 overlap"
-    items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
-                             pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 

@@ -216,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     known = {"mate", "vllm", *(f"mate-{v}" for v in VARIANTS)}
 
     def ok(impl: str) -> bool:
-        if impl in known:
+        if impl in ("mate", "vllm"):
             return True
         try:
-            return impl.startswith("mate-lean+") and bool(parse_kind(mate_kind(impl))[1])
-        except ValueError:
+            return impl.startswith("mate-") and parse_kind(mate_kind(impl))[0] in VARIANTS
+        except ValueError:  # an option that is not one, or on another design than lean
             return False
 
     bad = [i for i in impls if not ok(i)]
