@@ -165,16 +165,16 @@ def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per
 
 
 @functools.cache
-def source(key, threads: int | None = None, overlap: bool = False, hpc: int = 1) -> str:
+def source(key, threads: int | None = None, overlap: bool = False, hpc: int = 1, preload: bool = False) -> str:
     """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads, ``overlap`` asks for
-    the asynchronous wgmmas, ``hpc`` heads per CTA. Head dims that are not a multiple of 64 take the narrow-P
-    tiling."""
+    the asynchronous wgmmas, ``hpc`` heads per CTA, ``preload`` the first entering state before the loop. Head
+    dims that are not a multiple of 64 take the narrow-P tiling."""
     import torch
     from mate._tilelang import ssd as tl_ssd
     from mate._tilelang.cache import compile_prim_func
 
     P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
-    tiles = {**tl_ssd.plan(P, N, L, io, threads=threads), "overlap": overlap}
+    tiles = {**tl_ssd.plan(P, N, L, io, threads=threads), "overlap": overlap, "preload": preload}
     if hpc > 1:
         tiles["heads_per_cta"] = hpc
     kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
@@ -200,6 +200,9 @@ KERNELS = [
     # several heads per CTA (MATE_SSD_HEADS_PER_CTA), compile-checked, not yet run on a GPU
     pytest.param((SMALL, dict(kind="lean", hpc=2)), id="lean_2-heads-per-CTA"),
     pytest.param((SMALL, dict(kind="lean", hpc=4, overlap=True)), id="lean_4-heads-per-CTA_overlap"),
+    # the first entering state loaded before the pipelined loop (MATE_SSD_PRELOAD=1)
+    pytest.param((SMALL, dict(kind="lean", preload=True, overlap=True)), id="lean_preload_overlap"),
+    pytest.param((SMALL, dict(kind="lean", preload=True, hpc=2)), id="lean_preload_2-heads-per-CTA"),
 ]
 
 
@@ -209,7 +212,8 @@ def _source(spec) -> str:
     threads = opts.pop("threads", None)
     overlap = opts.pop("overlap", False)
     hpc = opts.pop("hpc", 1)
-    return source(_key(**shape, **opts), threads, overlap, hpc)
+    preload = opts.pop("preload", False)
+    return source(_key(**shape, **opts), threads, overlap, hpc, preload)
 
 
 @pytest.mark.parametrize("spec", KERNELS)

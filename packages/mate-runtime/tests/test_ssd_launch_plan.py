@@ -224,22 +224,45 @@ def test_overlap_option(monkeypatch):
     lean_key = tl_ssd.kernel_keys(_call(), "lean")[0]
     pre_key = tl_ssd.kernel_keys(_call(), "prepass")[0]
     monkeypatch.delenv(tl_ssd.OVERLAP_ENV, raising=False)
-    assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles  # the default: the measured kernel, its key
-    plain = tl_ssd.cache_key(lean_key, tl_ssd._fused_builder(lean_key))
+    assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True  # the default (measured faster)
+    default = tl_ssd.cache_key(lean_key, tl_ssd._fused_builder(lean_key))
+    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "0")
+    assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles  # off: the first measured kernel, its key
+    assert tl_ssd.cache_key(lean_key, tl_ssd._fused_builder(lean_key)) != default
     monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "1")
-    assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True
-    assert tl_ssd.cache_key(lean_key, tl_ssd._fused_builder(lean_key)) != plain
+    assert tl_ssd.cache_key(lean_key, tl_ssd._fused_builder(lean_key)) == default
     # only the lean design at a P block that is a multiple of 64
     assert "overlap" not in tl_ssd._fused_builder(pre_key).tiles
     narrow = tl_ssd.plan(80, 128, 128, torch.bfloat16)
     assert "overlap" not in tl_ssd._fused_builder(lean_key, narrow).tiles
     # asked for by the caller's tiles (the compile check), whatever the environment
-    monkeypatch.delenv(tl_ssd.OVERLAP_ENV)
-    tiles = {**tl_ssd.plan(64, 128, 128, torch.bfloat16), "overlap": True}
-    assert tl_ssd._fused_builder(lean_key, tiles).tiles["overlap"] is True
+    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "1")
+    tiles = {**tl_ssd.plan(64, 128, 128, torch.bfloat16), "overlap": False}
+    assert "overlap" not in tl_ssd._fused_builder(lean_key, tiles).tiles
     monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "2")
     with pytest.raises(ValueError, match=tl_ssd.OVERLAP_ENV):
         tl_ssd._fused_builder(lean_key)
+
+
+def test_preload_option(monkeypatch):
+    lean_key = tl_ssd.kernel_keys(_call(), "lean")[0]
+    pre_key = tl_ssd.kernel_keys(_call(), "prepass")[0]
+    monkeypatch.delenv(tl_ssd.PRELOAD_ENV, raising=False)
+    assert tl_ssd._fused_builder(lean_key).tiles.get("preload", False) is tl_ssd.PRELOAD_DEFAULT
+    for raw, on in (("1", True), ("0", False)):
+        monkeypatch.setenv(tl_ssd.PRELOAD_ENV, raw)
+        assert tl_ssd._fused_builder(lean_key).tiles.get("preload", False) is on
+        assert "preload" not in tl_ssd._fused_builder(pre_key).tiles  # lean only
+    monkeypatch.setenv(tl_ssd.PRELOAD_ENV, "yes")
+    with pytest.raises(ValueError, match=tl_ssd.PRELOAD_ENV):
+        tl_ssd._fused_builder(lean_key)
+
+
+def test_preload_needs_lean():
+    from mate_kernels.ssd import ssd_fused_kernel
+
+    with pytest.raises(ValueError, match="preload"):
+        ssd_fused_kernel(heads=8, groups=2, dim=64, dstate=128, chunk_size=128, preload=True)
 
 
 def test_overlap_needs_lean_decay_rows_and_a_64_multiple():
@@ -258,14 +281,18 @@ def test_options_and_the_bench_impl_names(monkeypatch):
     monkeypatch.delenv(tl_ssd.OVERLAP_ENV, raising=False)
     monkeypatch.delenv(tl_ssd.DT_HEADS_ENV, raising=False)
     lean_key, _, dkey = tl_ssd.kernel_keys(_call(), "lean")
-    with tl_ssd.options(overlap=True, dt_heads=8):
-        assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True
-        assert tl_ssd._dt_builder(dkey).tiles == {"heads_per_cta": 4}  # 4 heads in this call: 4 per CTA
-        with tl_ssd.options(overlap=False):
-            assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles
-    assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles and tl_ssd._dt_builder(dkey).tiles is None
+    with tl_ssd.options(overlap=False, dt_heads=1):
+        assert "overlap" not in tl_ssd._fused_builder(lean_key).tiles
+        assert tl_ssd._dt_builder(dkey).tiles is None
+        with tl_ssd.options(overlap=True, preload=True):
+            assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True
+            assert tl_ssd._fused_builder(lean_key).tiles["preload"] is True
+    # the defaults: overlap on, 4 heads in this call: 4 per dt pre-pass CTA
+    assert tl_ssd._fused_builder(lean_key).tiles["overlap"] is True
+    assert tl_ssd._dt_builder(dkey).tiles == {"heads_per_cta": 4}
     assert mate_kind("mate-lean+overlap") == "lean+overlap" and mate_kind("mate") is None
     assert parse_kind("lean+overlap+dt8") == ("lean", {"overlap": True, "dt_heads": 8})
+    assert parse_kind("lean+sync+dt1+preload") == ("lean", {"overlap": False, "dt_heads": 1, "preload": True})
     assert parse_kind("lean+hpc8") == ("lean", {"heads_per_cta": 8})
     assert parse_kind("prepass") == ("prepass", {}) and parse_kind(None) == (None, {})
     for bad in ("prepass+overlap", "lean+fast"):
@@ -273,7 +300,9 @@ def test_options_and_the_bench_impl_names(monkeypatch):
             parse_kind(bad)
 
 
-@pytest.mark.parametrize("heads, n, hb", [(128, 8, 8), (24, 16, 8), (80, 8, 8), (4, 8, 4), (6, 8, 2), (7, 8, 1)])
+@pytest.mark.parametrize(
+    "heads, n, hb", [(128, 8, 8), (24, 16, 8), (80, 8, 8), (4, 8, 4), (6, 8, 2), (7, 8, 1), (128, 1, 1)]
+)
 def test_dt_heads_option(monkeypatch, heads, n, hb):
     monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, str(n))
     assert tl_ssd._dt_heads(heads) == hb
@@ -284,8 +313,8 @@ def test_dt_heads_option(monkeypatch, heads, n, hb):
     monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, "3")
     with pytest.raises(ValueError, match=tl_ssd.DT_HEADS_ENV):
         tl_ssd._dt_heads(heads)
-    monkeypatch.delenv(tl_ssd.DT_HEADS_ENV)
-    assert tl_ssd._dt_heads(heads) == 1
+    monkeypatch.delenv(tl_ssd.DT_HEADS_ENV)  # the default: up to DT_HEADS_DEFAULT
+    assert tl_ssd._dt_heads(heads) == max(d for d in (1, 2, 4, 8) if heads % d == 0)
 
 
 def test_dt_kernel_heads_per_cta_must_divide_heads():

@@ -199,6 +199,7 @@ def ssd_fused_kernel(
     narrow_p: bool = False,
     overlap: bool = False,
     heads_per_cta: int = 1,
+    preload: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -226,6 +227,12 @@ def ssd_fused_kernel(
     the consumers finish the current head, and the grid has that many times fewer CTAs, so each CTA's start
     (pipeline fill, barrier setup) and the wave quantisation are paid less often. A head's first tile re-opens
     the state like any sequence start; its chunk ends write its own rows.
+
+    ``preload`` (lean): the consumers load the CTA's first entering state (its first chunk always opens a run,
+    so that is ``initial_states[seq_idx[bounds[b]]]``) before the pipelined loop, while the producer is still
+    waiting for the first tiles' loads, instead of after the first tile has arrived: the two global-memory
+    round trips of a CTA's start overlap instead of adding up. Later openings (more runs than CTAs, or a head
+    change with ``heads_per_cta``) load in the loop as before. Same arithmetic.
 
     ``decay_rows`` (with ``precomputed_dt``) takes the pre-pass's four rows (``ssd_dt_kernel(decay_rows=True)``):
     the cumsum already in log2 units and the per-row factors ``exp(dA_last - dA_k) dt'_k`` and ``exp(dA_m)``, so
@@ -258,6 +265,8 @@ def ssd_fused_kernel(
         raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
     if overlap and not (lean and decay_rows and not narrow_p):
         raise ValueError("overlap needs lean and decay_rows, and a block_P that is a multiple of 64")
+    if preload and not lean:
+        raise ValueError("preload needs lean (the entering state behind one uniform branch per tile)")
     HPC = heads_per_cta
     if HPC < 1 or H % HPC or (HPC > 1 and not (lean and precomputed_dt)):
         raise ValueError(f"heads_per_cta ({HPC}) must divide heads ({H}); more than 1 needs lean")
@@ -356,6 +365,13 @@ def ssd_fused_kernel(
             a_h = A[h]
 
             T.clear(state)
+            if preload:
+                # the first entering state, under the producer's first loads (the loop skips it at j == 0)
+                if n_tiles > 0:
+                    if has_init:
+                        sq_first = T.Cast("int32", seq_idx[c_first])
+                        for n, p in T.Parallel(N, BP):
+                            state[n, p] = T.Cast(accum, initial_states[sq_first, h * HPC, p0 + p, n])
             for j in T.Pipelined(n_tiles * HPC if HPC > 1 else n_tiles, num_stages=num_stages):
                 if HPC > 1:
                     # the CTA's heads one after the other, each over the sequence's tiles
@@ -411,6 +427,8 @@ def ssd_fused_kernel(
                     sq = T.Cast("int32", seq_idx[c])
 
                 # Entering state.
+                if preload:
+                    opens = T.if_then_else(j > 0, opens, 0)  # the first one was loaded before the loop
                 if lean:
                     if opens == 1:
                         if has_init:

@@ -12,9 +12,9 @@
 #                 tests on their own
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
-#     quick       mate bench ssd --quick (headline shape, two batches; lean with and without the opt-in
-#                 MATE_SSD_OVERLAP / MATE_SSD_HEADS_PER_CTA=8 / MATE_SSD_DT_HEADS=8 options (those whose tests
-#                 passed, when the tests stage ran), vLLM)
+#     quick       mate bench ssd --quick (headline shape, two batches; lean with its defaults, with the
+#                 previous defaults (mate-lean+sync+dt1), with each opt-in option MATE_SSD_HEADS_PER_CTA=8 /
+#                 MATE_SSD_PRELOAD=1 whose tests passed when the tests stage ran; vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
 #                 ("threads:block_L[:overlap]", default "256:64 512:64 512:64:overlap"; MATE_SSD_THREADS /
@@ -41,12 +41,15 @@ for stage in "${stages[@]}"; do
         # others' results), and the quick benchmark takes only the options whose tests passed
         stamp "tests"
         timeout "$(stage_limit "${TESTS_S:-240}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-            $G/test_ssd_kernels.py -k "not lean_overlap and not heads_per_cta and not dt_heads" \
+            $G/test_ssd_kernels.py -k "not lean_overlap and not heads_per_cta and not dt_heads and not preload" \
             --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
         stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
         PASSED_OPTIONS=""
-        for opt in "overlap:lean_overlap" "hpc8:heads_per_cta and not dt_heads" "dt8:dt_heads"; do
+        # ($OPTION_TESTS: the names of the options whose tests run, default all)
+        for opt in "overlap:lean_overlap" "hpc8:heads_per_cta and not dt_heads and not preload" "dt8:dt_heads" \
+            "preload:preload"; do
             IFS=: read -r name sel <<<"$opt"
+            case " ${OPTION_TESTS:-overlap hpc8 dt8 preload} " in *" $name "*) ;; *) continue ;; esac
             timeout "$(stage_limit 120)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
                 -k "$sel" --junitxml="$OUT/test_ssd_$name.xml" >"$OUT/tests_$name.log" 2>&1
             rc=$?
@@ -65,12 +68,13 @@ for stage in "${stages[@]}"; do
         stamp "profile rc=$?"
         ;;
     quick)
-        # lean, each option whose tests passed in this session (all when the tests stage did not run), all of
-        # them together, vLLM
-        opts=${PASSED_OPTIONS-overlap hpc8 dt8}
-        impls=mate-lean
-        for o in $opts; do impls="$impls,mate-lean+$o"; done
-        [ "$(echo $opts | wc -w)" -gt 1 ] && impls="$impls,mate-lean+$(echo $opts | tr ' ' '+')"
+        # lean with its defaults, lean as before the sixth session's defaults (sync GEMMs, one head per dt
+        # pre-pass CTA), lean with each opt-in option whose tests passed in this session (all when the tests
+        # stage did not run), vLLM
+        impls=mate-lean,mate-lean+sync+dt1
+        for o in hpc8 preload; do
+            case " ${PASSED_OPTIONS- hpc8 preload} " in *" $o "*) impls="$impls,mate-lean+$o" ;; esac
+        done
         stamp "bench quick (${IMPLS:-$impls,vllm})"
         timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-$impls,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"

@@ -67,6 +67,13 @@ def main(argv=None) -> int:
     hpc = [k for p in t.HPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
     for ovl in ("0", "1"):
         _under({tl_ssd.HPC_ENV: "8", tl_ssd.OVERLAP_ENV: ovl}, hpc + graph + bench_lean, args.jobs)
+    preload = [k for p in t.OVERLAP_CASES for k in keys_of(p.values[0], "lean")[:1]]
+    _under({tl_ssd.PRELOAD_ENV: "1"}, preload + graph + bench_lean, args.jobs)
+    hpc_case = keys_of(t.Case(chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), "lean")[:1]
+    _under({tl_ssd.PRELOAD_ENV: "1", tl_ssd.HPC_ENV: "8"}, hpc_case, args.jobs)
+    # the lean kernels as they were before the sixth session's defaults (bench impl mate-lean+sync+dt1)
+    _under({tl_ssd.OVERLAP_ENV: "0", tl_ssd.DT_HEADS_ENV: "1"}, [k for k in bench if k[0] in ("ssd_lean", "ssd_dt")],
+           args.jobs)  # fmt: skip
     dt8 = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)[2:]]
     _under({tl_ssd.DT_HEADS_ENV: "8"}, dt8 + [k for k in bench if k[0] == "ssd_dt"], args.jobs)
     return 0

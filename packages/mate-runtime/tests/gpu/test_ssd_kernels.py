@@ -279,6 +279,35 @@ def test_lean_overlap_graph_replay_equals_eager(monkeypatch):
         test_graph_replay_equals_eager("lean")
 
 
+# The lean design loading a CTA's first entering state before its pipelined loop (``MATE_SSD_PRELOAD=1``,
+# opt-in), with the default overlap; and with several heads per CTA (later heads open in the loop).
+@pytest.mark.parametrize("case", OVERLAP_CASES)
+def test_preload_matches_reference(case: Case, monkeypatch):
+    from mate._tilelang.cache import CACHE
+
+    monkeypatch.setenv(tl_ssd.PRELOAD_ENV, "1")
+    with tl_ssd.using("lean"):
+        test_kernels_match_reference(case, "lean")
+    key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
+    build_fn = tl_ssd.builder_for(key)
+    assert build_fn.tiles.get("preload") is True
+    assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
+
+
+def test_preload_with_heads_per_cta_matches_reference(monkeypatch):
+    monkeypatch.setenv(tl_ssd.PRELOAD_ENV, "1")
+    monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
+    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
+    with tl_ssd.using("lean"):
+        test_kernels_match_reference(Case(chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), "lean")
+
+
+def test_preload_graph_replay_equals_eager(monkeypatch):
+    monkeypatch.setenv(tl_ssd.PRELOAD_ENV, "1")
+    with tl_ssd.using("lean"):
+        test_graph_replay_equals_eager("lean")
+
+
 # The dt pre-pass with several heads per CTA (``MATE_SSD_DT_HEADS=8``, opt-in), under both designs it feeds.
 DT_HEADS_CASES = [
     pytest.param(Case(), id="ragged_c128_8-heads-per-CTA"),

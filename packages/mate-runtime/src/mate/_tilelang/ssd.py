@@ -123,6 +123,12 @@ THREADS_ENV = "MATE_SSD_THREADS"
 OVERLAP_ENV = "MATE_SSD_OVERLAP"
 DT_HEADS_ENV = "MATE_SSD_DT_HEADS"
 HPC_ENV = "MATE_SSD_HEADS_PER_CTA"
+PRELOAD_ENV = "MATE_SSD_PRELOAD"
+# the defaults of the lean design's options, each decided by a same-run measurement on the H200
+# (docs/ssd-kernels.md#tuning-knobs-environment)
+OVERLAP_DEFAULT = True
+PRELOAD_DEFAULT = False
+DT_HEADS_DEFAULT = 8
 # a heads-per-CTA choice must leave at least this many CTAs per SM: fewer, longer CTAs would leave SMs idle
 # (one sequence of 128 heads is one wave; grouping its heads would halve the SMs in use)
 HPC_MIN_WAVES = 3
@@ -143,10 +149,16 @@ _option_override: list[dict] = []  # set by ``options`` (the benchmark compares 
 
 
 @contextlib.contextmanager
-def options(*, overlap: bool | None = None, dt_heads: int | None = None, heads_per_cta: int | None = None):
+def options(
+    *, overlap: bool | None = None, dt_heads: int | None = None, heads_per_cta: int | None = None,
+    preload: bool | None = None,
+):  # fmt: skip
     """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` /
-    ``MATE_SSD_HEADS_PER_CTA`` were set to these values (None: as the environment says)."""
-    _option_override.append({"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta})
+    ``MATE_SSD_HEADS_PER_CTA`` / ``MATE_SSD_PRELOAD`` were set to these values (None: as the environment
+    says)."""
+    _option_override.append(
+        {"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta, "preload": preload}
+    )
     try:
         yield
     finally:
@@ -154,10 +166,24 @@ def options(*, overlap: bool | None = None, dt_heads: int | None = None, heads_p
 
 
 def _setting(name: str, env: str, allowed: tuple[int, ...]):
-    """An opt-in option's value: the enclosing :func:`options` block's when it sets one, else the environment's
+    """An option's value: the enclosing :func:`options` block's when it sets one, else the environment's
     (:func:`_env_choice`: None when unset)."""
     value = _option_override[-1][name] if _option_override else None
     return _env_choice(env, allowed) if value is None else value
+
+
+def _flag(name: str, env: str, default: bool) -> bool:
+    """An on/off option: the enclosing :func:`options` block's value when it sets one, else ``env`` = 1 / 0,
+    else (unset or empty) ``default``. ValueError naming the variable on any other value."""
+    value = _option_override[-1][name] if _option_override else None
+    if value is not None:
+        return bool(value)
+    raw = os.environ.get(env, "").strip()
+    if raw == "":
+        return default
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ValueError(f"{env}={raw!r}: expected 1 (on) or 0 (off); unset: {int(default)}")
 
 
 def _head_groups(heads: int, n: int, largest: int) -> list[int]:
@@ -184,14 +210,24 @@ def heads_per_cta(candidates: list[int], heads: int, p_blocks: int, batch: int, 
 
 
 def _overlap(kind: str, tiles: dict) -> bool:
-    """Whether a fused kernel issues its wgmmas asynchronously (``ssd_fused_kernel(overlap=True)``): the lean
-    design at a P block that is a multiple of 64, when ``tiles`` (the compile check), :func:`options` or
-    ``MATE_SSD_OVERLAP=1`` asks for it (opt-in: compile-checked, not yet run on a GPU). The results are the
-    same either way."""
+    """Whether a fused kernel issues its wgmmas in two asynchronous pairs (``ssd_fused_kernel(overlap=True)``):
+    the lean design at a P block that is a multiple of 64, unless ``tiles`` (the compile check), :func:`options`
+    or ``MATE_SSD_OVERLAP=0`` says otherwise (default on since the sixth session's measurement: 3-6 % faster
+    in every quick-benchmark cell). The results are the same either way."""
     if kind != "ssd_lean" or tiles.get("narrow_p"):
         return False
     requested = tiles.get("overlap")
-    return bool(_setting("overlap", OVERLAP_ENV, (1,))) if requested is None else requested
+    return _flag("overlap", OVERLAP_ENV, OVERLAP_DEFAULT) if requested is None else requested
+
+
+def _preload(kind: str, tiles: dict) -> bool:
+    """Whether the lean kernel loads a CTA's first entering state before its pipelined loop
+    (``ssd_fused_kernel(preload=True)``), when ``tiles`` (the compile check), :func:`options` or
+    ``MATE_SSD_PRELOAD=1`` asks for it. The results are the same either way."""
+    if kind != "ssd_lean":
+        return False
+    requested = tiles.get("preload")
+    return _flag("preload", PRELOAD_ENV, PRELOAD_DEFAULT) if requested is None else requested
 
 
 def plan(
@@ -250,9 +286,14 @@ def _fused_builder(key, tiles: dict | None = None):
      intermediate) = key  # fmt: skip
     tiles = dict(tiles or plan(P, N, L, getattr(torch, io)))
     overlap = _overlap(kind, tiles)
+    preload = _preload(kind, tiles)
     tiles.pop("overlap", None)
-    if overlap:  # (only then, so the measured kernels' build arguments and cache keys stay as they were)
+    tiles.pop("preload", None)
+    # (only when set, so the measured kernels' build arguments and cache keys stay as they were)
+    if overlap:
         tiles["overlap"] = True
+    if preload:
+        tiles["preload"] = True
 
     def build():
         return _kmod().ssd_fused_kernel(
@@ -275,10 +316,15 @@ def _dt_key(fused_key) -> tuple:
 
 
 def _dt_heads(heads: int, requested: int | None = None) -> int:
-    """Heads per CTA of the dt pre-pass: 1 (the measured kernel), or under ``MATE_SSD_DT_HEADS=n`` (or
-    ``requested``, or :func:`options`; opt-in: compile-checked, not yet run on a GPU) the largest power of two up
-    to n dividing ``heads``."""
-    n = requested if requested is not None else (_setting("dt_heads", DT_HEADS_ENV, (2, 4, 8, 16)) or 1)
+    """Heads per CTA of the dt pre-pass: the largest power of two up to n dividing ``heads``, n from
+    ``requested``, :func:`options` or ``MATE_SSD_DT_HEADS`` (1 for one head per CTA), else
+    ``DT_HEADS_DEFAULT`` (8: one 32-byte dt sector per token; 0-2 % faster than one head in every
+    quick-benchmark cell of the sixth session)."""
+    n = (
+        requested
+        if requested is not None
+        else (_setting("dt_heads", DT_HEADS_ENV, (1, 2, 4, 8, 16)) or DT_HEADS_DEFAULT)
+    )
     return max(_head_groups(heads, n, 16))
 
 
@@ -286,7 +332,7 @@ def _dt_builder(key, heads_per_cta: int | None = None):
     """The build function of a pre-pass key (``heads_per_cta``: see :func:`_dt_heads`)."""
     _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows = key
     hb = _dt_heads(H, heads_per_cta)
-    extra = {"heads_per_cta": hb} if hb > 1 else {}  # (the measured kernel keeps its build arguments and key)
+    extra = {"heads_per_cta": hb} if hb > 1 else {}  # (one head keeps the first measured kernel's arguments, key)
 
     def build():
         return _kmod().ssd_dt_kernel(
@@ -643,15 +689,16 @@ def compile_grid() -> list[CompileItem]:
     variants = [
         (plan(64, 128, 256, torch.bfloat16, threads=512), "threads 512"),
         ({**plain, "heads_per_cta": 4}, "4 heads per CTA"),
-        ({**plain, "overlap": True}, "overlap"),
+        ({**plain, "overlap": False}, "without overlap"),
+        ({**plain, "preload": True}, "preload"),
     ]
     for tiles, what in variants:
         label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 {what}"
         items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key, tiles),
                                  pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
-    # the MATE_SSD_DT_HEADS=8 pre-pass (8 heads per CTA, one dt sector per token)
-    items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows 8 heads per CTA",
-                             build=_dt_builder(_dt_key(key), 8), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
+    # the MATE_SSD_DT_HEADS=1 pre-pass (one head per CTA; the default takes 8)
+    items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows 1 head per CTA",
+                             build=_dt_builder(_dt_key(key), 1), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
