@@ -7,14 +7,15 @@
 # Stages (default: all but ptxas, in this order; each under its own time limit, cut to what is left of $BUDGET
 # (default 570 s, counted from before the setup), so the later ones still run and the results are packed before
 # the device command's 600 s limit):
-#     precompile  every SSD kernel of the tests and the benchmark, in parallel processes
+#     precompile  every SSD kernel of the tests and the benchmark, in parallel processes ($PRECOMPILE_ARGS:
+#                 e.g. --defaults-only)
 #     tests       tests/gpu/test_ssd_kernels.py, junit XML + log: the measured designs, then each opt-in option's
 #                 tests on their own
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
 #     quick       mate bench ssd --quick (headline shape, two batches; lean with its defaults, with the
-#                 previous defaults (mate-lean+sync+dt1), with each opt-in option MATE_SSD_HEADS_PER_CTA=8 /
-#                 MATE_SSD_PRELOAD=1 whose tests passed when the tests stage ran; vLLM)
+#                 fifth session's defaults (mate-lean+sync+dt1+nopreload), with the opt-in
+#                 MATE_SSD_HEADS_PER_CTA=8 when its tests passed (or the tests stage did not run); vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
 #                 ("threads:block_L[:overlap]", default "256:64 512:64 512:64:overlap"; MATE_SSD_THREADS /
@@ -33,7 +34,7 @@ for stage in "${stages[@]}"; do
     case "$stage" in
     precompile)
         stamp "precompile (jobs $JOBS)"
-        timeout "$(stage_limit 240)" python3 $G/ssd_precompile.py --jobs "$JOBS" >"$OUT/precompile.log" 2>&1
+        timeout "$(stage_limit 240)" python3 $G/ssd_precompile.py --jobs "$JOBS" $PRECOMPILE_ARGS >"$OUT/precompile.log" 2>&1
         stamp "precompile rc=$? ($(grep -c '^precompiled' "$OUT/precompile.log") ok, $(grep -c FAILED "$OUT/precompile.log") failed)"
         ;;
     tests)
@@ -71,10 +72,8 @@ for stage in "${stages[@]}"; do
         # lean with its defaults, lean as before the sixth session's defaults (sync GEMMs, one head per dt
         # pre-pass CTA), lean with each opt-in option whose tests passed in this session (all when the tests
         # stage did not run), vLLM
-        impls=mate-lean,mate-lean+sync+dt1
-        for o in hpc8 preload; do
-            case " ${PASSED_OPTIONS- hpc8 preload} " in *" $o "*) impls="$impls,mate-lean+$o" ;; esac
-        done
+        impls=mate-lean,mate-lean+sync+dt1+nopreload
+        case " ${PASSED_OPTIONS- hpc8} " in *" hpc8 "*) impls="$impls,mate-lean+hpc8" ;; esac
         stamp "bench quick (${IMPLS:-$impls,vllm})"
         timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-$impls,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"

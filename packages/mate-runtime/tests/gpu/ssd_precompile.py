@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--only-tests", action="store_true")
+    ap.add_argument("--defaults-only", action="store_true", help="skip the opt-in and previous settings' kernels")
     args = ap.parse_args(argv)
     import test_ssd_kernels as t
     from mate._tilelang import ssd as tl_ssd
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
     keys = list(dict.fromkeys(tests + bench))
     print(f"{len(keys)} kernels", flush=True)
     tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
+    if args.defaults_only:
+        return 0
     # the opt-in options' kernels: those of their GPU tests and of the benchmark's option impls (mate-lean+...)
     bench_lean = [k for k in bench if k[0] == "ssd_lean"]
     graph = keys_of(t.GRAPH_CASE, "lean")[:1]
@@ -67,13 +70,11 @@ def main(argv=None) -> int:
     hpc = [k for p in t.HPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
     for ovl in ("0", "1"):
         _under({tl_ssd.HPC_ENV: "8", tl_ssd.OVERLAP_ENV: ovl}, hpc + graph + bench_lean, args.jobs)
-    preload = [k for p in t.OVERLAP_CASES for k in keys_of(p.values[0], "lean")[:1]]
-    _under({tl_ssd.PRELOAD_ENV: "1"}, preload + graph + bench_lean, args.jobs)
     hpc_case = keys_of(t.Case(chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), "lean")[:1]
     _under({tl_ssd.PRELOAD_ENV: "1", tl_ssd.HPC_ENV: "8"}, hpc_case, args.jobs)
-    # the lean kernels as they were before the sixth session's defaults (bench impl mate-lean+sync+dt1)
-    _under({tl_ssd.OVERLAP_ENV: "0", tl_ssd.DT_HEADS_ENV: "1"}, [k for k in bench if k[0] in ("ssd_lean", "ssd_dt")],
-           args.jobs)  # fmt: skip
+    # the lean kernels as they were before the sixth session's defaults (bench impl mate-lean+sync+dt1+nopreload)
+    prev = {tl_ssd.OVERLAP_ENV: "0", tl_ssd.DT_HEADS_ENV: "1", tl_ssd.PRELOAD_ENV: "0"}
+    _under(prev, [k for k in bench if k[0] in ("ssd_lean", "ssd_dt")], args.jobs)
     dt8 = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)[2:]]
     _under({tl_ssd.DT_HEADS_ENV: "8"}, dt8 + [k for k in bench if k[0] == "ssd_dt"], args.jobs)
     return 0
