@@ -194,13 +194,13 @@ KERNELS = [
     pytest.param((dict(SMALL, P=80), dict(kind="lean")), id="lean_narrow-P80"),
     pytest.param((dict(SMALL, P=80), dict(kind="prepass")), id="prepass_narrow-P80"),
     pytest.param((SMALL, dict(kind="lean", threads=512)), id="lean_512-consumer-threads"),
-    # the opt-in asynchronous wgmmas (MATE_SSD_OVERLAP=1), compile-checked, not yet run on a GPU
+    # the asynchronous wgmmas (MATE_SSD_OVERLAP, the default)
     pytest.param((SMALL, dict(kind="lean", overlap=True)), id="lean_overlap"),
     pytest.param((FALCON, dict(kind="lean", overlap=True)), id="lean_overlap_tile64_P128_N256"),
-    # several heads per CTA (MATE_SSD_HEADS_PER_CTA), compile-checked, not yet run on a GPU
+    # several heads per CTA (MATE_SSD_HEADS_PER_CTA, opt-in)
     pytest.param((SMALL, dict(kind="lean", hpc=2)), id="lean_2-heads-per-CTA"),
     pytest.param((SMALL, dict(kind="lean", hpc=4, overlap=True)), id="lean_4-heads-per-CTA_overlap"),
-    # the first entering state loaded before the pipelined loop (MATE_SSD_PRELOAD=1)
+    # the first entering state loaded before the pipelined loop (MATE_SSD_PRELOAD, the default)
     pytest.param((SMALL, dict(kind="lean", preload=True, overlap=True)), id="lean_preload_overlap"),
     pytest.param((SMALL, dict(kind="lean", preload=True, hpc=2)), id="lean_preload_2-heads-per-CTA"),
 ]

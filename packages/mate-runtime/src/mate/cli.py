@@ -118,7 +118,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("backend tilelang", f"usable on {device} (target {tilelang_target(device)})"))
     rows.append(("backend auto", "tilelang" if not reasons else "torch"))
     rows.append(("kernel cache", cache_dir()))
-    # the kernel designs and tuning options in force (some select options not yet run on a GPU: docs say which)
+    # the kernel designs and tuning options in force (docs/ssd-kernels.md says what each was measured at)
     settings = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MATE_")]
     rows.append(("settings", ", ".join(settings) if settings else "defaults (no MATE_* variable set)"))
 

@@ -9,8 +9,10 @@
 # the device command's 600 s limit):
 #     precompile  every SSD kernel of the tests and the benchmark, in parallel processes ($PRECOMPILE_ARGS:
 #                 e.g. --defaults-only)
-#     tests       tests/gpu/test_ssd_kernels.py, junit XML + log: the measured designs, then each opt-in option's
-#                 tests on their own
+#     tests       tests/gpu/test_ssd_kernels.py, junit XML + log: the designs with the default settings
+#                 (skipped under DEFAULT_TESTS=0), then on their own each group of $OPTION_TESTS (default all:
+#                 settings = lean without overlap / preload, hpc8 = several heads per CTA, dt = the dt pre-pass
+#                 at 1 and 8 heads per CTA)
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
 #     quick       mate bench ssd --quick (headline shape, two batches; lean with its defaults, with the
@@ -40,17 +42,19 @@ for stage in "${stages[@]}"; do
     tests)
         # the measured designs first; then each opt-in option on its own (a fault or hang in one leaves the
         # others' results), and the quick benchmark takes only the options whose tests passed
-        stamp "tests"
-        timeout "$(stage_limit "${TESTS_S:-240}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-            $G/test_ssd_kernels.py -k "not lean_overlap and not heads_per_cta and not dt_heads and not preload" \
-            --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
-        stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
+        # ($DEFAULT_TESTS=0: only the options' tests)
+        if [ "${DEFAULT_TESTS:-1}" != 0 ]; then
+            stamp "tests"
+            timeout "$(stage_limit "${TESTS_S:-240}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+                $G/test_ssd_kernels.py -k "not lean_setting and not heads_per_cta and not dt_heads" \
+                --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
+            stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
+        fi
         PASSED_OPTIONS=""
         # ($OPTION_TESTS: the names of the options whose tests run, default all)
-        for opt in "overlap:lean_overlap" "hpc8:heads_per_cta and not dt_heads and not preload" "dt8:dt_heads" \
-            "preload:preload"; do
+        for opt in "settings:lean_setting" "hpc8:heads_per_cta and not dt_heads" "dt:dt_heads"; do
             IFS=: read -r name sel <<<"$opt"
-            case " ${OPTION_TESTS:-overlap hpc8 dt8 preload} " in *" $name "*) ;; *) continue ;; esac
+            case " ${OPTION_TESTS:-settings hpc8 dt} " in *" $name "*) ;; *) continue ;; esac
             timeout "$(stage_limit 120)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
                 -k "$sel" --junitxml="$OUT/test_ssd_$name.xml" >"$OUT/tests_$name.log" 2>&1
             rc=$?
@@ -82,7 +86,7 @@ for stage in "${stages[@]}"; do
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-lean,mate-lean+overlap+dt8+hpc8,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate.bench.ssd --impls "${IMPLS:-mate-lean,mate-lean+hpc8,vllm}" --out "$OUT" --name ssd >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     sweep)

@@ -30,11 +30,15 @@ def _under(env: dict, keys, jobs) -> None:
                 os.environ[k] = v
 
 
+GROUPS = "defaults,settings,hpc,prev,dt"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--only-tests", action="store_true")
     ap.add_argument("--defaults-only", action="store_true", help="skip the opt-in and previous settings' kernels")
+    ap.add_argument("--groups", default=GROUPS, help=f"comma-separated subset of {GROUPS}")
     args = ap.parse_args(argv)
     import test_ssd_kernels as t
     from mate._tilelang import ssd as tl_ssd
@@ -58,25 +62,29 @@ def main(argv=None) -> int:
                     bench.extend([k for k in fk if k[-1] is not True] + list(rk))
     keys = list(dict.fromkeys(tests + bench))
     print(f"{len(keys)} kernels", flush=True)
-    tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
+    groups = set(args.groups.split(","))
+    if "defaults" in groups:
+        tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
     if args.defaults_only:
         return 0
     # the opt-in options' kernels: those of their GPU tests and of the benchmark's option impls (mate-lean+...)
     bench_lean = [k for k in bench if k[0] == "ssd_lean"]
     graph = keys_of(t.GRAPH_CASE, "lean")[:1]
-    overlap = [k for p in t.OVERLAP_CASES for k in keys_of(p.values[0], "lean")[:1]]
-    _under({tl_ssd.OVERLAP_ENV: "1"}, overlap + graph + bench_lean, args.jobs)
-    # (under MATE_SSD_HEADS_PER_CTA a worker compiles every heads-per-CTA variant a launch may pick)
-    hpc = [k for p in t.HPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
-    for ovl in ("0", "1"):
-        _under({tl_ssd.HPC_ENV: "8", tl_ssd.OVERLAP_ENV: ovl}, hpc + graph + bench_lean, args.jobs)
-    hpc_case = keys_of(t.Case(chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), "lean")[:1]
-    _under({tl_ssd.PRELOAD_ENV: "1", tl_ssd.HPC_ENV: "8"}, hpc_case, args.jobs)
-    # the lean kernels as they were before the sixth session's defaults (bench impl mate-lean+sync+dt1+nopreload)
-    prev = {tl_ssd.OVERLAP_ENV: "0", tl_ssd.DT_HEADS_ENV: "1", tl_ssd.PRELOAD_ENV: "0"}
-    _under(prev, [k for k in bench if k[0] in ("ssd_lean", "ssd_dt")], args.jobs)
-    dt8 = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)[2:]]
-    _under({tl_ssd.DT_HEADS_ENV: "8"}, dt8 + [k for k in bench if k[0] == "ssd_dt"], args.jobs)
+    if "settings" in groups:  # each off setting, with the runs and dt kernels its tests use
+        settings = [k for p in t.LEAN_OPTION_CASES for k in keys_of(p.values[0], "lean")]
+        for env in (tl_ssd.OVERLAP_ENV, tl_ssd.PRELOAD_ENV):
+            _under({env: "0"}, settings + graph, args.jobs)
+    if "hpc" in groups:  # (under MATE_SSD_HEADS_PER_CTA a worker compiles every variant a launch may pick)
+        hpc = [k for p in t.HPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
+        for ovl in ("0", "1"):
+            _under({tl_ssd.HPC_ENV: "8", tl_ssd.OVERLAP_ENV: ovl}, hpc + graph + bench_lean, args.jobs)
+    if "prev" in groups:  # the lean kernels before the sixth session's defaults (mate-lean+sync+dt1+nopreload)
+        prev = {tl_ssd.OVERLAP_ENV: "0", tl_ssd.DT_HEADS_ENV: "1", tl_ssd.PRELOAD_ENV: "0"}
+        _under(prev, [k for k in bench if k[0] in ("ssd_lean", "ssd_dt")], args.jobs)
+    if "dt" in groups:  # the dt cases' kernels, with both pre-pass settings
+        dt = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)]
+        for n in ("1", "8"):
+            _under({tl_ssd.DT_HEADS_ENV: n}, dt, args.jobs)
     return 0
 
 

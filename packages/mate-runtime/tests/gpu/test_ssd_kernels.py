@@ -248,8 +248,9 @@ def test_narrow_p_matches_reference(case: Case, kind: str):
     test_kernels_match_reference(case, kind)
 
 
-# The lean design with its wgmmas issued asynchronously (``MATE_SSD_OVERLAP=1``, opt-in).
-OVERLAP_CASES = [
+# The lean kernel's on/off settings away from their defaults (overlap and preload are on by default and run in
+# every test above): each off setting is a kernel a caller can select, so it stays tested.
+LEAN_OPTION_CASES = [
     pytest.param(Case(), id="ragged_c128"),
     pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700)), id="c256_lens-1-255-256-257-700"),
     pytest.param(Case(H=8, G=1, chunk=256, seqlens=(6000,), z=True, D="full"), id="one-long-sequence_c256_z_Dfull"),
@@ -257,77 +258,58 @@ OVERLAP_CASES = [
     pytest.param(Case(intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="intermediate_bf16"),
     pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
 ]
+LEAN_SETTINGS = [
+    pytest.param((tl_ssd.OVERLAP_ENV, "overlap"), id="without-overlap"),
+    pytest.param((tl_ssd.PRELOAD_ENV, "preload"), id="without-preload"),
+]
 
 
-@pytest.mark.parametrize("case", OVERLAP_CASES)
-def test_lean_overlap_matches_reference(case: Case, monkeypatch):
+@pytest.mark.parametrize("setting", LEAN_SETTINGS)
+@pytest.mark.parametrize("case", LEAN_OPTION_CASES)
+def test_lean_setting_matches_reference(case: Case, setting, monkeypatch):
     from mate._tilelang.cache import CACHE
 
-    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "1")
+    env, tile = setting
+    monkeypatch.setenv(env, "0")
     with tl_ssd.using("lean"):
         test_kernels_match_reference(case, "lean")
-    # the kernel this call launched is the overlapped one
+    # the kernel this call launched is the one without the option
     key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
     build_fn = tl_ssd.builder_for(key)
-    assert build_fn.tiles.get("overlap") is True
+    assert tile not in build_fn.tiles
     assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
 
 
-def test_lean_overlap_graph_replay_equals_eager(monkeypatch):
-    monkeypatch.setenv(tl_ssd.OVERLAP_ENV, "1")
+@pytest.mark.parametrize("setting", LEAN_SETTINGS)
+def test_lean_setting_graph_replay_equals_eager(setting, monkeypatch):
+    monkeypatch.setenv(setting[0], "0")
     with tl_ssd.using("lean"):
         test_graph_replay_equals_eager("lean")
 
 
-# The lean design loading a CTA's first entering state before its pipelined loop (``MATE_SSD_PRELOAD=1``,
-# opt-in), with the default overlap; and with several heads per CTA (later heads open in the loop).
-@pytest.mark.parametrize("case", OVERLAP_CASES)
-def test_preload_matches_reference(case: Case, monkeypatch):
-    from mate._tilelang.cache import CACHE
-
-    monkeypatch.setenv(tl_ssd.PRELOAD_ENV, "1")
-    with tl_ssd.using("lean"):
-        test_kernels_match_reference(case, "lean")
-    key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
-    build_fn = tl_ssd.builder_for(key)
-    assert build_fn.tiles.get("preload") is True
-    assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
-
-
-def test_preload_with_heads_per_cta_matches_reference(monkeypatch):
-    monkeypatch.setenv(tl_ssd.PRELOAD_ENV, "1")
-    monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
-    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
-    with tl_ssd.using("lean"):
-        test_kernels_match_reference(Case(chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), "lean")
-
-
-def test_preload_graph_replay_equals_eager(monkeypatch):
-    monkeypatch.setenv(tl_ssd.PRELOAD_ENV, "1")
-    with tl_ssd.using("lean"):
-        test_graph_replay_equals_eager("lean")
-
-
-# The dt pre-pass with several heads per CTA (``MATE_SSD_DT_HEADS=8``, opt-in), under both designs it feeds.
+# The dt pre-pass at 8 heads per CTA (the default) and at one head (``MATE_SSD_DT_HEADS=1``), under both designs
+# it feeds, at head counts that give 8, 4 and 1 heads per CTA.
 DT_HEADS_CASES = [
-    pytest.param(Case(), id="ragged_c128_8-heads-per-CTA"),
-    pytest.param(Case(H=24, G=1, chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), id="H24_c256_8-per-CTA"),
-    pytest.param(Case(H=4, G=2, softplus=False, dt_bias=False, dt_limit=(0.02, 0.15)), id="H4_dt-limit_4-per-CTA"),
+    pytest.param(Case(), id="ragged_c128"),
+    pytest.param(Case(H=24, G=1, chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), id="H24_c256"),
+    pytest.param(Case(H=4, G=2, softplus=False, dt_bias=False, dt_limit=(0.02, 0.15)), id="H4_dt-limit"),
     pytest.param(Case(H=8, rows_view=True, dt_dtype=BF16, history=(0, 100, 0, 64)), id="row-views_bf16-dt"),
 ]
 
 
+@pytest.mark.parametrize("n", [1, 8], ids=["1-head", "8-heads"])
 @pytest.mark.parametrize("case", DT_HEADS_CASES)
 @pytest.mark.parametrize("design", ["lean", "prepass"])
-def test_dt_heads_per_cta_matches_reference(case: Case, design: str, monkeypatch):
+def test_dt_heads_per_cta_matches_reference(case: Case, design: str, n: int, monkeypatch):
     from mate._tilelang.cache import CACHE
 
-    monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, "8")
+    monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, str(n))
     with tl_ssd.using(design):
         test_kernels_match_reference(case, design)
     dkey = tl_ssd.kernel_keys(normalized_call(case), design)[2]
     build_fn = tl_ssd.builder_for(dkey)
-    assert build_fn.tiles == {"heads_per_cta": min(8, case.H)}
+    hb = min(n, case.H)
+    assert build_fn.tiles == ({"heads_per_cta": hb} if hb > 1 else None)
     assert tl_ssd.cache_key(dkey, build_fn) in CACHE.kernels
 
 
