@@ -294,6 +294,7 @@ def test_options_and_the_bench_impl_names(monkeypatch):
     assert parse_kind("lean+overlap+dt8") == ("lean", {"overlap": True, "dt_heads": 8})
     assert parse_kind("lean+sync+dt1+preload") == ("lean", {"overlap": False, "dt_heads": 1, "preload": True})
     assert parse_kind("lean+hpc8") == ("lean", {"heads_per_cta": 8})
+    assert parse_kind("lean+dtruns") == ("lean", {"runs_in_dt": True})
     assert parse_kind("prepass") == ("prepass", {}) and parse_kind(None) == (None, {})
     for bad in ("prepass+overlap", "lean+fast"):
         with pytest.raises(ValueError, match="lean"):
@@ -376,3 +377,39 @@ def test_fused_kernel_heads_per_cta_checks():
     for bad in (dict(heads_per_cta=3, **lean), dict(heads_per_cta=2), dict(heads_per_cta=0, **lean)):
         with pytest.raises(ValueError, match="heads_per_cta"):
             ssd_fused_kernel(**{**base, **bad})
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["returned-states", "pool-by-index"])
+def test_runs_in_dt_option_keys_and_launches(monkeypatch, pool):
+    kw = {}
+    if pool:
+        kw = dict(final_states_out=torch.zeros(6, 4, 64, 128), final_state_indices=torch.tensor([3, 1]))
+    call = _call(**kw)
+    monkeypatch.delenv(tl_ssd.RUNS_IN_DT_ENV, raising=False)
+    fused, rkey, dkey = tl_ssd.kernel_keys(call, "lean")
+    assert len(dkey) == tl_ssd.DT_DECAY_ROWS + 1  # off by default: the measured pre-pass and its key
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "1")
+    _, rkey2, merged = tl_ssd.kernel_keys(call, "lean")
+    assert rkey2 == rkey and merged == dkey + (rkey[2:],)
+    assert len(tl_ssd.kernel_keys(call, "fused")) == 2  # no pre-pass: the runs kernel stays
+    # prewarm: one merged pre-pass per runs kernel it stands in for
+    _, helpers = tl_ssd.prewarm_keys(heads=4, groups=2, dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16,
+                                     state_dtype=torch.float32, dt_dtype=torch.float32, kind="lean")  # fmt: skip
+    dts = [k for k in helpers if k[0] == "ssd_dt"]
+    assert [k[-1] for k in dts] == [r[2:] for r in helpers[:2]]
+    # the launcher: no runs kernel; the pre-pass gets the runs tables' inputs and outputs
+    launched = []
+
+    def fake_get(key, builder, dev):
+        builder(key)  # (builds the build function: the key must unpack)
+        return lambda *args: launched.append((key[0], len(args)))
+
+    monkeypatch.setattr(tl_ssd, "_get", fake_get)
+    with tl_ssd.using("lean"):
+        tl_ssd.ssd_combined_fwd_varlen(call)
+    assert [k for k, _ in launched] == ["ssd_dt", "ssd_lean"] and dict(launched)["ssd_dt"] == 11
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "0")
+    launched.clear()
+    with tl_ssd.using("lean"):
+        tl_ssd.ssd_combined_fwd_varlen(call)
+    assert [k for k, _ in launched] == ["ssd_runs", "ssd_dt", "ssd_lean"] and dict(launched)["ssd_dt"] == 7

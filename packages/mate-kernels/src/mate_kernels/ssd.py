@@ -112,6 +112,8 @@ def ssd_runs_kernel(
     batch1 = T.dynamic("batch1")
     fsi_len = T.dynamic("fsi_len")
 
+    runs_body = _runs_macro(threads, use_final_indices)
+
     @T.prim_func
     def runs(
         seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
@@ -123,45 +125,7 @@ def ssd_runs_kernel(
         with T.Kernel(1, threads=threads) as _bx:
             flags = T.alloc_shared((threads,), "int32")
             carry = T.alloc_shared((1,), "int32")
-            tx = T.get_thread_binding()
-            if tx == 0:
-                carry[0] = 0
-            T.sync_threads()
-            for it in T.serial(T.ceildiv(nchunks, threads)):
-                c = it * threads + tx
-                opens = T.if_then_else(
-                    c < nchunks,
-                    T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
-                    0,
-                )
-                flags[tx] = opens
-                if c < nchunks:
-                    dest[c] = -1
-                T.sync_threads()
-                T.cumsum(flags, dim=0)
-                T.sync_threads()
-                if opens == 1:
-                    r = carry[0] + flags[tx] - 1
-                    if r < batch:
-                        bounds[r] = c
-                T.sync_threads()
-                if tx == 0:
-                    carry[0] = carry[0] + flags[threads - 1]
-                T.sync_threads()
-            for it in T.serial(T.ceildiv(batch + 1, threads)):
-                r = it * threads + tx
-                if r == batch or (r < batch and r >= carry[0]):
-                    bounds[r] = nchunks
-            T.sync_threads()
-            for it in T.serial(T.ceildiv(batch, threads)):
-                b = it * threads + tx
-                if b < batch:
-                    lc = T.Cast("int32", last_chunk_indices[b])
-                    if lc >= 0 and lc < nchunks:
-                        if use_final_indices:
-                            dest[lc] = T.Cast("int32", final_state_indices[b])
-                        else:
-                            dest[lc] = b
+            runs_body(seq_idx, last_chunk_indices, final_state_indices, bounds, dest, flags, carry, nchunks, batch)
 
     return runs
 
@@ -597,6 +561,10 @@ def ssd_dt_kernel(
     dt_max: float = math.inf,
     decay_rows: bool = False,
     heads_per_cta: int = 1,
+    with_runs: bool = False,
+    last_dtype: str = "int32",
+    fsi_dtype: str = "int32",
+    use_final_indices: bool = False,
 ):
     """The per-tile ``dt'`` pre-pass of :func:`ssd_fused_kernel` with ``precomputed_dt``: one CTA of ``block_L``
     threads per (tile ``v = c * chunk_size / block_L + sub``, head). Writes
@@ -614,7 +582,13 @@ def ssd_dt_kernel(
 
     ``heads_per_cta`` > 1: one CTA per (tile, group of that many heads): each thread reads its token's
     ``heads_per_cta`` consecutive ``dt`` values (one 32-byte sector at 8 fp32 heads, where one head per CTA
-    uses 4 bytes of each sector it fetches) and the heads' scans share the barriers."""
+    uses 4 bytes of each sector it fetches) and the heads' scans share the barriers.
+
+    ``with_runs``: one more CTA (the grid's last row of tiles, first head group) computes what
+    :func:`ssd_runs_kernel` computes (``bounds``, ``dest``; with ``block_L`` threads) while the others do the
+    tiles, so a call launches two kernels instead of three and the runs table costs no serial time of its own.
+    Extra arguments after ``tmeta``: ``last_chunk_indices [batch]``, ``final_state_indices [fsi_len]``,
+    ``bounds [batch + 1]``, ``dest [nchunks]``."""
     H, L, BL = heads, chunk_size, block_L
     if L % BL:
         raise ValueError(f"block_L ({BL}) must divide chunk_size ({L})")
@@ -636,8 +610,88 @@ def ssd_dt_kernel(
     nvt = T.dynamic("nvt")
     dt_rs = T.dynamic("dt_rs")
 
+    @T.macro
+    def tile(dt, A, dt_bias, cu_chunk_seqlens, seq_idx, dtA, tmeta, vt, h):
+        i = T.get_thread_binding()
+        c = vt // S
+        sub = vt % S
+        s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
+        n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
+        if HB == 1:
+            a_s = T.alloc_shared((BL,), accum)
+            b_s = T.alloc_shared((BL,), accum)
+            raw = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
+            v = T.if_then_else(i < n_valid, dtp(raw, T.Cast(accum, dt_bias[h])), T.float32(0))
+            dtA[vt, h, 1, i] = v
+            a_s[i] = v * A[h]
+            T.sync_threads()
+            src_buf, dst_buf = a_s, b_s
+            for off in scan_offsets:
+                dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
+                T.sync_threads()
+                src_buf, dst_buf = dst_buf, src_buf
+            if decay_rows:
+                a = src_buf[i] * LOG2E
+                dtA[vt, h, 0, i] = a
+                dtA[vt, h, 2, i] = T.exp2(src_buf[BL - 1] * LOG2E - a) * v
+                dtA[vt, h, 3, i] = T.exp2(a)
+            else:
+                dtA[vt, h, 0, i] = src_buf[i]
+        else:  # HB heads per CTA
+            a_s = T.alloc_shared((HB, BL), accum)
+            b_s = T.alloc_shared((HB, BL), accum)
+            v = T.alloc_local((HB,), accum)
+            h0 = h * HB
+            # the token's HB consecutive dt values first (one sector), then the per-head work
+            for j in T.unroll(HB):
+                v[j] = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h0 + j]), T.float32(0))
+            for j in T.unroll(HB):
+                v[j] = T.if_then_else(i < n_valid, dtp(v[j], T.Cast(accum, dt_bias[h0 + j])), T.float32(0))
+                dtA[vt, h0 + j, 1, i] = v[j]
+                a_s[j, i] = v[j] * A[h0 + j]
+            T.sync_threads()
+            src_buf, dst_buf = a_s, b_s
+            for off in scan_offsets:
+                for j in T.unroll(HB):
+                    dst_buf[j, i] = src_buf[j, i] + T.if_then_else(i >= off, src_buf[j, i - off], T.float32(0))
+                T.sync_threads()
+                src_buf, dst_buf = dst_buf, src_buf
+            for j in T.unroll(HB):
+                if decay_rows:
+                    a = src_buf[j, i] * LOG2E
+                    dtA[vt, h0 + j, 0, i] = a
+                    dtA[vt, h0 + j, 2, i] = T.exp2(src_buf[j, BL - 1] * LOG2E - a) * v[j]
+                    dtA[vt, h0 + j, 3, i] = T.exp2(a)
+                else:
+                    dtA[vt, h0 + j, 0, i] = src_buf[j, i]
+        if h == 0:
+            if i == 0:
+                tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid)
+
+    if not with_runs:
+
+        @T.prim_func
+        def dtpass(
+            dt: T.StridedTensor((T_, H), (dt_rs, 1), dt_dtype),
+            A: T.Tensor((H,), "float32"),
+            dt_bias: T.Tensor((H,), dt_bias_dtype),
+            cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
+            seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
+            dtA: T.Tensor((nvt, H, DTR, BL), accum),
+            tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
+        ):
+            with T.Kernel(nchunks * S, H // HB, threads=BL) as (vt, h):
+                tile(dt, A, dt_bias, cu_chunk_seqlens, seq_idx, dtA, tmeta, vt, h)
+
+        return dtpass
+
+    batch = T.dynamic("batch")
+    batch1 = T.dynamic("batch1")
+    fsi_len = T.dynamic("fsi_len")
+    runs_body = _runs_macro(BL, use_final_indices)
+
     @T.prim_func
-    def dtpass(
+    def dtpass_runs(
         dt: T.StridedTensor((T_, H), (dt_rs, 1), dt_dtype),
         A: T.Tensor((H,), "float32"),
         dt_bias: T.Tensor((H,), dt_bias_dtype),
@@ -645,65 +699,71 @@ def ssd_dt_kernel(
         seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
         dtA: T.Tensor((nvt, H, DTR, BL), accum),
         tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
+        last_chunk_indices: T.Tensor((batch,), last_dtype),
+        final_state_indices: T.Tensor((fsi_len,), fsi_dtype),
+        bounds: T.Tensor((batch1,), "int32"),
+        dest: T.Tensor((nchunks,), "int32"),
     ):
-        with T.Kernel(nchunks * S, H // HB, threads=BL) as (vt, h):
-            i = T.get_thread_binding()
-            c = vt // S
-            sub = vt % S
-            s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
-            n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
-            if HB == 1:
-                a_s = T.alloc_shared((BL,), accum)
-                b_s = T.alloc_shared((BL,), accum)
-                raw = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h]), T.float32(0))
-                v = T.if_then_else(i < n_valid, dtp(raw, T.Cast(accum, dt_bias[h])), T.float32(0))
-                dtA[vt, h, 1, i] = v
-                a_s[i] = v * A[h]
-                T.sync_threads()
-                src_buf, dst_buf = a_s, b_s
-                for off in scan_offsets:
-                    dst_buf[i] = src_buf[i] + T.if_then_else(i >= off, src_buf[i - off], T.float32(0))
-                    T.sync_threads()
-                    src_buf, dst_buf = dst_buf, src_buf
-                if decay_rows:
-                    a = src_buf[i] * LOG2E
-                    dtA[vt, h, 0, i] = a
-                    dtA[vt, h, 2, i] = T.exp2(src_buf[BL - 1] * LOG2E - a) * v
-                    dtA[vt, h, 3, i] = T.exp2(a)
-                else:
-                    dtA[vt, h, 0, i] = src_buf[i]
-            else:  # HB heads per CTA
-                a_s = T.alloc_shared((HB, BL), accum)
-                b_s = T.alloc_shared((HB, BL), accum)
-                v = T.alloc_local((HB,), accum)
-                h0 = h * HB
-                # the token's HB consecutive dt values first (one sector), then the per-head work
-                for j in T.unroll(HB):
-                    v[j] = T.if_then_else(i < n_valid, T.Cast(accum, dt[s0 + i, h0 + j]), T.float32(0))
-                for j in T.unroll(HB):
-                    v[j] = T.if_then_else(i < n_valid, dtp(v[j], T.Cast(accum, dt_bias[h0 + j])), T.float32(0))
-                    dtA[vt, h0 + j, 1, i] = v[j]
-                    a_s[j, i] = v[j] * A[h0 + j]
-                T.sync_threads()
-                src_buf, dst_buf = a_s, b_s
-                for off in scan_offsets:
-                    for j in T.unroll(HB):
-                        dst_buf[j, i] = src_buf[j, i] + T.if_then_else(i >= off, src_buf[j, i - off], T.float32(0))
-                    T.sync_threads()
-                    src_buf, dst_buf = dst_buf, src_buf
-                for j in T.unroll(HB):
-                    if decay_rows:
-                        a = src_buf[j, i] * LOG2E
-                        dtA[vt, h0 + j, 0, i] = a
-                        dtA[vt, h0 + j, 2, i] = T.exp2(src_buf[j, BL - 1] * LOG2E - a) * v[j]
-                        dtA[vt, h0 + j, 3, i] = T.exp2(a)
-                    else:
-                        dtA[vt, h0 + j, 0, i] = src_buf[j, i]
-            if h == 0:
-                if i == 0:
-                    tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid)
+        with T.Kernel(nchunks * S + 1, H // HB, threads=BL) as (vt, h):
+            flags = T.alloc_shared((BL,), "int32")
+            carry = T.alloc_shared((1,), "int32")
+            if vt < nchunks * S:
+                tile(dt, A, dt_bias, cu_chunk_seqlens, seq_idx, dtA, tmeta, vt, h)
+            elif h == 0:
+                runs_body(seq_idx, last_chunk_indices, final_state_indices, bounds, dest, flags, carry, nchunks, batch)
 
-    return dtpass
+    return dtpass_runs
+
+
+def _runs_macro(threads: int, use_final_indices: bool):
+    """The runs computation (``bounds``, ``dest``: see :func:`ssd_runs_kernel`) for one CTA of ``threads``
+    threads, with its ``flags [threads]`` / ``carry [1]`` int32 shared buffers; one rule for the runs kernel and
+    the dt pre-pass that can carry it (``ssd_dt_kernel(with_runs=True)``)."""
+    import tilelang.language as T
+
+    @T.macro
+    def runs_body(seq_idx, last_chunk_indices, final_state_indices, bounds, dest, flags, carry, nchunks, batch):
+        tx = T.get_thread_binding()
+        if tx == 0:
+            carry[0] = 0
+        T.sync_threads()
+        for it in T.serial(T.ceildiv(nchunks, threads)):
+            c = it * threads + tx
+            opens = T.if_then_else(
+                c < nchunks,
+                T.if_then_else(c == 0, 1, T.if_then_else(seq_idx[c] != seq_idx[c - 1], 1, 0)),
+                0,
+            )
+            flags[tx] = opens
+            if c < nchunks:
+                dest[c] = -1
+            T.sync_threads()
+            T.cumsum(flags, dim=0)
+            T.sync_threads()
+            if opens == 1:
+                r = carry[0] + flags[tx] - 1
+                if r < batch:
+                    bounds[r] = c
+            T.sync_threads()
+            if tx == 0:
+                carry[0] = carry[0] + flags[threads - 1]
+            T.sync_threads()
+        for it in T.serial(T.ceildiv(batch + 1, threads)):
+            r = it * threads + tx
+            if r == batch or (r < batch and r >= carry[0]):
+                bounds[r] = nchunks
+        T.sync_threads()
+        for it in T.serial(T.ceildiv(batch, threads)):
+            b = it * threads + tx
+            if b < batch:
+                lc = T.Cast("int32", last_chunk_indices[b])
+                if lc >= 0 and lc < nchunks:
+                    if use_final_indices:
+                        dest[lc] = T.Cast("int32", final_state_indices[b])
+                    else:
+                        dest[lc] = b
+
+    return runs_body
 
 
 def _tile_meta_macro():

@@ -12,12 +12,13 @@
 #     tests       tests/gpu/test_ssd_kernels.py, junit XML + log: the designs with the default settings
 #                 (skipped under DEFAULT_TESTS=0), then on their own each group of $OPTION_TESTS (default all:
 #                 settings = lean without overlap / preload, hpc8 = several heads per CTA, dt = the dt pre-pass
-#                 at 1 and 8 heads per CTA)
+#                 at 1 and 8 heads per CTA, dtruns = the runs table inside the dt pre-pass)
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
 #     quick       mate bench ssd --quick (headline shape, two batches; lean with its defaults, with the
-#                 fifth session's defaults (mate-lean+sync+dt1+nopreload), with the opt-in
-#                 MATE_SSD_HEADS_PER_CTA=8 when its tests passed (or the tests stage did not run); vLLM)
+#                 fifth session's defaults (mate-lean+sync+dt1+nopreload), with each opt-in option
+#                 MATE_SSD_HEADS_PER_CTA=8 / MATE_SSD_RUNS_IN_DT=1 whose tests passed (all when the tests stage
+#                 did not run); vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
 #                 ("threads:block_L[:overlap]", default "256:64 512:64 512:64:overlap"; MATE_SSD_THREADS /
@@ -46,15 +47,15 @@ for stage in "${stages[@]}"; do
         if [ "${DEFAULT_TESTS:-1}" != 0 ]; then
             stamp "tests"
             timeout "$(stage_limit "${TESTS_S:-240}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-                $G/test_ssd_kernels.py -k "not lean_setting and not heads_per_cta and not dt_heads" \
+                $G/test_ssd_kernels.py -k "not lean_setting and not heads_per_cta and not dt_heads and not runs_in_dt" \
                 --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
             stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
         fi
         PASSED_OPTIONS=""
         # ($OPTION_TESTS: the names of the options whose tests run, default all)
-        for opt in "settings:lean_setting" "hpc8:heads_per_cta and not dt_heads" "dt:dt_heads"; do
+        for opt in "settings:lean_setting" "hpc8:heads_per_cta and not dt_heads" "dt:dt_heads" "dtruns:runs_in_dt"; do
             IFS=: read -r name sel <<<"$opt"
-            case " ${OPTION_TESTS:-settings hpc8 dt} " in *" $name "*) ;; *) continue ;; esac
+            case " ${OPTION_TESTS:-settings hpc8 dt dtruns} " in *" $name "*) ;; *) continue ;; esac
             timeout "$(stage_limit 120)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
                 -k "$sel" --junitxml="$OUT/test_ssd_$name.xml" >"$OUT/tests_$name.log" 2>&1
             rc=$?
@@ -77,7 +78,9 @@ for stage in "${stages[@]}"; do
         # pre-pass CTA), lean with each opt-in option whose tests passed in this session (all when the tests
         # stage did not run), vLLM
         impls=mate-lean,mate-lean+sync+dt1+nopreload
-        case " ${PASSED_OPTIONS- hpc8} " in *" hpc8 "*) impls="$impls,mate-lean+hpc8" ;; esac
+        for o in hpc8 dtruns; do
+            case " ${PASSED_OPTIONS- hpc8 dtruns} " in *" $o "*) impls="$impls,mate-lean+$o" ;; esac
+        done
         stamp "bench quick (${IMPLS:-$impls,vllm})"
         timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-$impls,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"

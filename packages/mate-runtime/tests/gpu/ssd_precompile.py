@@ -15,12 +15,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 def _under(env: dict, keys, jobs) -> None:
     """Compile ``keys`` with ``env`` set: the tuning and opt-in variables are read when a worker makes a kernel's
-    builder, and the workers start with this process's environment."""
+    builder, and the workers start with this process's environment. ``keys`` may be a function, called under
+    ``env`` (for the options that change the kernel keys themselves)."""
     from mate._tilelang import ssd as tl_ssd
 
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
+        keys = keys() if callable(keys) else keys
         tl_ssd.precompile(list(dict.fromkeys(keys)), jobs=jobs, log=lambda m: print(m, flush=True))
     finally:
         for k, v in saved.items():
@@ -30,7 +32,25 @@ def _under(env: dict, keys, jobs) -> None:
                 os.environ[k] = v
 
 
-GROUPS = "defaults,settings,hpc,prev,dt"
+def _bench_keys() -> list:
+    """The kernel keys of the benchmark's plan (final states only), under the settings in force."""
+    from mate._tilelang import ssd as tl_ssd
+    from mate.bench.ssd import PLAN, SSD_SHAPES
+
+    bench = []
+    for shape_name, _b, chunks in PLAN:
+        s = SSD_SHAPES[shape_name]
+        for L in chunks:
+            for kind in tl_ssd.VARIANTS:
+                fk, rk = tl_ssd.prewarm_keys(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate,
+                                             chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
+                                             dt_dtype=torch.float32, kind=kind)  # fmt: skip
+                # the benchmark returns final states: no intermediate-state kernels
+                bench.extend([k for k in fk if k[-1] is not True] + list(rk))
+    return bench
+
+
+GROUPS = "defaults,settings,hpc,prev,dt,dtruns"
 
 
 def main(argv=None) -> int:
@@ -47,19 +67,7 @@ def main(argv=None) -> int:
         return list(tl_ssd.kernel_keys(t.normalized_call(case), kind))
 
     tests = [k for p in t.CASES + t.NARROW_P_CASES for kind in tl_ssd.VARIANTS for k in keys_of(p.values[0], kind)]
-    bench = []
-    if not args.only_tests:
-        from mate.bench.ssd import PLAN, SSD_SHAPES
-
-        for shape_name, _b, chunks in PLAN:
-            s = SSD_SHAPES[shape_name]
-            for L in chunks:
-                for kind in tl_ssd.VARIANTS:
-                    fk, rk = tl_ssd.prewarm_keys(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate,
-                                                 chunk_size=L, io_dtype=torch.bfloat16, state_dtype=torch.float32,
-                                                 dt_dtype=torch.float32, kind=kind)  # fmt: skip
-                    # the benchmark returns final states: no intermediate-state kernels
-                    bench.extend([k for k in fk if k[-1] is not True] + list(rk))
+    bench = [] if args.only_tests else _bench_keys()
     keys = list(dict.fromkeys(tests + bench))
     print(f"{len(keys)} kernels", flush=True)
     groups = set(args.groups.split(","))
@@ -81,6 +89,14 @@ def main(argv=None) -> int:
     if "prev" in groups:  # the lean kernels before the sixth session's defaults (mate-lean+sync+dt1+nopreload)
         prev = {tl_ssd.OVERLAP_ENV: "0", tl_ssd.DT_HEADS_ENV: "1", tl_ssd.PRELOAD_ENV: "0"}
         _under(prev, [k for k in bench if k[0] in ("ssd_lean", "ssd_dt")], args.jobs)
+    if "dtruns" in groups:  # the pre-pass carrying the runs table: its tests' kernels and the bench's
+
+        def runs_keys():  # (under the option: it changes the pre-pass keys)
+            cases = [p.values[0] for p in t.RUNS_IN_DT_CASES] + [t.GRAPH_CASE]
+            runs = [k for c in cases for kind in ("lean", "prepass") for k in keys_of(c, kind)]
+            return runs + ([] if args.only_tests else [k for k in _bench_keys() if k[0] == "ssd_dt"])
+
+        _under({tl_ssd.RUNS_IN_DT_ENV: "1"}, runs_keys, args.jobs)
     if "dt" in groups:  # the dt cases' kernels, with both pre-pass settings
         dt = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)]
         for n in ("1", "8"):

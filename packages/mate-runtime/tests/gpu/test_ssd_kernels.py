@@ -313,6 +313,38 @@ def test_dt_heads_per_cta_matches_reference(case: Case, design: str, n: int, mon
     assert tl_ssd.cache_key(dkey, build_fn) in CACHE.kernels
 
 
+# The runs table computed by one more CTA of the dt pre-pass (``MATE_SSD_RUNS_IN_DT=1``, opt-in), under both
+# designs with a pre-pass: its scan runs over block_L threads (64 at N 256), in several rounds when there are
+# more chunks than threads; a seq_idx that re-opens a sequence; final states into a pool by index.
+RUNS_IN_DT_CASES = [
+    pytest.param(Case(), id="ragged_c128"),
+    pytest.param(Case(chunk=64, N=64, G=1, H=4, seqlens=(4000, 5000, 1)), id="c64_143-chunks_over-64-threads"),
+    pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 300, 513)), id="N256_64-thread-scan"),
+    pytest.param(Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2)), id="seq_idx-more-runs"),
+    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
+    pytest.param(Case(intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="intermediate_bf16_history"),
+]
+
+
+@pytest.mark.parametrize("case", RUNS_IN_DT_CASES)
+@pytest.mark.parametrize("design", ["lean", "prepass"])
+def test_runs_in_dt_matches_reference(case: Case, design: str, monkeypatch):
+    from mate._tilelang.cache import CACHE
+
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "1")
+    with tl_ssd.using(design):
+        test_kernels_match_reference(case, design)
+    dkey = tl_ssd.kernel_keys(normalized_call(case), design)[2]
+    assert len(dkey) == tl_ssd.DT_DECAY_ROWS + 2  # the pre-pass that carries the runs table
+    assert tl_ssd.cache_key(dkey, tl_ssd.builder_for(dkey)) in CACHE.kernels
+
+
+def test_runs_in_dt_graph_replay_equals_eager(monkeypatch):
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "1")
+    with tl_ssd.using("lean"):
+        test_graph_replay_equals_eager("lean")
+
+
 # The lean design with several heads per CTA (``MATE_SSD_HEADS_PER_CTA=8``, opt-in; the three-waves rule is
 # lifted so that these small calls take the largest variant).
 HPC_CASES = [

@@ -124,10 +124,12 @@ OVERLAP_ENV = "MATE_SSD_OVERLAP"
 DT_HEADS_ENV = "MATE_SSD_DT_HEADS"
 HPC_ENV = "MATE_SSD_HEADS_PER_CTA"
 PRELOAD_ENV = "MATE_SSD_PRELOAD"
+RUNS_IN_DT_ENV = "MATE_SSD_RUNS_IN_DT"
 # the defaults of the lean design's options, each decided by a same-run measurement on the H200
 # (docs/ssd-kernels.md#tuning-knobs-environment)
 OVERLAP_DEFAULT = True
 PRELOAD_DEFAULT = True
+RUNS_IN_DT_DEFAULT = False  # (opt-in: compile-checked, not yet run on a GPU)
 DT_HEADS_DEFAULT = 8
 # a heads-per-CTA choice must leave at least this many CTAs per SM: fewer, longer CTAs would leave SMs idle
 # (one sequence of 128 heads is one wave; grouping its heads would halve the SMs in use)
@@ -151,14 +153,15 @@ _option_override: list[dict] = []  # set by ``options`` (the benchmark compares 
 @contextlib.contextmanager
 def options(
     *, overlap: bool | None = None, dt_heads: int | None = None, heads_per_cta: int | None = None,
-    preload: bool | None = None,
+    preload: bool | None = None, runs_in_dt: bool | None = None,
 ):  # fmt: skip
     """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` /
-    ``MATE_SSD_HEADS_PER_CTA`` / ``MATE_SSD_PRELOAD`` were set to these values (None: as the environment
-    says)."""
+    ``MATE_SSD_HEADS_PER_CTA`` / ``MATE_SSD_PRELOAD`` / ``MATE_SSD_RUNS_IN_DT`` were set to these values (None:
+    as the environment says)."""
     _option_override.append(
-        {"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta, "preload": preload}
-    )
+        {"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta, "preload": preload,
+         "runs_in_dt": runs_in_dt}
+    )  # fmt: skip
     try:
         yield
     finally:
@@ -309,11 +312,24 @@ def _fused_builder(key, tiles: dict | None = None):
     return build
 
 
-def _dt_key(fused_key) -> tuple:
-    """The pre-pass kernel of a ``prepass`` fused key (heads, chunk, tile, dt options)."""
+def _dt_key(fused_key, runs_key=None) -> tuple:
+    """The pre-pass kernel of a ``prepass`` / ``lean`` fused key (heads, chunk, tile, dt options); with
+    ``runs_key``, the pre-pass that also computes the runs table (``ssd_dt_kernel(with_runs=True)``): the runs
+    key's index dtypes and final-indices flag are appended."""
     (kind, H, _G, P, N, L, io, _st, _init, dt, dtb, _D, _Dpd, cu, sq, softplus, lo, hi, has_dtb, _hD, _i) = fused_key
     block_L = plan(P, N, L, getattr(torch, io))["block_L"]
-    return ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, kind == "ssd_lean")
+    key = ("ssd_dt", H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, kind == "ssd_lean")
+    return key if runs_key is None else key + (runs_key[2:],)
+
+
+DT_DECAY_ROWS = 12  # the position of the decay-rows flag in a pre-pass key
+
+
+def runs_in_dt(kind: str) -> bool:
+    """Whether a ``kind`` call computes the runs table inside the dt pre-pass (one launch fewer) instead of in
+    :func:`mate_kernels.ssd.ssd_runs_kernel`: designs with a pre-pass, under ``MATE_SSD_RUNS_IN_DT=1`` or
+    :func:`options` (opt-in: compile-checked, not yet run on a GPU)."""
+    return kind in PREPASS_VARIANTS and _flag("runs_in_dt", RUNS_IN_DT_ENV, RUNS_IN_DT_DEFAULT)
 
 
 def _dt_heads(heads: int, requested: int | None = None) -> int:
@@ -331,14 +347,19 @@ def _dt_heads(heads: int, requested: int | None = None) -> int:
 
 def _dt_builder(key, heads_per_cta: int | None = None):
     """The build function of a pre-pass key (``heads_per_cta``: see :func:`_dt_heads`)."""
-    _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows = key
+    _, H, L, block_L, dt, dtb, cu, sq, softplus, lo, hi, has_dtb, decay_rows, *runs = key
     hb = _dt_heads(H, heads_per_cta)
     extra = {"heads_per_cta": hb} if hb > 1 else {}  # (one head keeps the first measured kernel's arguments, key)
+    with_runs = {}
+    if runs:  # (last, fsi, use_fsi) of the runs key: see _dt_key
+        ((last, fsi, use_fsi),) = runs
+        with_runs = dict(with_runs=True, last_dtype=last, fsi_dtype=fsi, use_final_indices=use_fsi)
 
     def build():
         return _kmod().ssd_dt_kernel(
             heads=H, chunk_size=L, block_L=block_L, dt_dtype=dt, dt_bias_dtype=dtb, cu_dtype=cu, seq_idx_dtype=sq,
             has_dt_bias=has_dtb, dt_softplus=softplus, dt_min=lo, dt_max=hi, decay_rows=decay_rows, **extra,
+            **with_runs,
         )  # fmt: skip
 
     build.tiles = extra or None  # part of the in-memory cache key (``_get``)
@@ -456,7 +477,11 @@ def kernel_keys(call: SSDCall, kind: str | None = None) -> tuple[tuple, ...]:
         has_D=call.D is not None, intermediate=call.return_intermediate_states, kind=f"ssd_{kind}",
     )  # fmt: skip
     rkey = _runs_key(_DT[call.seq_idx.dtype], _DT[call.last_chunk_indices.dtype], _DT[fsi_dt], use_fsi)
-    return (key, rkey, _dt_key(key)) if kind in PREPASS_VARIANTS else (key, rkey)
+    if kind not in PREPASS_VARIANTS:
+        return key, rkey
+    # (with the runs in the pre-pass the runs key stays in the tuple: the precompile scripts index it; the
+    # launcher does not launch it)
+    return key, rkey, _dt_key(key, rkey if runs_in_dt(kind) else None)
 
 
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
@@ -492,7 +517,8 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         hpc = heads_per_cta(candidates, H, P // tiles["block_P"], batch, sm_count(dev))
     if hpc > 1:
         tiles = {**tiles, "heads_per_cta": hpc}
-    runs = _get(rkey, _runs_builder, dev)
+    merged_runs = bool(dkey) and len(dkey[0]) > DT_DECAY_ROWS + 1  # the pre-pass computes the runs table
+    runs = None if merged_runs else _get(rkey, _runs_builder, dev)
     kernel = _get(key, lambda k: _fused_builder(k, tiles), dev)  # the tiles this launch is planned with
     D_per_dim = not call.D_tied
     init_dt = key[8]
@@ -536,14 +562,19 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
 
     bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
     dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
-    runs(seq_idx, last, fsi, bounds, dest)
+    if runs is not None:
+        runs(seq_idx, last, fsi, bounds, dest)
     BL = tiles["block_L"]
     if dkey:
         nvt = nchunks * (L // BL)
-        rows = 4 if dkey[0][-1] else 2  # the lean design's pre-pass adds the decay rows
+        rows = 4 if dkey[0][DT_DECAY_ROWS] else 2  # the lean design's pre-pass adds the decay rows
         dtA = WORKSPACE.get(skey, "dtA", (nvt, H, rows, BL), torch.float32, dev)
         tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
-        _get(dkey[0], _dt_builder, dev)(dt, A, dt_bias, cu, seq_idx, dtA, tmeta)
+        dtpass = _get(dkey[0], _dt_builder, dev)
+        if merged_runs:
+            dtpass(dt, A, dt_bias, cu, seq_idx, dtA, tmeta, last, fsi, bounds, dest)
+        else:
+            dtpass(dt, A, dt_bias, cu, seq_idx, dtA, tmeta)
     else:
         dtA = _dummy("dtA", dev, torch.float32, (1, H, 2, BL))
         tmeta = _dummy("tmeta", dev, torch.int32, (1, kmod.META_WIDTH))
@@ -594,7 +625,10 @@ def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtyp
     ]
     helpers = [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
     if kind in PREPASS_VARIANTS:
-        helpers.append(_dt_key(keys[0]))
+        if runs_in_dt(kind):  # one pre-pass per runs kernel it stands in for
+            helpers.extend(_dt_key(keys[0], r) for r in helpers[:2])
+        else:
+            helpers.append(_dt_key(keys[0]))
     return keys, helpers
 
 
@@ -700,6 +734,15 @@ def compile_grid() -> list[CompileItem]:
     # the MATE_SSD_DT_HEADS=1 pre-pass (one head per CTA; the default takes 8)
     items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows 1 head per CTA",
                              build=_dt_builder(_dt_key(key), 1), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
+    # the MATE_SSD_RUNS_IN_DT=1 pre-pass (the runs table in one more CTA; final states into a pool by index), and
+    # at N 256 (64-token tiles: the runs scan over 64 threads)
+    rk = _runs_key("int32", "int32", "int64", True)
+    items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows with the runs table",
+                             build=_dt_builder(_dt_key(key, rk)), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
+    falcon = key[:1] + (24, 1, 128, 256) + key[5:]  # (H, G, P, N after the kind)
+    items.append(CompileItem(family="ssd", label="dt pre-pass H24 chunk256 tile L64 decay rows with the runs table",
+                             build=_dt_builder(_dt_key(falcon, _runs_key("int32", "int32", "int32", False))),
+                             pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items
 
 
@@ -719,7 +762,7 @@ def _compile_items(kind: str, rows) -> list[CompileItem]:
         items.append(CompileItem(family="ssd", label=label, build=_fused_builder(key), pass_configs=dict(PASS_CONFIGS)))
         if kind != "fused":
             dkey = _dt_key(key)
-            dlabel = f"dt pre-pass H{H} chunk{L} tile L{dkey[3]}{' decay rows' * dkey[-1]}"
+            dlabel = f"dt pre-pass H{H} chunk{L} tile L{dkey[3]}{' decay rows' * dkey[DT_DECAY_ROWS]}"
             items.append(CompileItem(family="ssd", label=dlabel, build=_dt_builder(dkey),
                                      pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     return items

@@ -92,7 +92,8 @@ def mate_fn(w, L, kind: str | None = None):
     """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``lean`` / ``prepass`` /
     ``fused``), with ``+`` options of the lean design (:data:`LEAN_OPTIONS`): ``overlap`` / ``sync``
     (``MATE_SSD_OVERLAP=1`` / ``0``), ``dt8`` / ``dt1`` (``MATE_SSD_DT_HEADS``), ``hpc8``
-    (``MATE_SSD_HEADS_PER_CTA=8``), ``preload`` / ``nopreload`` (``MATE_SSD_PRELOAD=1`` / ``0``), e.g.
+    (``MATE_SSD_HEADS_PER_CTA=8``), ``preload`` / ``nopreload`` (``MATE_SSD_PRELOAD=1`` / ``0``), ``dtruns``
+    (``MATE_SSD_RUNS_IN_DT=1``), e.g.
     ``lean+sync+dt1+nopreload`` (the fifth session's defaults)."""
     import contextlib
 
@@ -120,6 +121,7 @@ def mate_fn(w, L, kind: str | None = None):
 LEAN_OPTIONS = {
     "overlap": ("overlap", True), "sync": ("overlap", False), "dt8": ("dt_heads", 8), "dt1": ("dt_heads", 1),
     "hpc8": ("heads_per_cta", 8), "preload": ("preload", True), "nopreload": ("preload", False),
+    "dtruns": ("runs_in_dt", True),
 }  # fmt: skip
 
 
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--impls",
         default="mate,vllm",
-        help="mate (the design in force), mate-lean[+overlap|+sync][+dt8|+dt1][+hpc8][+preload|+nopreload], "
+        help="mate (the design in force), mate-lean[+overlap|+sync][+dt8|+dt1][+hpc8][+preload|+nopreload][+dtruns], "
         "mate-prepass, mate-fused, vllm",
     )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
