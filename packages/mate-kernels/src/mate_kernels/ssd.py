@@ -668,6 +668,8 @@ def ssd_dt_kernel(
             if i == 0:
                 tile_meta(tmeta, seq_idx, vt, c, sub, s0, n_valid)
 
+    # Two signatures (a prim_func's parameters are parsed from its def, so the shared ones are written twice);
+    # one tile body.
     if not with_runs:
 
         @T.prim_func
