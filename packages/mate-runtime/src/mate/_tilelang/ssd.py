@@ -175,9 +175,12 @@ def _setting(name: str, env: str, allowed: tuple[int, ...]):
     return _env_choice(env, allowed) if value is None else value
 
 
-def _flag(name: str, env: str, default: bool) -> bool:
-    """An on/off option: the enclosing :func:`options` block's value when it sets one, else ``env`` = 1 / 0,
-    else (unset or empty) ``default``. ValueError naming the variable on any other value."""
+def _flag(name: str, env: str, default: bool, requested: bool | None = None) -> bool:
+    """An on/off option: ``requested`` when given (a build's own tiles: the compile check), else the enclosing
+    :func:`options` block's value when it sets one, else ``env`` = 1 / 0, else (unset or empty) ``default``.
+    ValueError naming the variable on any other value."""
+    if requested is not None:
+        return requested
     value = _option_override[-1][name] if _option_override else None
     if value is not None:
         return bool(value)
@@ -219,8 +222,7 @@ def _overlap(kind: str, tiles: dict) -> bool:
     in every quick-benchmark cell). The results are the same either way."""
     if kind != "ssd_lean" or tiles.get("narrow_p"):
         return False
-    requested = tiles.get("overlap")
-    return _flag("overlap", OVERLAP_ENV, OVERLAP_DEFAULT) if requested is None else requested
+    return _flag("overlap", OVERLAP_ENV, OVERLAP_DEFAULT, tiles.get("overlap"))
 
 
 def _preload(kind: str, tiles: dict) -> bool:
@@ -230,8 +232,7 @@ def _preload(kind: str, tiles: dict) -> bool:
     32 x 512, unchanged at 1 x 8192). The results are the same either way."""
     if kind != "ssd_lean":
         return False
-    requested = tiles.get("preload")
-    return _flag("preload", PRELOAD_ENV, PRELOAD_DEFAULT) if requested is None else requested
+    return _flag("preload", PRELOAD_ENV, PRELOAD_DEFAULT, tiles.get("preload"))
 
 
 def plan(
@@ -289,15 +290,12 @@ def _fused_builder(key, tiles: dict | None = None):
     (kind, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
      intermediate) = key  # fmt: skip
     tiles = dict(tiles or plan(P, N, L, getattr(torch, io)))
-    overlap = _overlap(kind, tiles)
-    preload = _preload(kind, tiles)
-    tiles.pop("overlap", None)
-    tiles.pop("preload", None)
-    # (only when set, so the measured kernels' build arguments and cache keys stay as they were)
-    if overlap:
-        tiles["overlap"] = True
-    if preload:
-        tiles["preload"] = True
+    # the on/off options as build arguments only when on (so the first measured kernel's arguments and cache
+    # key stay as they were)
+    for name, on in (("overlap", _overlap(kind, tiles)), ("preload", _preload(kind, tiles))):
+        tiles.pop(name, None)
+        if on:
+            tiles[name] = True
 
     def build():
         return _kmod().ssd_fused_kernel(
@@ -335,7 +333,7 @@ def runs_in_dt(kind: str) -> bool:
 def _dt_heads(heads: int, requested: int | None = None) -> int:
     """Heads per CTA of the dt pre-pass: the largest power of two up to n dividing ``heads``, n from
     ``requested``, :func:`options` or ``MATE_SSD_DT_HEADS`` (1 for one head per CTA), else
-    ``DT_HEADS_DEFAULT`` (8: one 32-byte dt sector per token; 0-2 % faster than one head in every
+    ``DT_HEADS_DEFAULT`` (8: one 32-byte dt sector per token; 0-1 % faster than one head in every
     quick-benchmark cell of the sixth session)."""
     n = (
         requested
