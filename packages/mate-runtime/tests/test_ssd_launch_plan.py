@@ -130,7 +130,10 @@ def test_prepass_design_adds_the_dt_pass_with_the_call_dt_options():
     assert fused[0] == "ssd_prepass" and fused[1:] == tl_ssd.kernel_keys(call, "fused")[0][1:]
     assert rkey[0] == "ssd_runs"
     # heads, chunk, tile, then the dt options the pre-pass compiles in
-    assert dkey[:4] == ("ssd_dt", 4, 128, 128) and (dkey[-4], dkey[-3]) == (0.01, 0.2) and dkey[-1] is False
+    # (and by default the runs table's key after the decay-rows flag: the pre-pass computes it)
+    base = dkey[: tl_ssd.DT_DECAY_ROWS + 1]
+    assert base[:4] == ("ssd_dt", 4, 128, 128) and (base[-4], base[-3]) == (0.01, 0.2) and base[-1] is False
+    assert dkey[tl_ssd.DT_DECAY_ROWS + 1 :] == (rkey[2:],)
 
 
 def test_lean_design_is_the_prepass_keys_under_its_own_name():
@@ -139,7 +142,9 @@ def test_lean_design_is_the_prepass_keys_under_its_own_name():
     pre = tl_ssd.kernel_keys(call, "prepass")
     assert lean[0][0] == "ssd_lean" and lean[0][1:] == pre[0][1:] and lean[1] == pre[1]
     # the same pre-pass, but writing the decay rows
-    assert lean[2][:-1] == pre[2][:-1] and (lean[2][-1], pre[2][-1]) == (True, False)
+    d = tl_ssd.DT_DECAY_ROWS
+    assert lean[2][:d] == pre[2][:d] and lean[2][d + 1 :] == pre[2][d + 1 :]
+    assert (lean[2][d], pre[2][d]) == (True, False)
 
 
 def test_variant_comes_from_the_environment_and_using_overrides_it(monkeypatch):
@@ -216,7 +221,8 @@ def test_prewarm_model_caches_under_the_launcher_key():
         heads=8, groups=2, dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16, state_dtype=torch.float32,
         dt_dtype=torch.float32,
     )  # fmt: skip
-    expected = {tl_ssd.cache_key(k, tl_ssd.builder_for(k)) for k in fkeys + rkeys}
+    expected = {ck for k in fkeys + rkeys for ck, _ in tl_ssd.builds(k)}
+    assert len(expected) == len(fkeys) * 2 + len(rkeys)  # each lean kernel with and without the L2 prefetch
     assert {key for fam, _label, key, _b, _pc in items if fam == "ssd"} == expected
 
 
@@ -347,11 +353,13 @@ def test_heads_per_cta_variants_are_prewarmed_and_launched(monkeypatch):
 
     lean_key, rkey, dkey = tl_ssd.kernel_keys(_call(), "lean")
     monkeypatch.delenv(tl_ssd.HPC_ENV, raising=False)
-    assert [ck for ck, _ in tl_ssd.builds(lean_key)] == [tl_ssd.cache_key(lean_key, tl_ssd.builder_for(lean_key))]
+    default = tl_ssd.cache_key(lean_key, tl_ssd.builder_for(lean_key))
+    assert [ck for ck, _ in tl_ssd.builds(lean_key)][0] == default  # then the same with the L2 prefetch
     monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
-    variants = tl_ssd.builds(lean_key)  # 4 heads in this call: 1, 2, 4 per CTA
-    assert [(b.tiles or {}).get("heads_per_cta", 1) for _, b in variants] == [1, 2, 4]
-    assert len({ck for ck, _ in variants}) == 3 and tl_ssd.builds(rkey)[0][0] == rkey
+    variants = tl_ssd.builds(lean_key)  # 4 heads in this call: 1, 2, 4 per CTA, each without / with the prefetch
+    got = [((b.tiles or {}).get("heads_per_cta", 1), "prefetch" in b.tiles) for _, b in variants]
+    assert got == [(1, False), (1, True), (2, False), (2, True), (4, False), (4, True)]
+    assert len({ck for ck, _ in variants}) == 6 and tl_ssd.builds(rkey)[0][0] == rkey
     model = ModelSSM(model_type="mamba2", heads=8, dim=64, dstate=128, groups=2, chunk_size=128)
     _, _, items = plan_kernels(model, tp=1, state_dtype=torch.float32, io_dtype=torch.bfloat16, mtp_tokens=0)
     labels = [label for fam, label, *_ in items if fam == "ssd"]
@@ -385,18 +393,22 @@ def test_runs_in_dt_option_keys_and_launches(monkeypatch, pool):
     if pool:
         kw = dict(final_states_out=torch.zeros(6, 4, 64, 128), final_state_indices=torch.tensor([3, 1]))
     call = _call(**kw)
-    monkeypatch.delenv(tl_ssd.RUNS_IN_DT_ENV, raising=False)
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "0")
     fused, rkey, dkey = tl_ssd.kernel_keys(call, "lean")
-    assert len(dkey) == tl_ssd.DT_DECAY_ROWS + 1  # off by default: the measured pre-pass and its key
-    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "1")
-    _, rkey2, merged = tl_ssd.kernel_keys(call, "lean")
+    assert len(dkey) == tl_ssd.DT_DECAY_ROWS + 1  # off: the pre-pass of the sixth session and its key
+    monkeypatch.delenv(tl_ssd.RUNS_IN_DT_ENV, raising=False)
+    _, rkey2, merged = tl_ssd.kernel_keys(call, "lean")  # on by default
     assert rkey2 == rkey and merged == dkey + (rkey[2:],)
     assert len(tl_ssd.kernel_keys(call, "fused")) == 2  # no pre-pass: the runs kernel stays
-    # prewarm: one merged pre-pass per runs kernel it stands in for
-    _, helpers = tl_ssd.prewarm_keys(heads=4, groups=2, dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16,
-                                     state_dtype=torch.float32, dt_dtype=torch.float32, kind="lean")  # fmt: skip
-    dts = [k for k in helpers if k[0] == "ssd_dt"]
-    assert [k[-1] for k in dts] == [r[2:] for r in helpers[:2]]
+    # prewarm: one merged pre-pass per runs kernel it stands in for, and no runs kernel
+    kw = dict(heads=4, groups=2, dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16,
+              state_dtype=torch.float32, dt_dtype=torch.float32, kind="lean")  # fmt: skip
+    _, helpers = tl_ssd.prewarm_keys(**kw)
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "0")
+    _, separate = tl_ssd.prewarm_keys(**kw)
+    assert [k[0] for k in helpers] == ["ssd_dt", "ssd_dt"] and [k[0] for k in separate[:2]] == ["ssd_runs"] * 2
+    assert [k[-1] for k in helpers] == [r[2:] for r in separate[:2]]
+    monkeypatch.delenv(tl_ssd.RUNS_IN_DT_ENV, raising=False)
     # the launcher: no runs kernel; the pre-pass gets the runs tables' inputs and outputs
     launched = []
 
@@ -413,3 +425,90 @@ def test_runs_in_dt_option_keys_and_launches(monkeypatch, pool):
     with tl_ssd.using("lean"):
         tl_ssd.ssd_combined_fwd_varlen(call)
     assert [k for k, _ in launched] == ["ssd_runs", "ssd_dt", "ssd_lean"] and dict(launched)["ssd_dt"] == 7
+
+
+@pytest.mark.parametrize(
+    "heads, batch, env, spc",
+    [
+        pytest.param(128, 32, "8", 8, id="32x512-8"),
+        pytest.param(128, 32, "4", 4, id="32x512-limit4"),
+        pytest.param(128, 8, "8", 2, id="8x2048-2"),
+        pytest.param(128, 1, "8", 1, id="1x8192-1"),
+        pytest.param(128, 5, "8", 1, id="ragged5-odd-1"),
+        pytest.param(128, 12, "8", 2, id="12-seqs-2"),
+        pytest.param(128, 32, "", 8, id="unset-8"),
+        pytest.param(128, 32, "1", 1, id="one-1"),
+    ],
+)
+def test_seqs_per_cta_leaves_three_waves(monkeypatch, heads, batch, env, spc):
+    monkeypatch.setenv(tl_ssd.SPC_ENV, env)
+    assert tl_ssd.seqs_per_cta(batch, heads, 132) == spc
+
+
+def test_seqs_per_cta_bad_value_raises(monkeypatch):
+    monkeypatch.setenv(tl_ssd.SPC_ENV, "3")
+    with pytest.raises(ValueError, match=tl_ssd.SPC_ENV):
+        tl_ssd.seqs_per_cta(32, 128, 132)
+
+
+@pytest.mark.parametrize("env, stride", [("1", 1), ("2", 2), ("8", 2), ("", 2)])
+def test_seqs_per_cta_launches_a_bounds_view(monkeypatch, env, stride):
+    """The fused kernel gets every k-th run bound (a view of the workspace's table, ending on bounds[batch]);
+    the same kernel key for every k (nothing more to compile)."""
+    monkeypatch.setenv(tl_ssd.SPC_ENV, env)
+    monkeypatch.setattr(tl_ssd, "is_accelerator", lambda dev: True)
+    monkeypatch.setattr(tl_ssd, "sm_count", lambda dev: 1)  # 2 sequences x 4 heads: k = 2 leaves 4 CTAs >= 3
+    launched = []
+
+    def fake_get(key, builder, dev):
+        return lambda *args: launched.append((key, args))
+
+    monkeypatch.setattr(tl_ssd, "_get", fake_get)
+    with tl_ssd.using("lean"):
+        tl_ssd.ssd_combined_fwd_varlen(_call())
+    ((key, args),) = [(k, a) for k, a in launched if k[0] == "ssd_lean"]
+    ((_, dt_args),) = [(k, a) for k, a in launched if k[0] == "ssd_dt"]
+    bounds, full = args[7], dt_args[9]  # the fused kernel's view, the table the pre-pass writes
+    assert bounds.stride(0) == stride and bounds.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
+    assert bounds.shape[0] == 2 // stride + 1 and full.shape[0] == 3
+    assert key == tl_ssd.kernel_keys(_call(), "lean")[0]
+
+
+@pytest.mark.parametrize(
+    "env, spc, tokens, batch, want",
+    [
+        pytest.param("", 8, 32 * 512, 32, True, id="32x512-8-per-CTA"),
+        pytest.param("", 2, 8 * 2048, 8, False, id="8x2048-long"),
+        pytest.param("", 1, 305, 2, False, id="one-per-CTA"),
+        pytest.param("1", 1, 8192, 1, True, id="forced-on"),
+        pytest.param("0", 8, 32 * 512, 32, False, id="forced-off"),
+    ],
+)
+def test_prefetch_choice(monkeypatch, env, spc, tokens, batch, want):
+    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, env)
+    assert tl_ssd.wants_prefetch(spc, tokens, batch) is want
+
+
+def test_prefetch_bad_value_raises(monkeypatch):
+    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "2")
+    with pytest.raises(ValueError, match=tl_ssd.PREFETCH_ENV):
+        tl_ssd.wants_prefetch(8, 1, 1)
+
+
+@pytest.mark.parametrize("init, spc_env, want", [(True, "", True), (True, "1", False), (False, "", False)])
+def test_launcher_builds_the_prefetch_kernel_where_it_opens_many_sequences(monkeypatch, init, spc_env, want):
+    """2 short sequences, 2 per CTA: the lean kernel with the prefetch (not without initial states to prefetch,
+    nor with one sequence per CTA)."""
+    monkeypatch.delenv(tl_ssd.PREFETCH_ENV, raising=False)
+    monkeypatch.setenv(tl_ssd.SPC_ENV, spc_env)
+    monkeypatch.setattr(tl_ssd, "is_accelerator", lambda dev: True)
+    monkeypatch.setattr(tl_ssd, "sm_count", lambda dev: 1)
+    built = []
+    monkeypatch.setattr(
+        tl_ssd, "_get", lambda key, builder, dev: built.append((key, builder(key))) or (lambda *a: None)
+    )
+    kw = dict(initial_states=torch.zeros(2, 4, 64, 128)) if init else {}
+    with tl_ssd.using("lean"):
+        tl_ssd.ssd_combined_fwd_varlen(_call(**kw))
+    (build,) = [b for key, b in built if key[0] == "ssd_lean"]
+    assert build.tiles.get("prefetch", False) is want

@@ -48,6 +48,12 @@ FLAG_INIT = 2
 # Per-tile record of the dt pre-pass (first token, valid tokens, opening sequence or -1): 3 int32 used, padded
 # to 128 bytes because a TMA load's shared-memory destination (one per pipeline stage) must be 128-byte aligned.
 META_WIDTH = 32
+# ``prefetch``: one L2 prefetch per 128-byte line (a hint: no alignment needed, nothing waits on it)
+PREFETCH_L2_SRC = r"""
+__device__ __forceinline__ void mate_prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(ptr));
+}
+"""
 
 
 def dt_prime(T, raw, bias, *, has_dt_bias: bool, dt_softplus: bool, dt_min: float, dt_max: float):
@@ -164,6 +170,7 @@ def ssd_fused_kernel(
     overlap: bool = False,
     heads_per_cta: int = 1,
     preload: bool = False,
+    prefetch: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -198,6 +205,18 @@ def ssd_fused_kernel(
     round trips of a CTA's start overlap instead of adding up. Later openings (more runs than CTAs, or a head
     change with ``heads_per_cta``) load in the loop as before. Same arithmetic.
 
+    ``prefetch`` (lean, with initial states): where a CTA opens sequence ``s`` it also asks L2 for the entering
+    state of sequence ``s + 1`` (one ``prefetch.global.L2`` per 128-byte line, spread over the consumer threads),
+    which the same CTA opens next when it walks several sequences, and the CTA of the next sequence and the same
+    head otherwise; that state's load then waits on L2 instead of DRAM. A hint: a ``seq_idx`` that opens
+    sequences out of order only makes it useless. Same arithmetic.
+
+    ``bounds`` may be a strided view of the runs table (``bounds[::k]`` when k divides the batch): CTA ``b``
+    then walks the runs of k consecutive sequences in one pipelined loop, re-opening the state at each (the
+    launcher's sequences-per-CTA choice; a runtime stride, so no other kernel). The producer loads the next
+    sequence's first tiles while the consumers finish the current one, and the grid has k times fewer CTAs; the
+    CTAs in flight stay on neighbouring heads of the same sequences.
+
     ``decay_rows`` (with ``precomputed_dt``) takes the pre-pass's four rows (``ssd_dt_kernel(decay_rows=True)``):
     the cumsum already in log2 units and the per-row factors ``exp(dA_last - dA_k) dt'_k`` and ``exp(dA_m)``, so
     the x weighting, the ``C·state`` scaling and the state decay need no ``exp2`` per element.
@@ -231,6 +250,8 @@ def ssd_fused_kernel(
         raise ValueError("overlap needs lean and decay_rows, and a block_P that is a multiple of 64")
     if preload and not lean:
         raise ValueError("preload needs lean (the entering state behind one uniform branch per tile)")
+    if prefetch and not lean:
+        raise ValueError("prefetch needs lean (the entering state behind one uniform branch per tile)")
     HPC = heads_per_cta
     if HPC < 1 or H % HPC or (HPC > 1 and not (lean and precomputed_dt)):
         raise ValueError(f"heads_per_cta ({HPC}) must divide heads ({H}); more than 1 needs lean")
@@ -256,12 +277,30 @@ def ssd_fused_kernel(
     # dt a column slice, the state pool a strided view (vLLM's pages); inner dims stay dense.
     x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs = T.dynamic("x_rs, x_hs, dt_rs, b_rs, b_gs, c_rs, c_gs")
     z_rs, z_hs, o_rs, o_hs, i_bs, s_bs = T.dynamic("z_rs, z_hs, o_rs, o_hs, i_bs, s_bs")
+    # bounds may be a strided view (every k-th entry): CTA b then walks the runs of k sequences in one loop
+    bnd_s = T.dynamic("bnd_s")
     D_shape = (H, P) if D_per_dim else (H,)
     # Scores feeding wgmma from registers need the row-split (FullRow) layout; from shared memory any.
     policy = T.GemmWarpPolicy.Square if scores_in_shared else T.GemmWarpPolicy.FullRow
     # The scan runs over every consumer thread (a subset would need non-uniform partial barriers).
     SCAN = max(BL, threads)
     scan_offsets = [1 << i for i in range(int(math.log2(SCAN)))]
+
+    init_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[init_dtype]
+    per_line = 128 // init_bytes  # values per 128-byte line (N is a multiple of it)
+    n_lines = BP * N // per_line
+
+    @T.macro
+    def prefetch_next_init(initial_states, nxt, hh, p0):
+        # the [block_P, N] block of initial_states[nxt, hh] (contiguous rows), one line per consumer thread
+        if nxt < Bi:
+            tx = T.get_thread_binding() % threads
+            for it in T.serial(T.ceildiv(n_lines, threads)):
+                e = (it * threads + tx) * per_line
+                if e < BP * N:
+                    T.call_extern(
+                        "handle", "mate_prefetch_l2", T.address_of(initial_states[nxt, hh, p0 + e // N, e % N])
+                    )
 
     @T.prim_func
     def fused(
@@ -272,7 +311,7 @@ def ssd_fused_kernel(
         C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
         cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
         seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
-        bounds: T.Tensor((batch1,), "int32"),
+        bounds: T.StridedTensor((batch1,), (bnd_s,), "int32"),
         dest: T.Tensor((nchunks,), "int32"),
         dt_bias: T.Tensor((H,), dt_bias_dtype),
         D: T.Tensor(D_shape, D_dtype),
@@ -284,7 +323,11 @@ def ssd_fused_kernel(
         tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
         flags: T.int32,
     ):
-        with T.Kernel(n_pb, H // HPC, batch1 - 1, threads=threads) as (pb, h, b):
+        with T.Kernel(n_pb, H // HPC, batch1 - 1, threads=threads, prelude=PREFETCH_L2_SRC if prefetch else None) as (
+            pb,
+            h,
+            b,
+        ):
             x_s = T.alloc_shared((BL, BP), io_dtype)
             B_s = T.alloc_shared((BL, N), io_dtype)
             C_s = T.alloc_shared((BL, N), io_dtype)
@@ -336,6 +379,8 @@ def ssd_fused_kernel(
                         sq_first = T.Cast("int32", seq_idx[c_first])
                         for n, p in T.Parallel(N, BP):
                             state[n, p] = T.Cast(accum, initial_states[sq_first, h * HPC, p0 + p, n])
+                        if prefetch:
+                            prefetch_next_init(initial_states, sq_first + 1, h * HPC, p0)
             for j in T.Pipelined(n_tiles * HPC if HPC > 1 else n_tiles, num_stages=num_stages):
                 if HPC > 1:
                     # the CTA's heads one after the other, each over the sequence's tiles
@@ -398,6 +443,8 @@ def ssd_fused_kernel(
                         if has_init:
                             for n, p in T.Parallel(N, BP):
                                 state[n, p] = T.Cast(accum, initial_states[sq, hh, p0 + p, n])
+                            if prefetch:
+                                prefetch_next_init(initial_states, sq + 1, hh, p0)
                         else:
                             T.clear(state)
                 else:

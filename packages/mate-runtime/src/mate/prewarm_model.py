@@ -111,15 +111,22 @@ def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens):
     for key in fkeys + rkeys:
         if key[0] == "ssd_dt":
             label = "ssd dt pre-pass"
+            if len(key) > tl_ssd.DT_DECAY_ROWS + 1:  # (the default: it computes the runs table too)
+                label += f" with the runs table{' pool' if key[-1][-1] else ''}"
         elif key[0] == "ssd_runs":
             label = f"ssd runs{' pool' if key[-1] else ''}"
         else:
             label = f"ssd {key[0].removeprefix('ssd_')}{' intermediate' if key[-1] is True else ''}"
         # cached under the launcher's own key, so a prewarmed kernel is the one a (captured) call finds; a lean
-        # fused key brings each heads-per-CTA variant a launch may pick (MATE_SSD_HEADS_PER_CTA)
+        # fused key brings each variant a launch may pick (with and without the L2 prefetch, each heads-per-CTA
+        # choice under MATE_SSD_HEADS_PER_CTA)
         for ck, build in tl_ssd.builds(key):
-            hpc = (getattr(build, "tiles", None) or {}).get("heads_per_cta", 1)
-            items.append(("ssd", label + (f" {hpc} heads per CTA" if hpc > 1 else ""), ck, build, tl_ssd.PASS_CONFIGS))
+            tiles = getattr(build, "tiles", None) or {}
+            hpc = tiles.get("heads_per_cta", 1)
+            what = (
+                label + (f" {hpc} heads per CTA" if hpc > 1 else "") + (" L2 prefetch" if tiles.get("prefetch") else "")
+            )
+            items.append(("ssd", what, ck, build, tl_ssd.PASS_CONFIGS))
     return heads, groups, items
 
 

@@ -12,12 +12,13 @@
 #     tests       tests/gpu/test_ssd_kernels.py, junit XML + log: the designs with the default settings
 #                 (skipped under DEFAULT_TESTS=0), then on their own each group of $OPTION_TESTS (default all:
 #                 settings = lean without overlap / preload, hpc8 = several heads per CTA, dt = the dt pre-pass
-#                 at 1 and 8 heads per CTA, dtruns = the runs table inside the dt pre-pass)
+#                 at 1 and 8 heads per CTA, dtruns = the runs table inside the dt pre-pass and in the runs
+#                 kernel, spc = several sequences per fused CTA)
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
 #     quick       mate bench ssd --quick (headline shape, two batches; lean with its defaults, with the
-#                 fifth session's defaults (mate-lean+sync+dt1+nopreload), with each opt-in option
-#                 MATE_SSD_HEADS_PER_CTA=8 / MATE_SSD_RUNS_IN_DT=1 whose tests passed (all when the tests stage
+#                 sixth session's defaults (mate-lean+nodtruns), with each opt-in option
+#                 MATE_SSD_HEADS_PER_CTA=8 / MATE_SSD_SEQS_PER_CTA=8 whose tests passed (all when the tests stage
 #                 did not run); vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
@@ -47,15 +48,17 @@ for stage in "${stages[@]}"; do
         if [ "${DEFAULT_TESTS:-1}" != 0 ]; then
             stamp "tests"
             timeout "$(stage_limit "${TESTS_S:-240}")" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-                $G/test_ssd_kernels.py -k "not lean_setting and not heads_per_cta and not dt_heads and not runs_in_dt" \
+                $G/test_ssd_kernels.py -k "not lean_setting and not heads_per_cta and not dt_heads and not runs_in_dt and not seqs_per_cta \
+                and not prefetch" \
                 --junitxml="$OUT/test_ssd_kernels.xml" >"$OUT/tests.log" 2>&1
             stamp "tests rc=$? $(tail -1 "$OUT/tests.log")"
         fi
         PASSED_OPTIONS=""
         # ($OPTION_TESTS: the names of the options whose tests run, default all)
-        for opt in "settings:lean_setting" "hpc8:heads_per_cta and not dt_heads" "dt:dt_heads" "dtruns:runs_in_dt"; do
+        for opt in "settings:lean_setting" "hpc8:heads_per_cta and not dt_heads" "dt:dt_heads" "dtruns:runs_in_dt" \
+            "spc8:seqs_per_cta" "prefetch:prefetch"; do
             IFS=: read -r name sel <<<"$opt"
-            case " ${OPTION_TESTS:-settings hpc8 dt dtruns} " in *" $name "*) ;; *) continue ;; esac
+            case " ${OPTION_TESTS:-settings hpc8 dt dtruns spc8 prefetch} " in *" $name "*) ;; *) continue ;; esac
             timeout "$(stage_limit 120)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $G/test_ssd_kernels.py \
                 -k "$sel" --junitxml="$OUT/test_ssd_$name.xml" >"$OUT/tests_$name.log" 2>&1
             rc=$?
@@ -74,12 +77,11 @@ for stage in "${stages[@]}"; do
         stamp "profile rc=$?"
         ;;
     quick)
-        # lean with its defaults, lean as before the sixth session's defaults (sync GEMMs, one head per dt
-        # pre-pass CTA), lean with each opt-in option whose tests passed in this session (all when the tests
-        # stage did not run), vLLM
-        impls=mate-lean,mate-lean+sync+dt1+nopreload
-        for o in hpc8 dtruns; do
-            case " ${PASSED_OPTIONS- hpc8 dtruns} " in *" $o "*) impls="$impls,mate-lean+$o" ;; esac
+        # lean with its defaults, lean as before the seventh session's defaults (the runs kernel), lean with
+        # each opt-in option whose tests passed in this session (all when the tests stage did not run), vLLM
+        impls=mate-lean,mate-lean+nodtruns
+        for o in hpc8 spc8 prefetch; do
+            case " ${PASSED_OPTIONS- hpc8 spc8 prefetch} " in *" $o "*) impls="$impls,mate-lean+$o" ;; esac
         done
         stamp "bench quick (${IMPLS:-$impls,vllm})"
         timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-$impls,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1

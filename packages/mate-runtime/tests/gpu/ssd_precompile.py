@@ -50,7 +50,7 @@ def _bench_keys() -> list:
     return bench
 
 
-GROUPS = "defaults,settings,hpc,prev,dt,dtruns"
+GROUPS = "defaults,bench,settings,hpc,prev,dt,dtruns,prefetch"
 
 
 def main(argv=None) -> int:
@@ -73,6 +73,8 @@ def main(argv=None) -> int:
     groups = set(args.groups.split(","))
     if "defaults" in groups:
         tl_ssd.precompile(keys, jobs=args.jobs, log=lambda m: print(m, flush=True))
+    if "bench" in groups and "defaults" not in groups:  # the benchmark's kernels alone (defaults has them)
+        tl_ssd.precompile(_bench_keys(), jobs=args.jobs, log=lambda m: print(m, flush=True))
     if args.defaults_only:
         return 0
     # the opt-in options' kernels: those of their GPU tests and of the benchmark's option impls (mate-lean+...)
@@ -86,17 +88,20 @@ def main(argv=None) -> int:
         hpc = [k for p in t.HPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
         for ovl in ("0", "1"):
             _under({tl_ssd.HPC_ENV: "8", tl_ssd.OVERLAP_ENV: ovl}, hpc + graph + bench_lean, args.jobs)
-    if "prev" in groups:  # the lean kernels before the sixth session's defaults (mate-lean+sync+dt1+nopreload)
-        prev = {tl_ssd.OVERLAP_ENV: "0", tl_ssd.DT_HEADS_ENV: "1", tl_ssd.PRELOAD_ENV: "0"}
-        _under(prev, [k for k in bench if k[0] in ("ssd_lean", "ssd_dt")], args.jobs)
-    if "dtruns" in groups:  # the pre-pass carrying the runs table: its tests' kernels and the bench's
+    if "prev" in groups:  # the sixth session's defaults (mate-lean+nodtruns: the runs kernel, its pre-pass)
+        _under({tl_ssd.RUNS_IN_DT_ENV: "0"}, lambda: [k for k in _bench_keys() if k[0] in ("ssd_runs", "ssd_dt")],
+               args.jobs)  # fmt: skip
+    if "dtruns" in groups:  # the runs-table tests' kernels, the pre-pass with and without the runs table
 
-        def runs_keys():  # (under the option: it changes the pre-pass keys)
+        def runs_keys():  # (under the setting: it changes the pre-pass keys)
             cases = [p.values[0] for p in t.RUNS_IN_DT_CASES] + [t.GRAPH_CASE]
-            runs = [k for c in cases for kind in ("lean", "prepass") for k in keys_of(c, kind)]
-            return runs + ([] if args.only_tests else [k for k in _bench_keys() if k[0] == "ssd_dt"])
+            return [k for c in cases for kind in ("lean", "prepass") for k in keys_of(c, kind)]
 
-        _under({tl_ssd.RUNS_IN_DT_ENV: "1"}, runs_keys, args.jobs)
+        for merged in ("1", "0"):
+            _under({tl_ssd.RUNS_IN_DT_ENV: merged}, runs_keys, args.jobs)
+    if "prefetch" in groups:  # the lean kernels with the L2 prefetch: its tests' and the benchmark's
+        pf = [k for p in t.SPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
+        _under({tl_ssd.PREFETCH_ENV: "1"}, pf + graph + bench_lean, args.jobs)
     if "dt" in groups:  # the dt cases' kernels, with both pre-pass settings
         dt = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)]
         for n in ("1", "8"):

@@ -8,6 +8,7 @@ kernels' bf16/fp16 tensor-core operands (scores, the state fed to ``C·state``, 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -313,9 +314,10 @@ def test_dt_heads_per_cta_matches_reference(case: Case, design: str, n: int, mon
     assert tl_ssd.cache_key(dkey, build_fn) in CACHE.kernels
 
 
-# The runs table computed by one more CTA of the dt pre-pass (``MATE_SSD_RUNS_IN_DT=1``, opt-in), under both
-# designs with a pre-pass: its scan runs over block_L threads (64 at N 256), in several rounds when there are
-# more chunks than threads; a seq_idx that re-opens a sequence; final states into a pool by index.
+# The runs table computed by one more CTA of the dt pre-pass (``MATE_SSD_RUNS_IN_DT``, the default) and by the
+# runs kernel (``MATE_SSD_RUNS_IN_DT=0``), under both designs with a pre-pass: the pre-pass's scan runs over
+# block_L threads (64 at N 256), in several rounds when there are more chunks than threads; a seq_idx that
+# re-opens a sequence; final states into a pool by index.
 RUNS_IN_DT_CASES = [
     pytest.param(Case(), id="ragged_c128"),
     pytest.param(Case(chunk=64, N=64, G=1, H=4, seqlens=(4000, 5000, 1)), id="c64_143-chunks_over-64-threads"),
@@ -328,19 +330,22 @@ RUNS_IN_DT_CASES = [
 
 @pytest.mark.parametrize("case", RUNS_IN_DT_CASES)
 @pytest.mark.parametrize("design", ["lean", "prepass"])
-def test_runs_in_dt_matches_reference(case: Case, design: str, monkeypatch):
+@pytest.mark.parametrize("merged", ["1", "0"], ids=["in-dt", "runs-kernel"])
+def test_runs_in_dt_matches_reference(case: Case, design: str, merged: str, monkeypatch):
     from mate._tilelang.cache import CACHE
 
-    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "1")
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, merged)
     with tl_ssd.using(design):
         test_kernels_match_reference(case, design)
     dkey = tl_ssd.kernel_keys(normalized_call(case), design)[2]
-    assert len(dkey) == tl_ssd.DT_DECAY_ROWS + 2  # the pre-pass that carries the runs table
+    # the pre-pass that carries the runs table, or the one without it
+    assert len(dkey) == tl_ssd.DT_DECAY_ROWS + (2 if merged == "1" else 1)
     assert tl_ssd.cache_key(dkey, tl_ssd.builder_for(dkey)) in CACHE.kernels
 
 
-def test_runs_in_dt_graph_replay_equals_eager(monkeypatch):
-    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, "1")
+@pytest.mark.parametrize("merged", ["1", "0"], ids=["in-dt", "runs-kernel"])
+def test_runs_in_dt_graph_replay_equals_eager(merged: str, monkeypatch):
+    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, merged)
     with tl_ssd.using("lean"):
         test_graph_replay_equals_eager("lean")
 
@@ -363,6 +368,7 @@ def test_heads_per_cta_matches_reference(case: Case, overlap: bool, monkeypatch)
     from mate._tilelang.cache import CACHE
 
     monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
+    monkeypatch.setenv(tl_ssd.SPC_ENV, "1")  # (the lifted rule would also put the batch in one CTA)
     monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
     with tl_ssd.using("lean"), tl_ssd.options(overlap=overlap):
         test_kernels_match_reference(case, "lean")
@@ -374,9 +380,81 @@ def test_heads_per_cta_matches_reference(case: Case, overlap: bool, monkeypatch)
 
 def test_heads_per_cta_graph_replay_equals_eager(monkeypatch):
     monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
+    monkeypatch.setenv(tl_ssd.SPC_ENV, "1")
     monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
     with tl_ssd.using("lean"):
         test_graph_replay_equals_eager("lean")
+
+
+# Several sequences per fused CTA (``MATE_SSD_SEQS_PER_CTA``: the kernel reads every k-th run bound; the
+# three-waves rule is lifted so that these small calls take k = the batch). The shapes are those of CASES (the
+# same kernels: k is a runtime choice), the batches new: 1-token sequences, a sequence continuing with a short
+# first chunk, more runs than sequences, no initial states, pools, intermediate states.
+SPC_CASES = [
+    pytest.param(Case(), id="4-per-CTA_ragged"),
+    pytest.param(Case(init=False), id="4-per-CTA_no-init"),
+    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700, 3, 129, 64)), id="8-per-CTA_c256"),
+    pytest.param(Case(intermediate=True, history=(0, 100, 0, 64)), id="intermediate-states"),
+    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
+    pytest.param(Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2)), id="seq_idx-more-runs"),
+    pytest.param(Case(H=16, G=8, seqlens=(300, 10, 129, 1), history=(0, 37, 200, 5)), id="G8_continuing"),
+    pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 300, 513, 1)), id="P128_N256"),
+    pytest.param(Case(P=128, io=F16, D="full", z=True, seqlens=(77, 129, 2, 5)), id="P128_fp16_Dfull_z"),
+]
+
+
+def _spc_launches(monkeypatch) -> list[int]:
+    """Lift the three-waves rule, allow up to 16 sequences per CTA, and record each launch's choice."""
+    monkeypatch.setenv(tl_ssd.SPC_ENV, "16")
+    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
+    chosen, pick = [], tl_ssd.seqs_per_cta
+    monkeypatch.setattr(tl_ssd, "seqs_per_cta", lambda *a: chosen.append(pick(*a)) or chosen[-1])
+    return chosen
+
+
+@pytest.mark.parametrize("case", SPC_CASES)
+def test_seqs_per_cta_matches_reference(case: Case, kind: str, monkeypatch):
+    chosen = _spc_launches(monkeypatch)
+    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "0")  # (the lean kernel as the other designs; prefetch: below)
+    test_kernels_match_reference(case, kind)
+    assert chosen and set(chosen) == {len(case.seqlens)}  # one CTA per (P block, head) walks the whole batch
+
+
+def test_seqs_per_cta_graph_replay_equals_eager(monkeypatch):
+    chosen = _spc_launches(monkeypatch)
+    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "0")
+    monkeypatch.setattr(sys.modules[__name__], "GRAPH_CASE", Case(seqlens=(1, 100, 300, 64), z=True))
+    with tl_ssd.using("lean"):
+        test_graph_replay_equals_eager("lean")
+    assert chosen and set(chosen) == {4}
+
+
+# The lean kernel asking L2 for the next sequence's entering state (``MATE_SSD_PREFETCH=1``, opt-in): the same
+# batches with one sequence per CTA (the prefetch beside the preload) and with the whole batch per CTA (beside
+# each in-loop opening); a hint, so the results must be those of the reference.
+@pytest.mark.parametrize("case", SPC_CASES)
+@pytest.mark.parametrize("spc", ["1", "16"], ids=["1-per-CTA", "batch-per-CTA"])
+def test_prefetch_matches_reference(case: Case, spc: str, monkeypatch):
+    from mate._tilelang.cache import CACHE
+
+    chosen = _spc_launches(monkeypatch)
+    monkeypatch.setenv(tl_ssd.SPC_ENV, spc)
+    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "1")
+    with tl_ssd.using("lean"):
+        test_kernels_match_reference(case, "lean")
+        key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
+        build_fn = tl_ssd._fused_builder(key)
+        assert build_fn.tiles["prefetch"] is True and tl_ssd.cache_key(key, build_fn) in CACHE.kernels
+    assert set(chosen) == {1 if spc == "1" else len(case.seqlens)}
+
+
+def test_prefetch_graph_replay_equals_eager(monkeypatch):
+    chosen = _spc_launches(monkeypatch)
+    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "1")
+    monkeypatch.setattr(sys.modules[__name__], "GRAPH_CASE", Case(seqlens=(1, 100, 300, 64), z=True))
+    with tl_ssd.using("lean"):
+        test_graph_replay_equals_eager("lean")
+    assert set(chosen) == {4}
 
 
 def test_small_chunk_raises():

@@ -125,11 +125,18 @@ DT_HEADS_ENV = "MATE_SSD_DT_HEADS"
 HPC_ENV = "MATE_SSD_HEADS_PER_CTA"
 PRELOAD_ENV = "MATE_SSD_PRELOAD"
 RUNS_IN_DT_ENV = "MATE_SSD_RUNS_IN_DT"
+SPC_ENV = "MATE_SSD_SEQS_PER_CTA"
+PREFETCH_ENV = "MATE_SSD_PREFETCH"
 # the defaults of the lean design's options, each decided by a same-run measurement on the H200
 # (docs/ssd-kernels.md#tuning-knobs-environment)
 OVERLAP_DEFAULT = True
 PRELOAD_DEFAULT = True
-RUNS_IN_DT_DEFAULT = False  # (opt-in: compile-checked, not yet run on a GPU)
+RUNS_IN_DT_DEFAULT = True
+# sequences per fused CTA: at most this many (a power of two dividing the batch, leaving HPC_MIN_WAVES CTAs per SM)
+SPC_DEFAULT = 8
+# the lean kernel with the L2 prefetch of the next entering state, by default where a launch walks several
+# sequences per CTA whose mean length is at most this many tokens (many in-loop openings per tile)
+PREFETCH_MEAN_TOKENS = 1024
 DT_HEADS_DEFAULT = 8
 # a heads-per-CTA choice must leave at least this many CTAs per SM: fewer, longer CTAs would leave SMs idle
 # (one sequence of 128 heads is one wave; grouping its heads would halve the SMs in use)
@@ -153,14 +160,15 @@ _option_override: list[dict] = []  # set by ``options`` (the benchmark compares 
 @contextlib.contextmanager
 def options(
     *, overlap: bool | None = None, dt_heads: int | None = None, heads_per_cta: int | None = None,
-    preload: bool | None = None, runs_in_dt: bool | None = None,
+    preload: bool | None = None, runs_in_dt: bool | None = None, seqs_per_cta: int | None = None,
+    prefetch: bool | None = None,
 ):  # fmt: skip
     """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` /
-    ``MATE_SSD_HEADS_PER_CTA`` / ``MATE_SSD_PRELOAD`` / ``MATE_SSD_RUNS_IN_DT`` were set to these values (None:
-    as the environment says)."""
+    ``MATE_SSD_HEADS_PER_CTA`` / ``MATE_SSD_PRELOAD`` / ``MATE_SSD_RUNS_IN_DT`` / ``MATE_SSD_SEQS_PER_CTA`` /
+    ``MATE_SSD_PREFETCH`` were set to these values (None: as the environment says)."""
     _option_override.append(
         {"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta, "preload": preload,
-         "runs_in_dt": runs_in_dt}
+         "runs_in_dt": runs_in_dt, "seqs_per_cta": seqs_per_cta, "prefetch": prefetch}
     )  # fmt: skip
     try:
         yield
@@ -215,6 +223,17 @@ def heads_per_cta(candidates: list[int], heads: int, p_blocks: int, batch: int, 
     return max(ok, default=1)
 
 
+def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int) -> int:
+    """Sequences per fused CTA of one launch (the fused kernel reads ``bounds[::k]``): the largest power of two
+    k up to ``MATE_SSD_SEQS_PER_CTA`` (or :func:`options`; default 8, 1 turns it off) that divides the batch and
+    still leaves ``HPC_MIN_WAVES`` CTAs per SM (``ctas_per_seq``: P blocks x head groups). Nemotron-H on 132
+    SMs: 32 x 512 takes 8, 8 x 2048 takes 2, one sequence or an odd batch 1. A runtime choice: the same kernel
+    serves every k."""
+    limit = _setting("seqs_per_cta", SPC_ENV, (1, 2, 4, 8, 16)) or SPC_DEFAULT
+    ok = [k for k in (1, 2, 4, 8, 16) if k <= limit and batch % k == 0]
+    return max((k for k in ok if ctas_per_seq * (batch // k) >= HPC_MIN_WAVES * sms), default=1)
+
+
 def _overlap(kind: str, tiles: dict) -> bool:
     """Whether a fused kernel issues its wgmmas in two asynchronous pairs (``ssd_fused_kernel(overlap=True)``):
     the lean design at a P block that is a multiple of 64, unless ``tiles`` (the compile check), :func:`options`
@@ -233,6 +252,41 @@ def _preload(kind: str, tiles: dict) -> bool:
     if kind != "ssd_lean":
         return False
     return _flag("preload", PRELOAD_ENV, PRELOAD_DEFAULT, tiles.get("preload"))
+
+
+def _prefetch_setting() -> bool | None:
+    """``MATE_SSD_PREFETCH`` (or :func:`options`): True (1), False (0) or None (unset: each launch decides,
+    :func:`wants_prefetch`)."""
+    value = _option_override[-1]["prefetch"] if _option_override else None
+    if value is not None:
+        return bool(value)
+    raw = os.environ.get(PREFETCH_ENV, "").strip()
+    if raw == "":
+        return None
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ValueError(f"{PREFETCH_ENV}={raw!r}: expected 1 (on), 0 (off) or unset (per launch)")
+
+
+def wants_prefetch(spc: int, tokens: int, batch: int) -> bool:
+    """Whether a lean launch uses the kernel with the L2 prefetch of the next entering state: as
+    ``MATE_SSD_PREFETCH`` says, else (unset) where the launch walks several sequences per CTA whose mean length is
+    at most ``PREFETCH_MEAN_TOKENS`` (measured: 32 x 512 4-5 % faster with 8 sequences per CTA; the variant is
+    0.5-2 % slower where it opens few sequences: 8 x 2048, one sequence)."""
+    setting = _prefetch_setting()
+    if setting is not None:
+        return setting
+    return spc > 1 and tokens <= PREFETCH_MEAN_TOKENS * batch
+
+
+def _prefetch(kind: str, tiles: dict) -> bool:
+    """Whether a lean build has the L2 prefetch (``ssd_fused_kernel(prefetch=True)``): as ``tiles`` (a launch's
+    choice, the compile check) says, else as ``MATE_SSD_PREFETCH`` says (off when unset). The results are the
+    same either way."""
+    if kind != "ssd_lean":
+        return False
+    requested = tiles.get("prefetch")
+    return bool(requested) if requested is not None else bool(_prefetch_setting())
 
 
 def plan(
@@ -292,7 +346,9 @@ def _fused_builder(key, tiles: dict | None = None):
     tiles = dict(tiles or plan(P, N, L, getattr(torch, io)))
     # the on/off options as build arguments only when on (so the first measured kernel's arguments and cache
     # key stay as they were)
-    for name, on in (("overlap", _overlap(kind, tiles)), ("preload", _preload(kind, tiles))):
+    for name, on in (
+        ("overlap", _overlap(kind, tiles)), ("preload", _preload(kind, tiles)), ("prefetch", _prefetch(kind, tiles))
+    ):  # fmt: skip
         tiles.pop(name, None)
         if on:
             tiles[name] = True
@@ -325,8 +381,9 @@ DT_DECAY_ROWS = 12  # the position of the decay-rows flag in a pre-pass key
 
 def runs_in_dt(kind: str) -> bool:
     """Whether a ``kind`` call computes the runs table inside the dt pre-pass (one launch fewer) instead of in
-    :func:`mate_kernels.ssd.ssd_runs_kernel`: designs with a pre-pass, under ``MATE_SSD_RUNS_IN_DT=1`` or
-    :func:`options` (opt-in: compile-checked, not yet run on a GPU)."""
+    :func:`mate_kernels.ssd.ssd_runs_kernel`: designs with a pre-pass, unless :func:`options` or
+    ``MATE_SSD_RUNS_IN_DT=0`` says otherwise (default on since the seventh session's measurement: 1-6 us faster
+    in every benchmark cell). The results are the same either way."""
     return kind in PREPASS_VARIANTS and _flag("runs_in_dt", RUNS_IN_DT_ENV, RUNS_IN_DT_DEFAULT)
 
 
@@ -392,11 +449,17 @@ def builds(key) -> list[tuple]:
     """The (cache key, build function) pairs a launch of ``key`` may use: its kernel and, for a lean fused key
     under ``MATE_SSD_HEADS_PER_CTA``, each heads-per-CTA variant a launch may pick (prewarm compiles them all)."""
     build = builder_for(key)
-    out = [(cache_key(key, build), build)]
-    if key[0] == "ssd_lean":
-        P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
-        for d in hpc_candidates(key[0], key[1])[1:]:
-            b = _fused_builder(key, {**plan(P, N, L, io), "heads_per_cta": d})
+    if key[0] != "ssd_lean":
+        return [(cache_key(key, build), build)]
+    P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
+    setting = _prefetch_setting()
+    out = []
+    for d in hpc_candidates(key[0], key[1]):
+        for pf in [setting] if setting is not None else [False, True]:
+            tiles = {**plan(P, N, L, io), "prefetch": pf}
+            if d > 1:
+                tiles["heads_per_cta"] = d
+            b = _fused_builder(key, tiles)
             out.append((cache_key(key, b), b))
     return out
 
@@ -515,6 +578,11 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         hpc = heads_per_cta(candidates, H, P // tiles["block_P"], batch, sm_count(dev))
     if hpc > 1:
         tiles = {**tiles, "heads_per_cta": hpc}
+    spc = 1
+    if is_accelerator(dev):  # (the SM count is read only on a device)
+        spc = seqs_per_cta(batch, (P // tiles["block_P"]) * (H // hpc), sm_count(dev))
+    if kind == "lean":
+        tiles = {**tiles, "prefetch": wants_prefetch(spc, call.tokens, batch) and call.initial_states is not None}
     merged_runs = bool(dkey) and len(dkey[0]) > DT_DECAY_ROWS + 1  # the pre-pass computes the runs table
     runs = None if merged_runs else _get(rkey, _runs_builder, dev)
     kernel = _get(key, lambda k: _fused_builder(k, tiles), dev)  # the tiles this launch is planned with
@@ -576,7 +644,9 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     else:
         dtA = _dummy("dtA", dev, torch.float32, (1, H, 2, BL))
         tmeta = _dummy("tmeta", dev, torch.int32, (1, kmod.META_WIDTH))
-    kernel(x, dt, A, B, C, cu, seq_idx, bounds, dest, dt_bias, D, z, init, out, st, dtA, tmeta, flags)
+    # k sequences per CTA: every k-th run bound (k divides the batch, so the view ends on bounds[batch])
+    bounds_k = bounds[::spc] if spc > 1 else bounds
+    kernel(x, dt, A, B, C, cu, seq_idx, bounds_k, dest, dt_bias, D, z, init, out, st, dtA, tmeta, flags)
     if out is not call.out:
         call.out.copy_(out)
     if staged_states:
@@ -621,13 +691,12 @@ def prewarm_keys(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtyp
         )  # fmt: skip
         for intermediate in (False, True)
     ]
-    helpers = [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
-    if kind in PREPASS_VARIANTS:
-        if runs_in_dt(kind):  # one pre-pass per runs kernel it stands in for
-            helpers.extend(_dt_key(keys[0], r) for r in helpers[:2])
-        else:
-            helpers.append(_dt_key(keys[0]))
-    return keys, helpers
+    runs = [_runs_key("int32", "int32", "int32", False), _runs_key("int32", "int32", "int32", True)]
+    if kind not in PREPASS_VARIANTS:
+        return keys, runs
+    if runs_in_dt(kind):  # one pre-pass per runs kernel it stands in for (the runs kernels are not launched)
+        return keys, [_dt_key(keys[0], r) for r in runs]
+    return keys, runs + [_dt_key(keys[0])]
 
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, block_M=None,
@@ -724,6 +793,7 @@ def compile_grid() -> list[CompileItem]:
         ({**plain, "heads_per_cta": 4}, "4 heads per CTA"),
         ({**plain, "overlap": False}, "without overlap"),
         ({**plain, "preload": False}, "without preload"),
+        ({**plain, "prefetch": True}, "L2 prefetch"),
     ]
     for tiles, what in variants:
         label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 {what}"
@@ -732,8 +802,8 @@ def compile_grid() -> list[CompileItem]:
     # the MATE_SSD_DT_HEADS=1 pre-pass (one head per CTA; the default takes 8)
     items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows 1 head per CTA",
                              build=_dt_builder(_dt_key(key), 1), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
-    # the MATE_SSD_RUNS_IN_DT=1 pre-pass (the runs table in one more CTA; final states into a pool by index), and
-    # at N 256 (64-token tiles: the runs scan over 64 threads)
+    # the pre-pass with the runs table (the default; here with final states into a pool by index), and at N 256
+    # (64-token tiles: the runs scan over 64 threads)
     rk = _runs_key("int32", "int32", "int64", True)
     items.append(CompileItem(family="ssd", label="dt pre-pass H128 chunk256 decay rows with the runs table",
                              build=_dt_builder(_dt_key(key, rk)), pass_configs=dict(PASS_CONFIGS)))  # fmt: skip

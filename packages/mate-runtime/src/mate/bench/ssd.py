@@ -92,9 +92,10 @@ def mate_fn(w, L, kind: str | None = None):
     """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``lean`` / ``prepass`` /
     ``fused``), with ``+`` options of the lean design (:data:`LEAN_OPTIONS`): ``overlap`` / ``sync``
     (``MATE_SSD_OVERLAP=1`` / ``0``), ``dt8`` / ``dt1`` (``MATE_SSD_DT_HEADS``), ``hpc8``
-    (``MATE_SSD_HEADS_PER_CTA=8``), ``preload`` / ``nopreload`` (``MATE_SSD_PRELOAD=1`` / ``0``), ``dtruns``
-    (``MATE_SSD_RUNS_IN_DT=1``), e.g.
-    ``lean+sync+dt1+nopreload`` (the fifth session's defaults)."""
+    (``MATE_SSD_HEADS_PER_CTA=8``), ``preload`` / ``nopreload`` (``MATE_SSD_PRELOAD=1`` / ``0``), ``dtruns`` /
+    ``nodtruns`` (``MATE_SSD_RUNS_IN_DT=1`` / ``0``), ``spcN`` (``MATE_SSD_SEQS_PER_CTA=N``),
+    ``prefetch`` / ``noprefetch`` (``MATE_SSD_PREFETCH=1`` / ``0``), e.g.
+    ``lean+nodtruns`` (the sixth session's defaults)."""
     import contextlib
 
     from .._tilelang import ssd as tl_ssd
@@ -121,7 +122,9 @@ def mate_fn(w, L, kind: str | None = None):
 LEAN_OPTIONS = {
     "overlap": ("overlap", True), "sync": ("overlap", False), "dt8": ("dt_heads", 8), "dt1": ("dt_heads", 1),
     "hpc8": ("heads_per_cta", 8), "preload": ("preload", True), "nopreload": ("preload", False),
-    "dtruns": ("runs_in_dt", True),
+    "dtruns": ("runs_in_dt", True), "nodtruns": ("runs_in_dt", False),
+    "spc1": ("seqs_per_cta", 1), "spc2": ("seqs_per_cta", 2), "spc4": ("seqs_per_cta", 4),
+    "spc8": ("seqs_per_cta", 8), "prefetch": ("prefetch", True), "noprefetch": ("prefetch", False),
 }  # fmt: skip
 
 
@@ -211,14 +214,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--impls",
         default="mate,vllm",
-        help="mate (the design in force), mate-lean[+overlap|+sync][+dt8|+dt1][+hpc8][+preload|+nopreload][+dtruns], "
+        help="mate (the design in force), mate-lean[+overlap|+sync][+dt8|+dt1][+hpc8][+preload|+nopreload]"
+        "[+dtruns|+nodtruns][+spc1|+spc2|+spc4|+spc8][+prefetch|+noprefetch], "
         "mate-prepass, mate-fused, vllm",
     )
     ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
+    ap.add_argument(
+        "--batches", default="", help="comma list of batch names (e.g. 8x2048,32x512): only those, of any shape"
+    )
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     impls = [i for i in args.impls.split(",") if i]
+    only = [b for b in args.batches.split(",") if b]
+    if any(b not in BATCHES for b in only):
+        raise ValueError(f"--batches: expected a comma list of {', '.join(BATCHES)}; got {args.batches!r}")
     from .._tilelang.ssd import VARIANTS
 
     known = {"mate", "vllm", *(f"mate-{v}" for v in VARIANTS)}
@@ -269,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape_name, batches, chunks in QUICK_PLAN if args.quick else PLAN:
         s = SSD_SHAPES[shape_name]
         for bname in batches:
+            if only and bname not in only:
+                continue
             seqlens = BATCHES[bname]
             T = sum(seqlens)
             for L in chunks:
