@@ -18,21 +18,30 @@ def _key(state):
 
 def test_defaults_keep_the_key():
     assert tl_ssu.parse_bf16_options({}) == tl_ssu.BF16_DEFAULTS
-    assert tl_ssu.BF16_DEFAULTS == {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 4}
+    assert tl_ssu.BF16_DEFAULTS == {
+        "pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 8, "packed_per_thread": 2
+    }  # fmt: skip
     assert tl_ssu.bf16_tag(tl_ssu.parse_bf16_options({})) == "ssu"
     assert _key(BF16)[0] == "ssu" and _key(F32)[0] == "ssu" and len(_key(BF16)) == 17
 
 
 def test_parse_and_tag():
     env = {"MATE_SSU_BF16_PACK": "1", "MATE_SSU_BF16_MIN_BLOCKS": "8", "MATE_SSU_BF16_CHUNKS": "8",
-           "MATE_SSU_BF16_PACKED_MIN_BLOCKS": "4"}  # fmt: skip
+           "MATE_SSU_BF16_PACKED_MIN_BLOCKS": "4", "MATE_SSU_BF16_PACKED_CHUNKS": "4"}  # fmt: skip
     opts = tl_ssu.parse_bf16_options(env)
-    assert opts == {"pack_early": True, "min_blocks": 8, "per_thread": 8, "packed_min_blocks": 4}
+    assert opts == {
+        "pack_early": True,
+        "min_blocks": 8,
+        "per_thread": 8,
+        "packed_min_blocks": 4,
+        "packed_per_thread": 4,
+    }
     tag = tl_ssu.bf16_tag(opts)
-    assert tag == "ssu:pack=1:mb=8:chunks=8:pmb=4"
+    assert tag == "ssu:pack=1:mb=8:chunks=8:pmb=4:pchunks=4"
     assert tl_ssu._tag_options(tag) == opts
     for bad in ({"MATE_SSU_BF16_PACK": "yes"}, {"MATE_SSU_BF16_MIN_BLOCKS": "x"}, {"MATE_SSU_BF16_CHUNKS": "3"},
-                {"MATE_SSU_BF16_MIN_BLOCKS": "64"}, {"MATE_SSU_BF16_PACKED_MIN_BLOCKS": "-1"}):  # fmt: skip
+                {"MATE_SSU_BF16_MIN_BLOCKS": "64"}, {"MATE_SSU_BF16_PACKED_MIN_BLOCKS": "-1"},
+                {"MATE_SSU_BF16_PACKED_CHUNKS": "6"}):  # fmt: skip
         with pytest.raises(ValueError, match="MATE_SSU_BF16"):
             tl_ssu.parse_bf16_options(bad)
 
@@ -45,21 +54,23 @@ def test_switch_reaches_only_two_byte_states(monkeypatch):
         return "prim"
 
     monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
-    # the defaults: register caps 8 (one-token) and 4 (packed), early narrowing
+    # the defaults: register caps 8 (one-token) and 8 (packed), 4 and 2 chunks per thread, early narrowing
     assert tl_ssu.build_kernel(_key(BF16)) == "prim"
     assert seen["pack_early"] is True and seen["min_blocks"] == 8
     assert seen["tiling"] == kssu.choose_tiling(64, 128, "bfloat16", 4)
     seen.clear()
-    tl_ssu.build_kernel((_key(BF16)[0], False) + _key(BF16)[2:])  # packed: its own register cap
-    assert seen["pack_early"] is True and seen["min_blocks"] == 4
+    tl_ssu.build_kernel((_key(BF16)[0], False) + _key(BF16)[2:])  # packed: its own register cap and chunks
+    assert seen["pack_early"] is True and seen["min_blocks"] == 8
+    assert seen["tiling"] == kssu.choose_tiling(64, 128, "bfloat16", 2)
     seen.clear()
     tl_ssu.build_kernel(_key(F32))  # fp32 states: the factory's defaults
     assert "pack_early" not in seen and "tiling" not in seen and "min_blocks" not in seen
     # the former default, switched on for an A/B run
-    prev = tl_ssu.set_bf16_options({"pack_early": False, "min_blocks": 0, "packed_min_blocks": 0})
+    prev = tl_ssu.set_bf16_options({"pack_early": False, "min_blocks": 0, "packed_min_blocks": 0,
+                                    "packed_per_thread": 4})  # fmt: skip
     try:
-        assert _key(BF16)[0] == "ssu:pack=0:mb=0:chunks=4:pmb=0"
-        assert _key(torch.float16)[0] == "ssu:pack=0:mb=0:chunks=4:pmb=0"
+        assert _key(BF16)[0] == "ssu:pack=0:mb=0:chunks=4:pmb=0:pchunks=4"
+        assert _key(torch.float16)[0] == "ssu:pack=0:mb=0:chunks=4:pmb=0:pchunks=4"
         assert _key(F32)[0] == "ssu"
         seen.clear()
         tl_ssu.build_kernel(_key(BF16))
@@ -112,7 +123,7 @@ def test_bench_variant_call_switches_and_restores(monkeypatch):
     call = bench._mate_with_options("MATE_SSU_BF16_PACKED_MIN_BLOCKS=0")
     fast, tag = mssu.FAST_PATH, tl_ssu._TAG_2B
     assert call(None, None) == "y"
-    assert seen == [("ssu:pack=1:mb=8:chunks=4:pmb=0", False)]
+    assert seen == [("ssu:pack=1:mb=8:chunks=4:pmb=0:pchunks=2", False)]
     assert (mssu.FAST_PATH, tl_ssu._TAG_2B) == (fast, tag)
 
 

@@ -16,7 +16,8 @@
 #     bench       mate bench ssu (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per call)
 #   not in the default list (run it by name, e.g. `... run_ssu_session.sh precompile bench-bf16`):
 #     bench-bf16  the bf16-state A/B (docs/ssu-kernels.md, "bf16 state: what the generated code shows"): bf16
-#                 cases of `mate bench ssu --quick`, default kernels beside three other MATE_SSU_BF16_* settings (the first: the former default) and
+#                 cases of `mate bench ssu --quick`, default kernels beside two other MATE_SSU_BF16_* settings (the
+#                 first: the fourth session's default, the second: the sixth session's packed kernel) and
 #                 the peers, written as ssu-bf16-ab.{md,json,png}
 #     bench-f32   the fp32-state A/B of the packed kernel's register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS 6 and 5
 #                 beside the default, no cap): fp32 cases of `mate bench ssu` (MTP 6 at batch 8 and 64 included),
@@ -72,9 +73,8 @@ for stage in "${stages[@]}"; do
         [ "$left" -lt 30 ] && { stamp "bench-bf16 skipped: ${left}s left"; continue; }
         stamp "bench-bf16 (${left}s)"
         timeout "$left" python3 -m mate.bench.ssu --quick --state bf16 --out "$OUT" --name ssu-bf16-ab \
-            --env MATE_SSU_BF16_PACK=0,MATE_SSU_BF16_MIN_BLOCKS=0,MATE_SSU_BF16_PACKED_MIN_BLOCKS=0 \
-            --env MATE_SSU_BF16_MIN_BLOCKS=0 \
-            --env MATE_SSU_BF16_CHUNKS=8,MATE_SSU_BF16_MIN_BLOCKS=4 \
+            --env MATE_SSU_BF16_PACK=0,MATE_SSU_BF16_MIN_BLOCKS=0,MATE_SSU_BF16_PACKED_MIN_BLOCKS=0,MATE_SSU_BF16_PACKED_CHUNKS=4 \
+            --env MATE_SSU_BF16_PACKED_MIN_BLOCKS=4,MATE_SSU_BF16_PACKED_CHUNKS=4 \
             >"$OUT/bench-bf16.log" 2>&1
         stamp "bench-bf16 rc=$?"
         ;;

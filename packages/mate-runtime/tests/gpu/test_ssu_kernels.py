@@ -330,11 +330,14 @@ def test_packed(case):
 
 
 # The 2-byte-state options (MATE_SSU_BF16_*, docs/ssu-kernels.md "bf16 state: what the generated code shows"):
-# the same cases must pass with the other settings; the default setting (early narrowing, register caps 8 and 4)
-# is every other test of this file.
+# the same cases must pass with the other settings; the default setting (early narrowing, register caps 8 and 8,
+# 4 and 2 chunks per thread) is every other test of this file.
 BF16_OPTIONS = [
-    pytest.param({"pack_early": False, "min_blocks": 0, "packed_min_blocks": 0}, id="former-default"),
+    pytest.param(
+        {"pack_early": False, "min_blocks": 0, "packed_min_blocks": 0, "packed_per_thread": 4}, id="former-default"
+    ),
     pytest.param({"per_thread": 8}, id="chunks8"),
+    pytest.param({"packed_min_blocks": 4, "packed_per_thread": 4}, id="sixth-session-packed"),
 ]
 BF16_OPTION_CASES = [
     pytest.param(Case(state=BF16, H=128, G=8, batch=8, rows_view=True), id="one-bf16-h128g8-b8-rowsview"),
@@ -360,7 +363,7 @@ def test_bf16_state_options(case, opts, monkeypatch):
     ],
 )
 def test_bf16_packed_without_register_cap(case, monkeypatch):
-    _check_with_options(case, {"packed_min_blocks": 0}, monkeypatch)
+    _check_with_options(case, {"packed_min_blocks": 0, "packed_per_thread": 4}, monkeypatch)
 
 
 def _check_with_options(case, opts, monkeypatch, f32: bool = False):

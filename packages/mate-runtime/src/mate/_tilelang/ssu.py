@@ -143,11 +143,16 @@ def _vector_access(vec: int, state, B, C, ibuf) -> tuple[bool, bool]:
 #   MATE_SSU_BF16_PACK=0|1      one-token kernel: narrow each updated value back into its load registers at once
 #   MATE_SSU_BF16_MIN_BLOCKS=n  one-token kernel: __launch_bounds__(threads, n), ptxas caps registers for n CTAs/SM
 #                               (0: no cap)
-#   MATE_SSU_BF16_CHUNKS=c      16-byte state chunks per thread
+#   MATE_SSU_BF16_CHUNKS=c      one-token kernel: 16-byte state chunks per thread
 #   MATE_SSU_BF16_PACKED_MIN_BLOCKS=n  the same register cap for the packed kernel
+#   MATE_SSU_BF16_PACKED_CHUNKS=c      packed kernel: 16-byte state chunks per thread
+# The packed kernel's defaults (2 chunks, 8 CTAs: 64 registers, no spills, twice the warps per SM for the same
+# bytes in flight) won the seventh session's H200 A/B: MTP 6 bf16 batch 64 290.5 -> 273.5 us (3.23 -> 3.44 TB/s;
+# vLLM 287.7), batch 8 unchanged; the one-token kernel with 2 chunks was slower at batch 8-64 (it keeps 4).
 TWO_BYTE_STATES = (torch.bfloat16, torch.float16)  # the state dtypes these options shape
-BF16_ENV = ("MATE_SSU_BF16_PACK", "MATE_SSU_BF16_MIN_BLOCKS", "MATE_SSU_BF16_CHUNKS", "MATE_SSU_BF16_PACKED_MIN_BLOCKS")
-BF16_DEFAULTS = {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 4}
+BF16_ENV = ("MATE_SSU_BF16_PACK", "MATE_SSU_BF16_MIN_BLOCKS", "MATE_SSU_BF16_CHUNKS", "MATE_SSU_BF16_PACKED_MIN_BLOCKS",
+            "MATE_SSU_BF16_PACKED_CHUNKS")  # fmt: skip
+BF16_DEFAULTS = {"pack_early": True, "min_blocks": 8, "per_thread": 4, "packed_min_blocks": 8, "packed_per_thread": 2}
 
 
 def parse_bf16_options(env) -> dict:
@@ -158,7 +163,8 @@ def parse_bf16_options(env) -> dict:
         raise ValueError(f"MATE_SSU_BF16_PACK: expected 0 or 1, got {pack!r}")
     opts["pack_early"] = pack == "1"
     for name, field in (("MATE_SSU_BF16_MIN_BLOCKS", "min_blocks"), ("MATE_SSU_BF16_CHUNKS", "per_thread"),
-                        ("MATE_SSU_BF16_PACKED_MIN_BLOCKS", "packed_min_blocks")):  # fmt: skip
+                        ("MATE_SSU_BF16_PACKED_MIN_BLOCKS", "packed_min_blocks"),
+                        ("MATE_SSU_BF16_PACKED_CHUNKS", "packed_per_thread")):  # fmt: skip
         value = env.get(name, str(BF16_DEFAULTS[field]))
         try:
             opts[field] = int(value)
@@ -168,18 +174,19 @@ def parse_bf16_options(env) -> dict:
                                                                        "packed_min_blocks")):  # fmt: skip
         if not 0 <= opts[field] <= 32:
             raise ValueError(f"{name}: expected 0..32, got {opts[field]}")
-    if opts["per_thread"] not in (1, 2, 4, 8, 16):
-        raise ValueError(f"MATE_SSU_BF16_CHUNKS: expected 1, 2, 4, 8 or 16, got {opts['per_thread']}")
+    for name, field in (("MATE_SSU_BF16_CHUNKS", "per_thread"), ("MATE_SSU_BF16_PACKED_CHUNKS", "packed_per_thread")):
+        if opts[field] not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{name}: expected 1, 2, 4, 8 or 16, got {opts[field]}")
     return opts
 
 
 def bf16_tag(opts: dict) -> str:
     """The kernel key's first entry for 2-byte states: "ssu" for the defaults, else
-    "ssu:pack=..:mb=..:chunks=..:pmb=.."."""
+    "ssu:pack=..:mb=..:chunks=..:pmb=..:pchunks=.."."""
     if opts == BF16_DEFAULTS:
         return "ssu"
     return (f"ssu:pack={int(opts['pack_early'])}:mb={opts['min_blocks']}:chunks={opts['per_thread']}"
-            f":pmb={opts['packed_min_blocks']}")  # fmt: skip
+            f":pmb={opts['packed_min_blocks']}:pchunks={opts['packed_per_thread']}")  # fmt: skip
 
 
 def _tag_options(tag: str) -> dict:
@@ -188,7 +195,7 @@ def _tag_options(tag: str) -> dict:
         return dict(BF16_DEFAULTS)
     fields = dict(f.split("=") for f in tag.split(":")[1:])
     return {"pack_early": fields["pack"] == "1", "min_blocks": int(fields["mb"]), "per_thread": int(fields["chunks"]),
-            "packed_min_blocks": int(fields["pmb"])}  # fmt: skip
+            "packed_min_blocks": int(fields["pmb"]), "packed_per_thread": int(fields["pchunks"])}  # fmt: skip
 
 
 _TAG_2B = bf16_tag(parse_bf16_options(os.environ))
@@ -264,10 +271,12 @@ def _builder(key):
         if opts:
             kmod = _kmod()
             extra = dict(
-                tiling=kmod.choose_tiling(P, N, _DT[state_dt], opts["per_thread"]),
+                tiling=kmod.choose_tiling(
+                    P, N, _DT[state_dt], opts["per_thread" if one_token else "packed_per_thread"]
+                ),
                 pack_early=opts["pack_early"],
-                # separate caps: the packed bf16 kernel (139 registers) spills 152 bytes under the one-token's
-                # 8-CTA cap, and none at 4 CTAs (119 registers)
+                # separate caps and chunk counts: with 4 chunks the packed bf16 kernel (139 registers) spills 152
+                # bytes under an 8-CTA cap; with 2 it fits 8 CTAs (64 registers)
                 min_blocks=opts["min_blocks"] if one_token else opts["packed_min_blocks"],
             )
         return _kmod().ssu_kernel(
@@ -699,7 +708,7 @@ def compile_grid() -> list[CompileItem]:
     label = f"packed P64 N128 H/G16 state=float32 io=bfloat16 dt=float32 tied {key[0]}"
     items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
     # the former 2-byte default (no register caps, late narrowing): still selectable for A/B runs
-    ab = {"pack_early": False, "min_blocks": 0, "per_thread": 4, "packed_min_blocks": 0}
+    ab = {"pack_early": False, "min_blocks": 0, "per_thread": 4, "packed_min_blocks": 0, "packed_per_thread": 4}
     for one_token in (True, False):
         base = _key(one_token, 64, 128, 16, bf16, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32, bf16, True,
                     True, True)  # fmt: skip
