@@ -13,13 +13,14 @@
 #                 (skipped under DEFAULT_TESTS=0), then on their own each group of $OPTION_TESTS (default all:
 #                 settings = lean without overlap / preload, hpc8 = several heads per CTA, dt = the dt pre-pass
 #                 at 1 and 8 heads per CTA, dtruns = the runs table inside the dt pre-pass and in the runs
-#                 kernel, spc = several sequences per fused CTA)
+#                 kernel, spc8 = several sequences per fused CTA (every design), prefetch = the lean kernel's
+#                 L2 prefetch at one and at several sequences per CTA)
 #     ptxas       registers / spills of the fused kernel (nvcc -Xptxas -v on TileLang's source)
 #     profile     per-kernel device time of MATE and vLLM (tests/gpu/ssd_profile.py)
-#     quick       mate bench ssd --quick (headline shape, two batches; lean with its defaults, with the
-#                 sixth session's defaults (mate-lean+nodtruns), with each opt-in option
-#                 MATE_SSD_HEADS_PER_CTA=8 / MATE_SSD_SEQS_PER_CTA=8 whose tests passed (all when the tests stage
-#                 did not run); vLLM)
+#     quick       mate bench ssd --quick (headline shape, two batches; lean with its defaults, with one
+#                 sequence per CTA and no prefetch (mate-lean+spc1+noprefetch), with the sixth session's
+#                 defaults (+nodtruns as well), with the opt-in MATE_SSD_HEADS_PER_CTA=8 when its tests passed
+#                 (or the tests stage did not run); vLLM)
 #     bench       mate bench ssd (the whole plan; writes after every shape; gets what is left of $BUDGET s)
 #     sweep       (not in the default list) mate bench ssd --quick once per tile setting in $SWEEP
 #                 ("threads:block_L[:overlap]", default "256:64 512:64 512:64:overlap"; MATE_SSD_THREADS /
@@ -77,11 +78,12 @@ for stage in "${stages[@]}"; do
         stamp "profile rc=$?"
         ;;
     quick)
-        # lean with its defaults, lean as before the seventh session's defaults (the runs kernel), lean with
-        # each opt-in option whose tests passed in this session (all when the tests stage did not run), vLLM
-        impls=mate-lean,mate-lean+nodtruns
-        for o in hpc8 spc8 prefetch; do
-            case " ${PASSED_OPTIONS- hpc8 spc8 prefetch} " in *" $o "*) impls="$impls,mate-lean+$o" ;; esac
+        # lean with its defaults, without the seventh session's sequences per CTA and prefetch, as before the
+        # seventh session (the runs kernel too), with the opt-in option if its tests passed in this session (or
+        # the tests stage did not run), vLLM
+        impls=mate-lean,mate-lean+spc1+noprefetch,mate-lean+spc1+noprefetch+nodtruns
+        for o in hpc8; do
+            case " ${PASSED_OPTIONS- hpc8} " in *" $o "*) impls="$impls,mate-lean+$o" ;; esac
         done
         stamp "bench quick (${IMPLS:-$impls,vllm})"
         timeout "$(stage_limit 300)" python3 -m mate.bench.ssd --quick --impls "${IMPLS:-$impls,vllm}" --out "$OUT" --name ssd_quick >"$OUT/bench_quick.log" 2>&1
