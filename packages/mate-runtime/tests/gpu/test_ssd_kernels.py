@@ -420,9 +420,11 @@ def test_seqs_per_cta_matches_reference(case: Case, kind: str, monkeypatch):
     assert chosen and set(chosen) == {len(case.seqlens)}  # one CTA per (P block, head) walks the whole batch
 
 
-def test_seqs_per_cta_graph_replay_equals_eager(monkeypatch):
+@pytest.mark.parametrize("prefetch", ["0", "1"], ids=["plain", "with-prefetch"])
+def test_seqs_per_cta_graph_replay_equals_eager(prefetch: str, monkeypatch):
+    """(the id with-prefetch puts the second case in the prefetch group of the session script too)"""
     chosen = _spc_launches(monkeypatch)
-    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "0")
+    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, prefetch)
     monkeypatch.setattr(sys.modules[__name__], "GRAPH_CASE", Case(seqlens=(1, 100, 300, 64), z=True))
     with tl_ssd.using("lean"):
         test_graph_replay_equals_eager("lean")
@@ -446,15 +448,6 @@ def test_prefetch_matches_reference(case: Case, spc: str, monkeypatch):
         build_fn = tl_ssd._fused_builder(key)
         assert build_fn.tiles["prefetch"] is True and tl_ssd.cache_key(key, build_fn) in CACHE.kernels
     assert set(chosen) == {1 if spc == "1" else len(case.seqlens)}
-
-
-def test_prefetch_graph_replay_equals_eager(monkeypatch):
-    chosen = _spc_launches(monkeypatch)
-    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "1")
-    monkeypatch.setattr(sys.modules[__name__], "GRAPH_CASE", Case(seqlens=(1, 100, 300, 64), z=True))
-    with tl_ssd.using("lean"):
-        test_graph_replay_equals_eager("lean")
-    assert set(chosen) == {4}
 
 
 def test_small_chunk_raises():

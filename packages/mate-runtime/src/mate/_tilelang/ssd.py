@@ -183,10 +183,10 @@ def _setting(name: str, env: str, allowed: tuple[int, ...]):
     return _env_choice(env, allowed) if value is None else value
 
 
-def _flag(name: str, env: str, default: bool, requested: bool | None = None) -> bool:
+def _flag(name: str, env: str, default: bool | None, requested: bool | None = None) -> bool | None:
     """An on/off option: ``requested`` when given (a build's own tiles: the compile check), else the enclosing
-    :func:`options` block's value when it sets one, else ``env`` = 1 / 0, else (unset or empty) ``default``.
-    ValueError naming the variable on any other value."""
+    :func:`options` block's value when it sets one, else ``env`` = 1 / 0, else (unset or empty) ``default``
+    (None: the launch decides). ValueError naming the variable on any other value."""
     if requested is not None:
         return requested
     value = _option_override[-1][name] if _option_override else None
@@ -197,7 +197,8 @@ def _flag(name: str, env: str, default: bool, requested: bool | None = None) -> 
         return default
     if raw in ("0", "1"):
         return raw == "1"
-    raise ValueError(f"{env}={raw!r}: expected 1 (on) or 0 (off); unset: {int(default)}")
+    unset = "per launch" if default is None else int(default)
+    raise ValueError(f"{env}={raw!r}: expected 1 (on) or 0 (off); unset: {unset}")
 
 
 def _head_groups(heads: int, n: int, largest: int) -> list[int]:
@@ -257,15 +258,7 @@ def _preload(kind: str, tiles: dict) -> bool:
 def _prefetch_setting() -> bool | None:
     """``MATE_SSD_PREFETCH`` (or :func:`options`): True (1), False (0) or None (unset: each launch decides,
     :func:`wants_prefetch`)."""
-    value = _option_override[-1]["prefetch"] if _option_override else None
-    if value is not None:
-        return bool(value)
-    raw = os.environ.get(PREFETCH_ENV, "").strip()
-    if raw == "":
-        return None
-    if raw in ("0", "1"):
-        return raw == "1"
-    raise ValueError(f"{PREFETCH_ENV}={raw!r}: expected 1 (on), 0 (off) or unset (per launch)")
+    return _flag("prefetch", PREFETCH_ENV, None)
 
 
 def wants_prefetch(spc: int, tokens: int, batch: int) -> bool:
