@@ -48,10 +48,13 @@ FLAG_INIT = 2
 # Per-tile record of the dt pre-pass (first token, valid tokens, opening sequence or -1): 3 int32 used, padded
 # to 128 bytes because a TMA load's shared-memory destination (one per pipeline stage) must be 128-byte aligned.
 META_WIDTH = 32
-# ``prefetch``: one L2 prefetch per 128-byte line (a hint: no alignment needed, nothing waits on it)
+# ``prefetch``: one L2 prefetch per 128-byte line (a hint: no alignment needed, nothing waits on it). PTX, so
+# only in NVIDIA device code; elsewhere (MUSA's compiler) the hint compiles to nothing.
 PREFETCH_L2_SRC = r"""
 __device__ __forceinline__ void mate_prefetch_l2(const void* ptr) {
+#if defined(__CUDA_ARCH__) && !defined(__MUSA_ARCH__)
   asm volatile("prefetch.global.L2 [%0];" :: "l"(ptr));
+#endif
 }
 """
 
