@@ -165,16 +165,19 @@ def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per
 
 
 @functools.cache
-def source(key, threads: int | None = None, overlap: bool = False, hpc: int = 1, preload: bool = False) -> str:
+def source(
+    key, threads: int | None = None, overlap: bool = False, hpc: int = 1, preload: bool = False, prefetch: bool = False
+) -> str:
     """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads, ``overlap`` asks for
-    the asynchronous wgmmas, ``hpc`` heads per CTA, ``preload`` the first entering state before the loop. Head
-    dims that are not a multiple of 64 take the narrow-P tiling."""
+    the asynchronous wgmmas, ``hpc`` heads per CTA, ``preload`` the first entering state before the loop,
+    ``prefetch`` the L2 prefetch of the next entering state. Head dims that are not a multiple of 64 take the
+    narrow-P tiling."""
     import torch
     from mate._tilelang import ssd as tl_ssd
     from mate._tilelang.cache import compile_prim_func
 
     P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
-    tiles = {**tl_ssd.plan(P, N, L, io, threads=threads), "overlap": overlap, "preload": preload}
+    tiles = {**tl_ssd.plan(P, N, L, io, threads=threads), "overlap": overlap, "preload": preload, "prefetch": prefetch}
     if hpc > 1:
         tiles["heads_per_cta"] = hpc
     kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
@@ -203,6 +206,10 @@ KERNELS = [
     # the first entering state loaded before the pipelined loop (MATE_SSD_PRELOAD, the default)
     pytest.param((SMALL, dict(kind="lean", preload=True, overlap=True)), id="lean_preload_overlap"),
     pytest.param((SMALL, dict(kind="lean", preload=True, hpc=2)), id="lean_preload_2-heads-per-CTA"),
+    # with the L2 prefetch of the next entering state (MATE_SSD_PREFETCH, chosen per launch)
+    pytest.param(
+        (SMALL, dict(kind="lean", preload=True, overlap=True, prefetch=True)), id="lean_preload_overlap_prefetch"
+    ),
 ]
 
 
@@ -213,7 +220,8 @@ def _source(spec) -> str:
     overlap = opts.pop("overlap", False)
     hpc = opts.pop("hpc", 1)
     preload = opts.pop("preload", False)
-    return source(_key(**shape, **opts), threads, overlap, hpc, preload)
+    prefetch = opts.pop("prefetch", False)
+    return source(_key(**shape, **opts), threads, overlap, hpc, preload, prefetch)
 
 
 @pytest.mark.parametrize("spec", KERNELS)
