@@ -293,6 +293,8 @@ def ssd_fused_kernel(
     per_line = 128 // init_bytes  # values per 128-byte line (N is a multiple of it)
     n_lines = BP * N // per_line
 
+    prelude = PREFETCH_L2_SRC if prefetch else None  # (the device function the prefetch calls)
+
     @T.macro
     def prefetch_next_init(initial_states, nxt, hh, p0):
         # the [block_P, N] block of initial_states[nxt, hh] (contiguous rows), one line per consumer thread
@@ -326,11 +328,7 @@ def ssd_fused_kernel(
         tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
         flags: T.int32,
     ):
-        with T.Kernel(n_pb, H // HPC, batch1 - 1, threads=threads, prelude=PREFETCH_L2_SRC if prefetch else None) as (
-            pb,
-            h,
-            b,
-        ):
+        with T.Kernel(n_pb, H // HPC, batch1 - 1, threads=threads, prelude=prelude) as (pb, h, b):
             x_s = T.alloc_shared((BL, BP), io_dtype)
             B_s = T.alloc_shared((BL, N), io_dtype)
             C_s = T.alloc_shared((BL, N), io_dtype)
