@@ -201,10 +201,16 @@ def _flag(name: str, env: str, default: bool | None, requested: bool | None = No
     raise ValueError(f"{env}={raw!r}: expected 1 (on) or 0 (off); unset: {unset}")
 
 
-def _head_groups(heads: int, n: int, largest: int) -> list[int]:
-    """The powers of two up to ``n`` (and ``largest``) that divide ``heads``: the group sizes a heads-per-CTA
-    option may use."""
-    return [d for d in (1, 2, 4, 8, 16) if d <= min(n, largest) and heads % d == 0]
+def _pow2_divisors(x: int, n: int, largest: int) -> list[int]:
+    """The powers of two up to ``n`` (and ``largest``) that divide ``x``: the group sizes a heads-per-CTA or
+    sequences-per-CTA option may use."""
+    return [d for d in (1, 2, 4, 8, 16) if d <= min(n, largest) and x % d == 0]
+
+
+def _largest_leaving_waves(candidates, ctas, sms: int) -> int:
+    """The largest of ``candidates`` whose grid (``ctas(d)`` CTAs) still leaves ``HPC_MIN_WAVES`` CTAs per SM, or 1:
+    the one rule behind heads and sequences per CTA (fewer, longer CTAs would leave SMs idle)."""
+    return max((d for d in candidates if ctas(d) >= HPC_MIN_WAVES * sms), default=1)
 
 
 def hpc_candidates(kind: str, heads: int) -> list[int]:
@@ -213,15 +219,14 @@ def hpc_candidates(kind: str, heads: int) -> list[int]:
     the lean design every power of two up to n that divides ``heads``. Prewarm compiles each of them."""
     if kind != "ssd_lean":
         return [1]
-    return _head_groups(heads, _setting("heads_per_cta", HPC_ENV, (2, 4, 8)) or 1, 8)
+    return _pow2_divisors(heads, _setting("heads_per_cta", HPC_ENV, (2, 4, 8)) or 1, 8)
 
 
 def heads_per_cta(candidates: list[int], heads: int, p_blocks: int, batch: int, sms: int) -> int:
     """Heads per CTA of one launch: the largest of :func:`hpc_candidates` that still leaves ``HPC_MIN_WAVES``
     CTAs per SM (many short sequences: fewer CTA starts and less wave quantisation; one long sequence keeps one
     head per CTA)."""
-    ok = [d for d in candidates if p_blocks * (heads // d) * batch >= HPC_MIN_WAVES * sms]
-    return max(ok, default=1)
+    return _largest_leaving_waves(candidates, lambda d: p_blocks * (heads // d) * batch, sms)
 
 
 def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int) -> int:
@@ -231,8 +236,7 @@ def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int) -> int:
     SMs: 32 x 512 takes 8, 8 x 2048 takes 2, one sequence or an odd batch 1. A runtime choice: the same kernel
     serves every k."""
     limit = _setting("seqs_per_cta", SPC_ENV, (1, 2, 4, 8, 16)) or SPC_DEFAULT
-    ok = [k for k in (1, 2, 4, 8, 16) if k <= limit and batch % k == 0]
-    return max((k for k in ok if ctas_per_seq * (batch // k) >= HPC_MIN_WAVES * sms), default=1)
+    return _largest_leaving_waves(_pow2_divisors(batch, limit, 16), lambda k: ctas_per_seq * (batch // k), sms)
 
 
 def _overlap(kind: str, tiles: dict) -> bool:
@@ -278,8 +282,7 @@ def _prefetch(kind: str, tiles: dict) -> bool:
     same either way."""
     if kind != "ssd_lean":
         return False
-    requested = tiles.get("prefetch")
-    return bool(requested) if requested is not None else bool(_prefetch_setting())
+    return bool(_flag("prefetch", PREFETCH_ENV, None, tiles.get("prefetch")))
 
 
 def plan(
@@ -390,7 +393,7 @@ def _dt_heads(heads: int, requested: int | None = None) -> int:
         if requested is not None
         else (_setting("dt_heads", DT_HEADS_ENV, (1, 2, 4, 8, 16)) or DT_HEADS_DEFAULT)
     )
-    return max(_head_groups(heads, n, 16))
+    return max(_pow2_divisors(heads, n, 16))
 
 
 def _dt_builder(key, heads_per_cta: int | None = None):
