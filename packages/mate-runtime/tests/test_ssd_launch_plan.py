@@ -428,25 +428,37 @@ def test_runs_in_dt_option_keys_and_launches(monkeypatch, pool):
 
 
 @pytest.mark.parametrize(
-    "heads, batch, env, spc",
+    "ctas, batch, tiles, env, spc",
     [
-        pytest.param(128, 32, "8", 8, id="32x512-8"),
-        pytest.param(128, 32, "4", 4, id="32x512-limit4"),
-        pytest.param(128, 8, "8", 2, id="8x2048-2"),
-        pytest.param(128, 1, "8", 1, id="1x8192-1"),
-        pytest.param(128, 5, "8", 1, id="ragged5-odd-1"),
-        pytest.param(128, 12, "8", 2, id="12-seqs-2"),
-        pytest.param(128, 32, "", 8, id="unset-8"),
-        pytest.param(128, 32, "1", 1, id="one-1"),
+        pytest.param(128, 32, 4, "", 32, id="nemotron-32x512-whole-batch"),
+        pytest.param(128, 8, 16, "", 8, id="nemotron-8x2048-whole-batch"),
+        pytest.param(128, 5, 13, "", 5, id="nemotron-ragged5-whole-batch"),
+        pytest.param(128, 1, 64, "", 1, id="one-sequence"),
+        pytest.param(128, 32, 4, "8", 8, id="limit-8"),
+        pytest.param(128, 32, 4, "12", 8, id="limit-12-largest-divisor-below"),
+        pytest.param(128, 32, 4, "1", 1, id="limit-1-off"),
+        pytest.param(80, 8, 16, "", 1, id="mamba2-8x2048-one-per-CTA"),
+        pytest.param(80, 32, 4, "", 4, id="mamba2-32x512-4"),
+        pytest.param(48, 8, 32, "", 1, id="falcon-h1-8x2048-one-per-CTA"),
+        pytest.param(256, 4, 16, "", 4, id="two-waves-per-sequence"),
+        pytest.param(128, 1000, 1, "", 1000, id="1000-one-tile-sequences"),
     ],
 )
-def test_seqs_per_cta_leaves_three_waves(monkeypatch, heads, batch, env, spc):
+def test_seqs_per_cta_shortest_makespan(monkeypatch, ctas, batch, tiles, env, spc):
     monkeypatch.setenv(tl_ssd.SPC_ENV, env)
-    assert tl_ssd.seqs_per_cta(batch, heads, 132) == spc
+    assert tl_ssd.seqs_per_cta(batch, ctas, 132, tiles) == spc
+
+
+def test_seqs_per_cta_prediction():
+    """The makespan the choice minimises, in tiles on the busiest SM: Mamba2 8 x 2048 (80 CTAs per sequence)
+    is 5 waves of one 16-tile sequence plus a start each (85) with one sequence per CTA, 3 waves of 2 with 2."""
+    assert tl_ssd._shortest_makespan(8, 1, 80, 132, 16) == 1
+    assert tl_ssd._shortest_makespan(8, 2, 80, 132, 16) == 1  # 5 * 17 = 85 < 3 * 33 = 99
+    assert tl_ssd._shortest_makespan(8, 8, 128, 132, 16) == 8  # 1 * 129 < 2 * 65 < 4 * 33 < 8 * 17
 
 
 def test_seqs_per_cta_bad_value_raises(monkeypatch):
-    monkeypatch.setenv(tl_ssd.SPC_ENV, "3")
+    monkeypatch.setenv(tl_ssd.SPC_ENV, "-3")
     with pytest.raises(ValueError, match=tl_ssd.SPC_ENV):
         tl_ssd.seqs_per_cta(32, 128, 132)
 
@@ -475,24 +487,24 @@ def test_seqs_per_cta_launches_a_bounds_view(monkeypatch, env, stride):
 
 
 @pytest.mark.parametrize(
-    "env, spc, tokens, batch, want",
+    "env, spc, want",
     [
-        pytest.param("", 8, 32 * 512, 32, True, id="32x512-8-per-CTA"),
-        pytest.param("", 2, 8 * 2048, 8, False, id="8x2048-long"),
-        pytest.param("", 1, 305, 2, False, id="one-per-CTA"),
-        pytest.param("1", 1, 8192, 1, True, id="forced-on"),
-        pytest.param("0", 8, 32 * 512, 32, False, id="forced-off"),
+        pytest.param("", 32, True, id="whole-batch-per-CTA"),
+        pytest.param("", 8, True, id="8-per-CTA"),
+        pytest.param("", 1, False, id="one-per-CTA"),
+        pytest.param("1", 1, True, id="forced-on"),
+        pytest.param("0", 8, False, id="forced-off"),
     ],
 )
-def test_prefetch_choice(monkeypatch, env, spc, tokens, batch, want):
+def test_prefetch_choice(monkeypatch, env, spc, want):
     monkeypatch.setenv(tl_ssd.PREFETCH_ENV, env)
-    assert tl_ssd.wants_prefetch(spc, tokens, batch) is want
+    assert tl_ssd.wants_prefetch(spc) is want
 
 
 def test_prefetch_bad_value_raises(monkeypatch):
     monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "2")
     with pytest.raises(ValueError, match=tl_ssd.PREFETCH_ENV):
-        tl_ssd.wants_prefetch(8, 1, 1)
+        tl_ssd.wants_prefetch(8)
 
 
 @pytest.mark.parametrize("init, spc_env, want", [(True, "", True), (True, "1", False), (False, "", False)])

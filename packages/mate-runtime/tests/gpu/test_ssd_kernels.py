@@ -404,9 +404,10 @@ SPC_CASES = [
 
 
 def _spc_launches(monkeypatch) -> list[int]:
-    """Lift the three-waves rule, allow up to 16 sequences per CTA, and record each launch's choice."""
-    monkeypatch.setenv(tl_ssd.SPC_ENV, "16")
-    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
+    """Predict the makespan for one SM (then one CTA per P block and head walking the whole batch is the
+    shortest) and record each launch's choice."""
+    monkeypatch.delenv(tl_ssd.SPC_ENV, raising=False)
+    monkeypatch.setattr(tl_ssd, "sm_count", lambda dev: 1)
     chosen, pick = [], tl_ssd.seqs_per_cta
     monkeypatch.setattr(tl_ssd, "seqs_per_cta", lambda *a: chosen.append(pick(*a)) or chosen[-1])
     return chosen

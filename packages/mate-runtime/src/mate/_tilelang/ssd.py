@@ -17,6 +17,7 @@ read back to the host: the call captures into a CUDA graph once its kernels are 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 
@@ -132,18 +133,15 @@ PREFETCH_ENV = "MATE_SSD_PREFETCH"
 OVERLAP_DEFAULT = True
 PRELOAD_DEFAULT = True
 RUNS_IN_DT_DEFAULT = True
-# sequences per fused CTA: at most this many (a power of two dividing the batch, leaving HPC_MIN_WAVES CTAs per SM)
-SPC_DEFAULT = 8
-# the lean kernel with the L2 prefetch of the next entering state, by default where a launch walks several
-# sequences per CTA whose mean length is at most this many tokens (many in-loop openings per tile)
-PREFETCH_MEAN_TOKENS = 1024
+# the values MATE_SSD_SEQS_PER_CTA may take (an upper bound on the sequences per fused CTA; unset: none)
+SPC_ALLOWED = range(1, MAX_SEQUENCES + 1)
 DT_HEADS_DEFAULT = 8
 # a heads-per-CTA choice must leave at least this many CTAs per SM: fewer, longer CTAs would leave SMs idle
 # (one sequence of 128 heads is one wave; grouping its heads would halve the SMs in use)
 HPC_MIN_WAVES = 3
 
 
-def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
+def _env_choice(name: str, allowed: tuple[int, ...] | range) -> int | None:
     """An SSD tuning or opt-in variable: None when unset, empty or 0 (the default), else one of ``allowed``
     (ValueError naming the variable otherwise)."""
     raw = os.environ.get(name, "").strip()
@@ -151,7 +149,8 @@ def _env_choice(name: str, allowed: tuple[int, ...]) -> int | None:
         return None
     if raw.isdigit() and int(raw) in allowed:
         return int(raw)
-    raise ValueError(f"{name}={raw!r}: expected 0 (the default) or one of {', '.join(map(str, allowed))}")
+    spelled = f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else ", ".join(map(str, allowed))
+    raise ValueError(f"{name}={raw!r}: expected 0 (the default) or one of {spelled}")
 
 
 _option_override: list[dict] = []  # set by ``options`` (the benchmark compares settings in one run)
@@ -229,14 +228,33 @@ def heads_per_cta(candidates: list[int], heads: int, p_blocks: int, batch: int, 
     return _largest_leaving_waves(candidates, lambda d: p_blocks * (heads // d) * batch, sms)
 
 
-def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int) -> int:
-    """Sequences per fused CTA of one launch (the fused kernel reads ``bounds[::k]``): the largest power of two
-    k up to ``MATE_SSD_SEQS_PER_CTA`` (or :func:`options`; default 8, 1 turns it off) that divides the batch and
-    still leaves ``HPC_MIN_WAVES`` CTAs per SM (``ctas_per_seq``: P blocks x head groups). Nemotron-H on 132
-    SMs: 32 x 512 takes 8, 8 x 2048 takes 2, one sequence or an odd batch 1. A runtime choice: the same kernel
+def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int, mean_tiles: int = 1) -> int:
+    """Sequences per fused CTA of one launch (the fused kernel reads ``bounds[::k]``): the divisor k of the batch
+    (up to ``MATE_SSD_SEQS_PER_CTA`` or :func:`options`; unset: any, 1 turns it off) with the shortest predicted
+    makespan, the larger k on a tie. The prediction counts 128-token tiles on the busiest SM, with one CTA per SM
+    (the lean kernel's 384 threads x 168 registers fill one), every sequence ``mean_tiles`` long and a CTA start
+    costed as one tile (its first tiles and entering state come from DRAM): ``waves(k) * (k * mean_tiles + 1)``,
+    ``waves(k) = ceil(ctas_per_seq * batch / k / sms)`` (``ctas_per_seq``: P blocks x head groups). Where one
+    sequence's CTAs fill about one wave (Nemotron-H: 128 heads on 132 SMs) that is k = batch: one CTA per head
+    walks the whole batch, so every CTA carries the same work whatever the lengths (a ragged batch is not bound
+    by its longest sequence and the waves around it). Where they fill a fraction of it (Mamba2-2.7B: 80,
+    Falcon-H1: 48 CTAs per sequence) short batches keep one sequence per CTA. A runtime choice: the same kernel
     serves every k."""
-    limit = _setting("seqs_per_cta", SPC_ENV, (1, 2, 4, 8, 16)) or SPC_DEFAULT
-    return _largest_leaving_waves(_pow2_divisors(batch, limit, 16), lambda k: ctas_per_seq * (batch // k), sms)
+    limit = _setting("seqs_per_cta", SPC_ENV, SPC_ALLOWED) or batch
+    return _shortest_makespan(batch, min(batch, limit), ctas_per_seq, sms, mean_tiles)
+
+
+@functools.lru_cache(maxsize=256)
+def _shortest_makespan(batch: int, limit: int, ctas_per_seq: int, sms: int, mean_tiles: int) -> int:
+    """:func:`seqs_per_cta`'s choice among the divisors of ``batch`` up to ``limit`` (cached: a launch's host
+    path)."""
+
+    def makespan(k: int) -> int:
+        return -(-ctas_per_seq * (batch // k) // sms) * (k * mean_tiles + 1)
+
+    small = [d for d in range(1, math.isqrt(batch) + 1) if batch % d == 0]
+    divisors = [k for k in {*small, *(batch // d for d in small)} if k <= limit]
+    return min(divisors, key=lambda k: (makespan(k), -k))
 
 
 def _overlap(kind: str, tiles: dict) -> bool:
@@ -265,15 +283,15 @@ def _prefetch_setting() -> bool | None:
     return _flag("prefetch", PREFETCH_ENV, None)
 
 
-def wants_prefetch(spc: int, tokens: int, batch: int) -> bool:
+def wants_prefetch(spc: int) -> bool:
     """Whether a lean launch uses the kernel with the L2 prefetch of the next entering state: as
-    ``MATE_SSD_PREFETCH`` says, else (unset) where the launch walks several sequences per CTA whose mean length is
-    at most ``PREFETCH_MEAN_TOKENS`` (measured: 32 x 512 4-5 % faster with 8 sequences per CTA; the variant is
-    0.5-2 % slower where it opens few sequences: 8 x 2048, one sequence)."""
+    ``MATE_SSD_PREFETCH`` says, else (unset) where the launch walks several sequences per CTA (measured in the
+    eighth session with the whole batch per CTA: 32 x 512 632.5 -> 596.3 us at chunk 128, the ragged batch and
+    8 x 2048 within -0.2..+0.9 %; the variant is 0.5-2 % slower where a CTA opens one sequence)."""
     setting = _prefetch_setting()
     if setting is not None:
         return setting
-    return spc > 1 and tokens <= PREFETCH_MEAN_TOKENS * batch
+    return spc > 1
 
 
 def _prefetch(kind: str, tiles: dict) -> bool:
@@ -576,9 +594,10 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         tiles = {**tiles, "heads_per_cta": hpc}
     spc = 1
     if is_accelerator(dev):  # (the SM count is read only on a device)
-        spc = seqs_per_cta(batch, (P // tiles["block_P"]) * (H // hpc), sm_count(dev))
+        mean_tiles = max(1, -(-call.tokens // (batch * tiles["block_L"])))
+        spc = seqs_per_cta(batch, (P // tiles["block_P"]) * (H // hpc), sm_count(dev), mean_tiles)
     if kind == "lean":
-        tiles = {**tiles, "prefetch": wants_prefetch(spc, call.tokens, batch) and call.initial_states is not None}
+        tiles = {**tiles, "prefetch": wants_prefetch(spc) and call.initial_states is not None}
     merged_runs = bool(dkey) and len(dkey[0]) > DT_DECAY_ROWS + 1  # the pre-pass computes the runs table
     runs = None if merged_runs else _get(rkey, _runs_builder, dev)
     kernel = _get(key, lambda k: _fused_builder(k, tiles), dev)  # the tiles this launch is planned with

@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--batches", default="", help="comma list of batch names (e.g. 8x2048,32x512): only those, of any shape"
     )
+    ap.add_argument("--shapes", default="", help="comma list of shape names (e.g. nemotron-h-8b): only those")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
@@ -229,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     only = [b for b in args.batches.split(",") if b]
     if any(b not in BATCHES for b in only):
         raise ValueError(f"--batches: expected a comma list of {', '.join(BATCHES)}; got {args.batches!r}")
+    only_shapes = [n for n in args.shapes.split(",") if n]
+    if any(n not in SSD_SHAPES for n in only_shapes):
+        raise ValueError(f"--shapes: expected a comma list of {', '.join(SSD_SHAPES)}; got {args.shapes!r}")
     from .._tilelang.ssd import VARIANTS
 
     known = {"mate", "vllm", *(f"mate-{v}" for v in VARIANTS)}
@@ -277,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for shape_name, batches, chunks in QUICK_PLAN if args.quick else PLAN:
+        if only_shapes and shape_name not in only_shapes:
+            continue
         s = SSD_SHAPES[shape_name]
         for bname in batches:
             if only and bname not in only:
