@@ -387,7 +387,7 @@ def test_heads_per_cta_graph_replay_equals_eager(monkeypatch):
 
 
 # Several sequences per fused CTA (``MATE_SSD_SEQS_PER_CTA``: the kernel reads every k-th run bound; the
-# three-waves rule is lifted so that these small calls take k = the batch). The shapes are those of CASES (the
+# makespan is predicted for one SM so that these small calls take k = the batch). The shapes are those of CASES (the
 # same kernels: k is a runtime choice), the batches new: 1-token sequences, a sequence continuing with a short
 # first chunk, more runs than sequences, no initial states, pools, intermediate states.
 SPC_CASES = [

@@ -201,15 +201,9 @@ def _flag(name: str, env: str, default: bool | None, requested: bool | None = No
 
 
 def _pow2_divisors(x: int, n: int, largest: int) -> list[int]:
-    """The powers of two up to ``n`` (and ``largest``) that divide ``x``: the group sizes a heads-per-CTA or
-    sequences-per-CTA option may use."""
+    """The powers of two up to ``n`` (and ``largest``) that divide ``x``: the group sizes a heads-per-CTA option
+    (and the dt pre-pass's heads per CTA) may use."""
     return [d for d in (1, 2, 4, 8, 16) if d <= min(n, largest) and x % d == 0]
-
-
-def _largest_leaving_waves(candidates, ctas, sms: int) -> int:
-    """The largest of ``candidates`` whose grid (``ctas(d)`` CTAs) still leaves ``HPC_MIN_WAVES`` CTAs per SM, or 1:
-    the one rule behind heads and sequences per CTA (fewer, longer CTAs would leave SMs idle)."""
-    return max((d for d in candidates if ctas(d) >= HPC_MIN_WAVES * sms), default=1)
 
 
 def hpc_candidates(kind: str, heads: int) -> list[int]:
@@ -225,7 +219,7 @@ def heads_per_cta(candidates: list[int], heads: int, p_blocks: int, batch: int, 
     """Heads per CTA of one launch: the largest of :func:`hpc_candidates` that still leaves ``HPC_MIN_WAVES``
     CTAs per SM (many short sequences: fewer CTA starts and less wave quantisation; one long sequence keeps one
     head per CTA)."""
-    return _largest_leaving_waves(candidates, lambda d: p_blocks * (heads // d) * batch, sms)
+    return max((d for d in candidates if p_blocks * (heads // d) * batch >= HPC_MIN_WAVES * sms), default=1)
 
 
 def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int, mean_tiles: int = 1) -> int:
