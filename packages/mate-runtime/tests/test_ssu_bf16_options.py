@@ -177,3 +177,46 @@ def test_bench_f32_variant(monkeypatch):
     assert (tl_ssu._TAG_F32, tl_ssu._TAG_2B) == tags and mssu.FAST_PATH is True
     with pytest.raises(ValueError, match="MATE_SSU_F32_PACKED_MIN_BLOCKS"):
         bench.load_impls(["mate"], ("MATE_SSU_F32_PACKED_MIN_BLOCKS=99",))
+
+
+# ---- the small-grid choice of the one-token kernel (MATE_SSU_BF16_SMALL_GRID)
+
+
+@pytest.mark.parametrize(
+    "nseq, heads, P, N, state, setting, small",
+    [
+        pytest.param(1, 128, 64, 128, torch.bfloat16, 4, True, id="H128-batch1-256-CTAs"),
+        pytest.param(2, 128, 64, 128, torch.bfloat16, 4, True, id="H128-batch2-512-CTAs"),
+        pytest.param(3, 128, 64, 128, torch.bfloat16, 4, False, id="H128-batch3-768-CTAs"),
+        pytest.param(8, 16, 64, 128, torch.float16, 4, True, id="H16-batch8-fp16"),
+        pytest.param(1, 24, 128, 256, torch.bfloat16, 4, True, id="H24-P128-N256"),
+        pytest.param(1, 32, 80, 128, torch.bfloat16, 4, False, id="P80-two-chunks-per-thread"),
+        pytest.param(1, 128, 64, 128, torch.float32, 4, False, id="fp32-state-never"),
+        pytest.param(1, 128, 64, 128, torch.bfloat16, 0, False, id="off"),
+    ],
+)
+def test_small_grid_choice(monkeypatch, nseq, heads, P, N, state, setting, small):
+    """CTAs = sequences x heads x P blocks (P 64 at N 128: 2 blocks of 32 rows) against setting x SMs (132)."""
+    monkeypatch.setattr(tl_ssu, "is_accelerator", lambda dev: True)
+    monkeypatch.setattr(tl_ssu, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(tl_ssu, "_SMALL_GRID", setting)
+    assert tl_ssu._small_grid(nseq, heads, P, N, state, torch.device("cuda")) is small
+
+
+def test_small_grid_key_and_prewarm():
+    """A small grid's one-token key: the current options without the one-token cap, narrowing late (the packed
+    kernel's fields as they are); the packed kernel never changes; prewarm compiles both one-token kernels."""
+    bf, f32, i32, i64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
+    one = tl_ssu._key(True, 64, 128, 16, bf, bf, f32, f32, f32, i32, i32, i32, bf, True, True, True, True)
+    assert one[0] == "ssu:pack=0:mb=0:chunks=4:pmb=8:pchunks=2"
+    assert tl_ssu._tag_options(one[0]) == {**tl_ssu.BF16_DEFAULTS, "pack_early": False, "min_blocks": 0}
+    packed = tl_ssu._key(False, 64, 128, 16, bf, bf, f32, f32, f32, i32, i64, i32, bf, True, True, True, True)
+    assert packed[0] == "ssu"
+    keys = tl_ssu.prewarm_keys(state_dtype=bf, io_dtype=bf, heads=128, dim=64, dstate=128, groups=8,
+                               slot_dtype=i32, packed=True, meta_dtype=i32, tie_hdim=True)  # fmt: skip
+    assert {k[0] for k in keys if k[1]} == {"ssu", one[0]} and {k[0] for k in keys if not k[1]} == {"ssu"}
+
+
+def test_small_grid_bad_value_raises():
+    with pytest.raises(ValueError, match=tl_ssu.SMALL_GRID_ENV):
+        tl_ssu.parse_small_grid({tl_ssu.SMALL_GRID_ENV: "many"})

@@ -366,6 +366,25 @@ def test_bf16_packed_without_register_cap(case, monkeypatch):
     _check_with_options(case, {"packed_min_blocks": 0, "packed_per_thread": 4}, monkeypatch)
 
 
+# The one-token kernel of small grids (MATE_SSU_BF16_SMALL_GRID: without the register cap, narrowing late): by
+# default the batch-1/few-sequence cases above already take it and the large batches the capped kernel; here the
+# same 2-byte cases under "never" (every grid capped) and "always" (every grid small), checking which ran.
+@pytest.mark.parametrize("setting", [0, 64], ids=["never", "always"])
+@pytest.mark.parametrize("case", BF16_OPTION_CASES[:4] + [ONE[1], ONE[11]])
+def test_bf16_small_grid_setting(case, setting, monkeypatch):
+    import mate.mamba.ssu as mssu
+    from mate._tilelang import ssu as tl_ssu
+
+    monkeypatch.setattr(mssu, "FAST_PATH", False)
+    monkeypatch.setattr(tl_ssu, "_SMALL_GRID", setting)
+    before = set(tl_ssu._kernels)
+    check(case)
+    want = tl_ssu._small_tag(tl_ssu._TAG_2B) if setting else tl_ssu._TAG_2B
+    launched = {k for k in tl_ssu._kernels if k[1]} - before  # (one-token keys compiled by this test)
+    assert all(k[0] == want for k in launched)
+    assert any(k[0] == want and k[1] for k in tl_ssu._kernels)
+
+
 def _check_with_options(case, opts, monkeypatch, f32: bool = False):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu

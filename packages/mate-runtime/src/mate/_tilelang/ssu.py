@@ -26,6 +26,7 @@ from mate_kernels.ssu import (
     FLAG_Z,
 )
 
+from .._device import is_accelerator, sm_count
 from ..mamba._ssu_call import SSUCall, finish
 from .cache import CACHE
 from .compile_check import CompileItem
@@ -200,6 +201,58 @@ def _tag_options(tag: str) -> dict:
 
 _TAG_2B = bf16_tag(parse_bf16_options(os.environ))
 
+# ---- A launch choice for 2-byte states: a one-token grid of at most MATE_SSU_BF16_SMALL_GRID CTAs per SM (default
+# 4; 0: never) runs the one-token kernel without the register cap and with late narrowing (the fourth session's
+# default, same state chunks), where its tiling holds the full four chunks per thread. The cap exists to fit 8 CTAs
+# per SM where the grid has more CTAs than the uncapped kernel's 5 per SM; a grid that fits in one wave either way
+# gains nothing from it. Measured at batch 1 on the H200 (eighth session, two runs; docs/ssu-kernels.md): 3.42 ->
+# 3.31 / 3.43 -> 3.30 us at H 128, 2.83 -> 2.71 at H 16, 3.61 -> 3.41 at H 24 / P 128 / N 256, 3.38 -> 3.24 at
+# H 80; either change alone is slower; at P 80 (two chunks per thread) the capped kernel is faster (2.93 against
+# 3.13), hence the four-chunk condition. The kernel is keyed by its own tag (``_small_tag``).
+SMALL_GRID_ENV = "MATE_SSU_BF16_SMALL_GRID"
+SMALL_GRID_DEFAULT = 4
+
+
+def parse_small_grid(env) -> int:
+    """``MATE_SSU_BF16_SMALL_GRID`` from an environment mapping: CTAs per SM, 0..64 (ValueError otherwise)."""
+    value = env.get(SMALL_GRID_ENV, str(SMALL_GRID_DEFAULT))
+    if not value.isdigit() or int(value) > 64:
+        raise ValueError(f"{SMALL_GRID_ENV}: expected an integer 0..64 (CTAs per SM; 0: never), got {value!r}")
+    return int(value)
+
+
+_SMALL_GRID = parse_small_grid(os.environ)
+_SMALL_TAGS: dict = {}
+_HEAD_BLOCKS: dict = {}
+
+
+def _small_tag(tag: str) -> str:
+    """The key tag of the one-token kernel a small grid runs under the 2-byte options ``tag``: the same options
+    without the one-token register cap and with late narrowing."""
+    small = _SMALL_TAGS.get(tag)
+    if small is None:
+        small = _SMALL_TAGS[tag] = bf16_tag({**_tag_options(tag), "pack_early": False, "min_blocks": 0})
+    return small
+
+
+def _small_grid(nseq: int, heads: int, P: int, N: int, state_dt, device) -> bool:
+    """Whether a one-token launch with a 2-byte state is a small grid (see ``MATE_SSU_BF16_SMALL_GRID``): CTAs =
+    sequences x heads x P blocks, against that many CTAs per SM, where the tiling holds the full chunks per
+    thread."""
+    if not _SMALL_GRID or state_dt not in TWO_BYTE_STATES or not is_accelerator(device):
+        return False  # (the SM count is read only on a device)
+    key = (P, N, state_dt, _TAG_2B)
+    blocks = _HEAD_BLOCKS.get(key)
+    if blocks is None:
+        from mate_kernels.ssu import choose_tiling
+
+        per_thread = _tag_options(_TAG_2B)["per_thread"]
+        tiling = choose_tiling(P, N, _DT[state_dt], per_thread)
+        full = tiling.vecs * tiling.rows_per_thread == per_thread  # (P 80: two chunks, measured slower uncapped)
+        blocks = _HEAD_BLOCKS[key] = P // tiling.block_p if full else 0
+    return 0 < nseq * heads * blocks <= _SMALL_GRID * sm_count(device)
+
+
 # ---- The one option for fp32 states (docs/ssu-kernels.md): a register cap for the packed (MTP) kernel. Under a
 # 6-CTA cap ptxas gives it 80 registers without spilling (126 and 4 CTAs per SM without one); measured on the H200
 # (2026-11-30, fourth session): MTP 6 fp32 batch 8 73.0 -> 67.4 us (vLLM 69.2), batch 64 510 -> 501 us, one-token
@@ -245,9 +298,9 @@ def set_bf16_options(opts: dict | None) -> str:
 
 
 def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
-         vstate, vio):  # fmt: skip
+         vstate, vio, small_grid=False):  # fmt: skip
     if state_dt in TWO_BYTE_STATES:
-        tag = _TAG_2B
+        tag = _small_tag(_TAG_2B) if small_grid and one_token else _TAG_2B
     else:
         tag = _TAG_F32 if state_dt == torch.float32 and not one_token else "ssu"
     return (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
@@ -399,8 +452,9 @@ def plan(call: SSUCall):
     if one_token:
         meta_dt = torch.int32
         ibuf_dt = state_dt
+        small = _small_grid(nseq, H, P, N, state_dt, dev)
         key = _key(True, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
-                   tied, vstate, vio)  # fmt: skip
+                   tied, vstate, vio, small)  # fmt: skip
         args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
                 nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
         return key, args
@@ -639,7 +693,9 @@ def prewarm_keys(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtyp
     ``packed``; dt as fp32 and in the io dtype (both occur in production); D / dt_bias fp32; aligned pools."""
     ratio = heads // groups
     keys = []
-    for one_token in (True, False) if packed else (True,):
+    # (2-byte states: the one-token kernel of small grids too, MATE_SSU_BF16_SMALL_GRID)
+    small_grids = (False, True) if state_dtype in TWO_BYTE_STATES and _SMALL_GRID else (False,)
+    for one_token, small in [(True, sg) for sg in small_grids] + ([(False, False)] if packed else []):
         for dt_dt in dict.fromkeys((torch.float32, io_dtype)):
             keys.append(
                 _key(
@@ -659,6 +715,7 @@ def prewarm_keys(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtyp
                     tie_hdim,
                     True,
                     True,
+                    small,
                 )  # fmt: skip
             )
     return keys
@@ -722,5 +779,6 @@ def compile_grid() -> list[CompileItem]:
 __all__ = [
     "selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS",
     "LaunchRecipe", "make_recipe", "direct_callable", "parse_bf16_options", "bf16_tag", "set_bf16_options",
-    "BF16_ENV", "BF16_DEFAULTS", "F32_ENV", "F32_DEFAULTS", "parse_f32_options", "f32_tag", "set_f32_options",
+    "BF16_ENV", "BF16_DEFAULTS", "SMALL_GRID_ENV", "parse_small_grid", "F32_ENV", "F32_DEFAULTS",
+    "parse_f32_options", "f32_tag", "set_f32_options",
 ]  # fmt: skip

@@ -120,7 +120,7 @@ def _mate_with_options(spec: str):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 
-    names = tl_ssu.BF16_ENV + tl_ssu.F32_ENV
+    names = tl_ssu.BF16_ENV + (tl_ssu.SMALL_GRID_ENV,) + tl_ssu.F32_ENV
     env = {}
     for item in spec.replace(" ", ",").split(","):
         if not item:
@@ -131,15 +131,17 @@ def _mate_with_options(spec: str):
         env[name] = value
     opts = tl_ssu.parse_bf16_options(env)
     f32_opts = tl_ssu.parse_f32_options(env)
+    small_grid = tl_ssu.parse_small_grid(env)
 
     def call(st: Setup, w: Window):
         fast, mssu.FAST_PATH = mssu.FAST_PATH, False
         prev = tl_ssu.set_bf16_options(opts)
         prev_f32 = tl_ssu.set_f32_options(f32_opts)
+        prev_small, tl_ssu._SMALL_GRID = tl_ssu._SMALL_GRID, small_grid
         try:
             return _mate(st, w)
         finally:
-            tl_ssu._TAG_2B, tl_ssu._TAG_F32 = prev, prev_f32
+            tl_ssu._TAG_2B, tl_ssu._TAG_F32, tl_ssu._SMALL_GRID = prev, prev_f32, prev_small
             mssu.FAST_PATH = fast
 
     return call
@@ -226,9 +228,12 @@ def _y_err(st: Setup, impls: dict) -> tuple[dict, dict]:
     return {n: (y - ref).abs().max().item() / scale for n, y in ys.items() if n != "mate"}, failed
 
 
-def selected_cases(quick: bool, state: str | None = None) -> list[Case]:
-    """``cases(quick)``, only those of one state dtype ("bf16" / "fp32") when ``state`` is given."""
-    return [c for c in cases(quick) if state is None or DT_NAME[c.state] == state]
+def selected_cases(quick: bool, state: str | None = None, batches: tuple[int, ...] = ()) -> list[Case]:
+    """``cases(quick)``, only those of one state dtype ("bf16" / "fp32") when ``state`` is given, only those
+    batch sizes when ``batches`` names some."""
+    return [
+        c for c in cases(quick) if (state is None or DT_NAME[c.state] == state) and (not batches or c.batch in batches)
+    ]
 
 
 def warm_cases(quick: bool, state: str | None = None) -> list[Case]:
@@ -259,7 +264,7 @@ def run(args) -> tuple[list[dict], dict]:
     ceiling = copy_ceiling_tbps(dev)
     print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
     rows = []
-    for case in selected_cases(args.quick, args.state):
+    for case in selected_cases(args.quick, args.state, args.batches):
         st = Setup(case, dev)
         errs, failed = _y_err(st, impls)
         for name, fn in impls.items():
@@ -340,8 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", type=int, default=None, help="with --warm-only: one case index")
     ap.add_argument("--state", choices=("bf16", "fp32"), default=None, help="only the cases of this state dtype")
     ap.add_argument(
+        "--batches",
+        type=lambda v: tuple(int(b) for b in v.split(",") if b),
+        default=(),
+        help="comma list of batch sizes (e.g. 1,8): only those cases",
+    )
+    ap.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
-        help="one more MATE column with these kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS, "
+        help="one more MATE column with these kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS, _SMALL_GRID, "
         "_PACKED_MIN_BLOCKS for 2-byte states; MATE_SSU_F32_PACKED_MIN_BLOCKS for fp32; docs/ssu-kernels.md), "
         "beside the default kernels; repeatable",
     )  # fmt: skip
