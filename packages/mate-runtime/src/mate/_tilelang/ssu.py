@@ -244,10 +244,8 @@ def _small_grid(nseq: int, heads: int, P: int, N: int, state_dt, device) -> bool
     key = (P, N, state_dt, _TAG_2B)
     blocks = _HEAD_BLOCKS.get(key)
     if blocks is None:
-        from mate_kernels.ssu import choose_tiling
-
         per_thread = _tag_options(_TAG_2B)["per_thread"]
-        tiling = choose_tiling(P, N, _DT[state_dt], per_thread)
+        tiling = _kmod().choose_tiling(P, N, _DT[state_dt], per_thread)
         full = tiling.vecs * tiling.rows_per_thread == per_thread  # (P 80: two chunks, measured slower uncapped)
         blocks = _HEAD_BLOCKS[key] = P // tiling.block_p if full else 0
     return 0 < nseq * heads * blocks <= _SMALL_GRID * sm_count(device)
