@@ -174,8 +174,6 @@ def ssd_fused_kernel(
     heads_per_cta: int = 1,
     preload: bool = False,
     prefetch: bool = False,
-    under_mask: int = 0,
-    direct_store: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -197,20 +195,6 @@ def ssd_fused_kernel(
     TileLang releases a pipelined buffer right after the last GEMM that reads it in program order, whatever
     that GEMM's wait, so the mask cannot run under ``C·state`` (``C_s`` would be released early) nor the
     epilogue under the end-state GEMM (``B_s``, and the output tile is ``xw_s``'s buffer). Same arithmetic.
-
-    ``under_mask`` (1 or 2, with ``overlap``) issues ``C Bᵀ`` first and builds the causal mask while the state's
-    GEMMs run: 1 issues ``C·state`` behind ``C Bᵀ`` and waits for ``C Bᵀ`` only (the rest of the tile as with
-    ``overlap``); 2 also moves the end-state GEMM ``Bᵀ (x w)`` there (the state's bf16 copy, its decay and the
-    weighted x come first, they need no GEMM), so the end state depends on the entering state only and the
-    tile's serial chain is ``C Bᵀ``, the mask, ``S x`` and the epilogue. One wait covers the state's GEMMs
-    before ``S x``; with 2, ``D x`` joins the row decay before ``S x``. ``C_s`` (and ``B_s``) are read once more after
-    that wait (nothing is computed from it) so TileLang releases them to the producer only then. Same
-    arithmetic.
-
-    ``direct_store`` (lean) stores the output tile from the accumulator registers (the valid rows, one bf16/fp16
-    store per element) instead of through shared memory and a TMA store, whose completion the tile's elected
-    thread waits for before the next tile may reuse the buffer (Nsight Compute: the other warps then wait for it
-    at the next tile's first barrier).
 
     ``heads_per_cta`` > 1 (lean): one CTA per (P block, group of that many consecutive heads, sequence) walks the
     sequence's tiles once per head in one pipelined loop: the producer loads the next head's first tiles while
@@ -267,8 +251,6 @@ def ssd_fused_kernel(
         raise ValueError("decay_rows needs precomputed_dt (the rows come from ssd_dt_kernel)")
     if overlap and not (lean and decay_rows and not narrow_p):
         raise ValueError("overlap needs lean and decay_rows, and a block_P that is a multiple of 64")
-    if under_mask not in (0, 1, 2) or (under_mask and not overlap):
-        raise ValueError(f"under_mask ({under_mask}) must be 0, 1 or 2; 1 and 2 need overlap")
     if preload and not lean:
         raise ValueError("preload needs lean (the entering state behind one uniform branch per tile)")
     if prefetch and not lean:
@@ -381,8 +363,6 @@ def ssd_fused_kernel(
                 dt_f = T.alloc_fragment((BL,), accum)
             if lean:
                 d_row = T.alloc_local((1,), "int32")
-            if under_mask:
-                touch = T.alloc_local((1,), io_dtype)
 
             g = h // rep
             has_z = (flags & FLAG_Z) != 0
@@ -480,25 +460,7 @@ def ssd_fused_kernel(
                             state[n, p],
                         )
                 # Stages 4-5, inter-chunk part: y = exp(dA_m) * C_m . state; stage 4: C B^T.
-                if under_mask == 1:
-                    # C B^T, then C.state: the wait after the second covers the first only; C.state runs under
-                    # the mask below
-                    T.copy(state, st_s)
-                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy, annotations=NO_WAIT)
-                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations={"wg_wait": 1})
-                elif under_mask == 2:
-                    # the state side first (no GEMM needed): its bf16 copy, its decay and x weighted
-                    T.copy(state, st_s)
-                    for n, p in T.Parallel(N, BP):
-                        state[n, p] = state[n, p] * wy_s[BL - 1]
-                    for k, p in T.Parallel(BL, BP):
-                        xw_s[k, p] = x_s[k, p] * wx_s[k]
-                    # C B^T, C.state, B^T (x w): the wait after the third covers the first only (at most two
-                    # groups pending); C.state and the end-state GEMM run under the mask below
-                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy, annotations=NO_WAIT)
-                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations=NO_WAIT)
-                    T.gemm(B_s, xw_s, state, transpose_A=True, annotations={"wg_wait": 2})
-                elif overlap:
+                if overlap:
                     # issued back to back, one wait (the second GEMM's) for both
                     T.copy(state, st_s)
                     T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations=NO_WAIT)
@@ -541,35 +503,6 @@ def ssd_fused_kernel(
                     for p, k in T.Parallel(BP, BL):
                         xt_s[p, k] = x_s[k, p]
                     T.gemm(cb_c, xt_s, y, transpose_B=True, policy=policy)
-                elif under_mask:
-                    T.wait_wgmma(0)  # the state's GEMMs
-                    # (per-thread registers of each accumulator: nvcc must not read them before the wait)
-                    T.warpgroup_fence_operand(y, num_regs=BL * BP // threads)
-                    if under_mask == 2:
-                        T.warpgroup_fence_operand(state, num_regs=N * BP // threads)
-                        # the last reads of C_s and B_s in program order, after that wait: TileLang releases a
-                        # pipelined buffer after its last reader, whatever that reader's wait (nvcc drops the load)
-                        touch[0] = C_s[0, 0] + B_s[0, 0]
-                    else:
-                        touch[0] = C_s[0, 0]  # (B_s: read again by the end-state GEMM below)
-                    # the row decay, with 2 also D x (added before S x, so the epilogue after it is shorter; with 1
-                    # the epilogue's D x stays x_s's last reader, after the end-state GEMM's wait)
-                    for m, p in T.Parallel(BL, BP):
-                        if not has_D or under_mask == 1:
-                            y[m, p] = y[m, p] * wy_s[m]
-                        elif D_per_dim:
-                            y[m, p] = y[m, p] * wy_s[m] + T.Cast(accum, D[hh, p0 + p]) * T.Cast(accum, x_s[m, p])
-                        else:
-                            y[m, p] = y[m, p] * wy_s[m] + T.Cast(accum, D[hh]) * T.Cast(accum, x_s[m, p])
-                    if under_mask == 2:
-                        T.gemm(cb_c, x_s, y, policy=policy)
-                    else:  # S x under the x weighting and the state decay, as with overlap alone
-                        T.gemm(cb_c, x_s, y, policy=policy, annotations=NO_WAIT)
-                        for k, p in T.Parallel(BL, BP):
-                            xw_s[k, p] = x_s[k, p] * wx_s[k]
-                        for n, p in T.Parallel(N, BP):
-                            state[n, p] = state[n, p] * wy_s[BL - 1]
-                        T.gemm(B_s, xw_s, state, transpose_A=True)
                 elif overlap:
                     # S x runs under the x weighting and the state decay; the end-state GEMM's wait covers both
                     # (it runs before the epilogue: the epilogue's output tile shares xw_s's buffer)
@@ -585,7 +518,7 @@ def ssd_fused_kernel(
                 # Epilogue: D x, silu(z), store the valid rows. Each step updates the accumulator fragment in
                 # place: a loop that reads global memory (z) and writes shared memory would be taken for a
                 # producer copy by the warp-specialisation pass and moved out of the consumer.
-                if has_D and under_mask != 2:
+                if has_D:
                     for m, p in T.Parallel(BL, BP):
                         if D_per_dim:
                             y[m, p] = y[m, p] + T.Cast(accum, D[hh, p0 + p]) * T.Cast(accum, x_s[m, p])
@@ -605,20 +538,8 @@ def ssd_fused_kernel(
                             T.float32(0),
                         )
                         y[m, p] = T.if_then_else(has_z, y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E)), y[m, p])
-                if direct_store:
-                    # from the accumulator registers to global memory: no shared tile, no barrier, no wait for a
-                    # TMA store to have read the tile before the next one may be written
-                    if n_valid >= BL:
-                        T.copy(y, out[s0 : s0 + BL, hh, p0 : p0 + BP])
-                    else:
-                        for m, p in T.Parallel(BL, BP):
-                            if m < n_valid:
-                                out[s0 + m, hh, p0 + p] = T.Cast(io_dtype, y[m, p])
-                else:
-                    T.copy(y, y_s)
-                if direct_store:
-                    pass
-                elif lean:
+                T.copy(y, y_s)
+                if lean:
                     if n_valid >= BL:
                         # every row belongs to this chunk: one TMA store
                         T.copy(y_s, out[s0 : s0 + BL, hh, p0 : p0 + BP])

@@ -128,14 +128,11 @@ PRELOAD_ENV = "MATE_SSD_PRELOAD"
 RUNS_IN_DT_ENV = "MATE_SSD_RUNS_IN_DT"
 SPC_ENV = "MATE_SSD_SEQS_PER_CTA"
 PREFETCH_ENV = "MATE_SSD_PREFETCH"
-UNDER_MASK_ENV = "MATE_SSD_UNDER_MASK"
-DIRECT_STORE_ENV = "MATE_SSD_DIRECT_STORE"
 # the defaults of the lean design's options, each decided by a same-run measurement on the H200
 # (docs/ssd-kernels.md#tuning-knobs-environment)
 OVERLAP_DEFAULT = True
 PRELOAD_DEFAULT = True
 RUNS_IN_DT_DEFAULT = True
-DIRECT_STORE_DEFAULT = False
 # the values MATE_SSD_SEQS_PER_CTA may take (an upper bound on the sequences per fused CTA; unset: none)
 SPC_ALLOWED = range(1, MAX_SEQUENCES + 1)
 DT_HEADS_DEFAULT = 8
@@ -163,16 +160,14 @@ _option_override: list[dict] = []  # set by ``options`` (the benchmark compares 
 def options(
     *, overlap: bool | None = None, dt_heads: int | None = None, heads_per_cta: int | None = None,
     preload: bool | None = None, runs_in_dt: bool | None = None, seqs_per_cta: int | None = None,
-    prefetch: bool | None = None, under_mask: int | None = None, direct_store: bool | None = None,
+    prefetch: bool | None = None,
 ):  # fmt: skip
     """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` /
     ``MATE_SSD_HEADS_PER_CTA`` / ``MATE_SSD_PRELOAD`` / ``MATE_SSD_RUNS_IN_DT`` / ``MATE_SSD_SEQS_PER_CTA`` /
-    ``MATE_SSD_PREFETCH`` / ``MATE_SSD_UNDER_MASK`` were set to these values (None: as the environment
-    says)."""
+    ``MATE_SSD_PREFETCH`` were set to these values (None: as the environment says)."""
     _option_override.append(
         {"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta, "preload": preload,
-         "runs_in_dt": runs_in_dt, "seqs_per_cta": seqs_per_cta, "prefetch": prefetch,
-         "under_mask": under_mask, "direct_store": direct_store}
+         "runs_in_dt": runs_in_dt, "seqs_per_cta": seqs_per_cta, "prefetch": prefetch}
     )  # fmt: skip
     try:
         yield
@@ -264,27 +259,6 @@ def _overlap(kind: str, tiles: dict) -> bool:
     if kind != "ssd_lean" or tiles.get("narrow_p"):
         return False
     return _flag("overlap", OVERLAP_ENV, OVERLAP_DEFAULT, tiles.get("overlap"))
-
-
-def _under_mask(kind: str, tiles: dict) -> int:
-    """How many of the state's GEMMs an overlapping lean kernel issues behind ``C Bᵀ`` and runs under the causal
-    mask (``ssd_fused_kernel(under_mask=n)``: 0, 1 = ``C·state``, 2 = ``C·state`` and the end-state GEMM): as
-    ``tiles`` (the compile check), :func:`options` or ``MATE_SSD_UNDER_MASK`` says, else 0. The results are the
-    same either way."""
-    if not _overlap(kind, tiles):
-        return 0
-    if tiles.get("under_mask") is not None:
-        return tiles["under_mask"]
-    return _setting("under_mask", UNDER_MASK_ENV, (1, 2)) or 0
-
-
-def _direct_store(kind: str, tiles: dict) -> bool:
-    """Whether the lean kernel stores its output tile from the accumulator registers instead of through shared
-    memory and a TMA store (``ssd_fused_kernel(direct_store=True)``), unless ``tiles`` (the compile check),
-    :func:`options` or ``MATE_SSD_DIRECT_STORE`` says otherwise. The results are the same either way."""
-    if kind != "ssd_lean":
-        return False
-    return _flag("direct_store", DIRECT_STORE_ENV, DIRECT_STORE_DEFAULT, tiles.get("direct_store"))
 
 
 def _preload(kind: str, tiles: dict) -> bool:
@@ -381,12 +355,11 @@ def _fused_builder(key, tiles: dict | None = None):
     # the on/off options as build arguments only when on (so the first measured kernel's arguments and cache
     # key stay as they were)
     for name, on in (
-        ("overlap", _overlap(kind, tiles)), ("preload", _preload(kind, tiles)), ("prefetch", _prefetch(kind, tiles)),
-        ("under_mask", _under_mask(kind, tiles)), ("direct_store", _direct_store(kind, tiles)),
+        ("overlap", _overlap(kind, tiles)), ("preload", _preload(kind, tiles)), ("prefetch", _prefetch(kind, tiles))
     ):  # fmt: skip
         tiles.pop(name, None)
         if on:
-            tiles[name] = on  # (True, or under_mask's count)
+            tiles[name] = True
 
     def build():
         return _kmod().ssd_fused_kernel(
@@ -830,9 +803,6 @@ def compile_grid() -> list[CompileItem]:
         ({**plain, "overlap": False}, "without overlap"),
         ({**plain, "preload": False}, "without preload"),
         ({**plain, "prefetch": True}, "L2 prefetch"),
-        ({**plain, "under_mask": 1}, "C.state under the mask"),
-        ({**plain, "under_mask": 2}, "C.state and the end-state GEMM under the mask"),
-        ({**plain, "direct_store": True}, "output stored from registers"),
     ]
     for tiles, what in variants:
         label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 {what}"
