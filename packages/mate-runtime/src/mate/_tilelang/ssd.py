@@ -225,9 +225,10 @@ def heads_per_cta(candidates: list[int], heads: int, p_blocks: int, batch: int, 
 def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int, mean_tiles: int = 1) -> int:
     """Sequences per fused CTA of one launch (the fused kernel reads ``bounds[::k]``): the divisor k of the batch
     (up to ``MATE_SSD_SEQS_PER_CTA`` or :func:`options`; unset: any, 1 turns it off) with the shortest predicted
-    makespan, the larger k on a tie. The prediction counts 128-token tiles on the busiest SM, with one CTA per SM
-    (the lean kernel's 384 threads x 168 registers fill one), every sequence ``mean_tiles`` long and a CTA start
-    costed as one tile (its first tiles and entering state come from DRAM): ``waves(k) * (k * mean_tiles + 1)``,
+    makespan, the larger k on a tie. The prediction counts tiles (``block_L`` tokens) on the busiest SM, with one
+    CTA per SM (the lean kernel's 384 threads x 168 registers fill one), every sequence ``mean_tiles`` long and a
+    CTA start costed as one tile (its first tiles and entering state come from DRAM): ``waves(k) * (k * mean_tiles
+    + 1)``,
     ``waves(k) = ceil(ctas_per_seq * batch / k / sms)`` (``ctas_per_seq``: P blocks x head groups). Where one
     sequence's CTAs fill about one wave (Nemotron-H: 128 heads on 132 SMs) that is k = batch: one CTA per head
     walks the whole batch, so every CTA carries the same work whatever the lengths (a ragged batch is not bound
