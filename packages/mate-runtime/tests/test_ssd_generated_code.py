@@ -95,20 +95,46 @@ def tma_wait_problems(src: str) -> list[str]:
     return problems
 
 
+_TMA_STORE = re.compile(r"tl::tma_store\(\w+, \(&\(\(\(\w+\*\)(\w+)\)")
+_BARRIER = re.compile(r"__sync_thread_partial|__syncthreads|\.arrive\(")
+
+
+def _tile_loop(consumer: list[str]) -> tuple[int, int]:
+    """The consumer's pipelined tile loop: (its ``for`` line, the line of its closing brace)."""
+    lo = next(k for k, line in enumerate(consumer) if re.match(r"\s*for \(int j_\d+ = 0; j_\d+ < ", line))
+    depth = 0
+    for k in range(lo, len(consumer)):
+        depth += consumer[k].count("{") - consumer[k].count("}")
+        if depth == 0:
+            return lo, k
+    raise AssertionError("the tile loop does not close")
+
+
 def tma_store_problems(src: str) -> list[str]:
-    """TMA stores whose shared source may be overwritten while the store still reads it: the issuing thread
-    must wait for the store's reads (``tma_store_wait``) before the consumers' next barrier, after which any
-    of them may write the buffer again (the lean design reuses the output tile for the weighted x)."""
+    """TMA stores whose shared source may be overwritten while the store still reads it. The issuing thread must
+    wait for the store's reads (``tma_store_wait``) and a consumer barrier must follow that wait before the
+    buffer's next write in program order, which may be in the next tile (the loop wraps): any consumer thread
+    may write it after the barrier (the lean design reuses the output tile for the weighted x). On the way out
+    of the loop a wait must come before the CTA exits (shared memory would be released under the store)."""
     _, _, consumer = branches(src)
+    lo, hi = _tile_loop(consumer)
     problems = []
     for i, line in enumerate(consumer):
-        if "tl::tma_store(" not in line:
+        if not (m := _TMA_STORE.search(line)):
             continue
-        wait = next((k for k in range(i, len(consumer)) if "tma_store_wait" in consumer[k]), None)
-        sync = next((k for k in range(i, len(consumer)) if re.search(r"__sync_thread_partial|__syncthreads|"
-                                                                     r"\.arrive\(", consumer[k])), None)  # fmt: skip
-        if wait is None or (sync is not None and sync < wait):
-            problems.append(f"store at +{i}: wait at {wait}, next barrier at {sync}")
+        buf = m.group(1)
+        path = consumer[i + 1 : hi] + (consumer[lo + 1 : i] if lo < i < hi else [])
+        writes = [k for k, ln in enumerate(path) if buf in (g for w in _SMEM_WRITE.finditer(ln) for g in w.groups())]
+        write = writes[0] if writes else None
+        ahead = path[:write] if write is not None else path
+        wait = next((k for k, ln in enumerate(ahead) if "tma_store_wait" in ln), None)
+        barrier = None if wait is None else next((k for k, ln in enumerate(ahead[wait:]) if _BARRIER.search(ln)), None)
+        if write is not None and (wait is None or barrier is None):
+            problems.append(
+                f"store of {buf} at +{i}: next write at +{write} after it, wait at {wait}, barrier at {barrier}"
+            )
+        if not any("tma_store_wait" in ln for ln in consumer[i + 1 :]):
+            problems.append(f"store of {buf} at +{i}: no wait before the CTA exits")
     return problems
 
 

@@ -174,6 +174,7 @@ def ssd_fused_kernel(
     heads_per_cta: int = 1,
     preload: bool = False,
     prefetch: bool = False,
+    deferred_store: bool = False,
 ):
     """The fused SSD prefill kernel (see the module doc).
 
@@ -213,6 +214,12 @@ def ssd_fused_kernel(
     which the same CTA opens next when it walks several sequences, and the CTA of the next sequence and the same
     head otherwise; that state's load then waits on L2 instead of DRAM. A hint: a ``seq_idx`` that opens
     sequences out of order only makes it useless. Same arithmetic.
+
+    ``deferred_store`` (lean): a full tile's TMA store of the output is issued without waiting for it to have
+    read the shared output tile; the wait (``cp.async.bulk.wait_group.read``, a no-op in every thread but the
+    one that issued the store) comes right before that buffer's next write (with ``overlap``: the next tile's x
+    weighting, after its first three GEMMs) and once after the loop. Without it the issuing thread waits right
+    after the store, and the other consumer warps wait for it at the next tile's first barrier. Same arithmetic.
 
     ``bounds`` may be a strided view of the runs table (``bounds[::k]`` when k divides the batch): CTA ``b``
     then walks the runs of k consecutive sequences in one pipelined loop, re-opening the state at each (the
@@ -255,6 +262,8 @@ def ssd_fused_kernel(
         raise ValueError("preload needs lean (the entering state behind one uniform branch per tile)")
     if prefetch and not lean:
         raise ValueError("prefetch needs lean (the entering state behind one uniform branch per tile)")
+    if deferred_store and not lean:
+        raise ValueError("deferred_store needs lean (the only design whose full tiles leave by TMA store)")
     HPC = heads_per_cta
     if HPC < 1 or H % HPC or (HPC > 1 and not (lean and precomputed_dt)):
         raise ValueError(f"heads_per_cta ({HPC}) must divide heads ({H}); more than 1 needs lean")
@@ -507,6 +516,8 @@ def ssd_fused_kernel(
                     # S x runs under the x weighting and the state decay; the end-state GEMM's wait covers both
                     # (it runs before the epilogue: the epilogue's output tile shares xw_s's buffer)
                     T.gemm(cb_c, x_s, y, policy=policy, annotations=NO_WAIT)
+                    if deferred_store:
+                        T.tma_store_wait()  # the previous tile's output store has read this buffer
                     for k, p in T.Parallel(BL, BP):
                         xw_s[k, p] = x_s[k, p] * wx_s[k]
                     for n, p in T.Parallel(N, BP):
@@ -538,11 +549,16 @@ def ssd_fused_kernel(
                             T.float32(0),
                         )
                         y[m, p] = T.if_then_else(has_z, y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E)), y[m, p])
+                if deferred_store and (narrow_p or not overlap):
+                    T.tma_store_wait()  # y_s's next write (with overlap the x weighting above waited)
                 T.copy(y, y_s)
                 if lean:
                     if n_valid >= BL:
                         # every row belongs to this chunk: one TMA store
-                        T.copy(y_s, out[s0 : s0 + BL, hh, p0 : p0 + BP])
+                        if deferred_store:
+                            T.tma_copy(y_s, out[s0 : s0 + BL, hh, p0 : p0 + BP])
+                        else:
+                            T.copy(y_s, out[s0 : s0 + BL, hh, p0 : p0 + BP])
                     else:
                         # the rows past the chunk's end belong to the next chunk (maybe another CTA's)
                         for m, p in T.Parallel(BL, BP):
@@ -562,6 +578,8 @@ def ssd_fused_kernel(
                         else:
                             xt_s[p, k] = x_s[k, p] * T.exp2((dA_cs[BL - 1] - dA_cs[k]) * LOG2E) * dt_sh[k]
                 elif not overlap:
+                    if deferred_store:
+                        T.tma_store_wait()  # this tile's output store has read the buffer
                     for k, p in T.Parallel(BL, BP):
                         if decay_rows:
                             xw_s[k, p] = x_s[k, p] * wx_s[k]
@@ -592,6 +610,8 @@ def ssd_fused_kernel(
                         if d >= 0:
                             for n, p in T.Parallel(N, BP):
                                 states_out[d, hh, p0 + p, n] = state[n, p]
+            if deferred_store:
+                T.tma_store_wait()  # the last tile's store has read shared memory before the CTA exits
 
     return fused
 

@@ -7,7 +7,8 @@
 # Stages (default: all but ptxas, in this order; each under its own time limit, cut to what is left of $BUDGET
 # (default 570 s, counted from before the setup), so the later ones still run and the results are packed before
 # the device command's 600 s limit):
-#     precompile  every SSD kernel of the tests and the benchmark, in parallel processes ($PRECOMPILE_ARGS:
+#     precompile  every SSD kernel of the tests and the benchmark, in parallel processes (limit $PRECOMPILE_S,
+#                 default 240 s; $PRECOMPILE_ARGS:
 #                 e.g. --defaults-only)
 #     tests       tests/gpu/test_ssd_kernels.py, junit XML + log: the designs with the default settings
 #                 (skipped under DEFAULT_TESTS=0), then on their own each group of $OPTION_TESTS (default all:
@@ -39,7 +40,7 @@ for stage in "${stages[@]}"; do
     case "$stage" in
     precompile)
         stamp "precompile (jobs $JOBS)"
-        timeout "$(stage_limit 240)" python3 $G/ssd_precompile.py --jobs "$JOBS" $PRECOMPILE_ARGS >"$OUT/precompile.log" 2>&1
+        timeout "$(stage_limit "${PRECOMPILE_S:-240}")" python3 $G/ssd_precompile.py --jobs "$JOBS" $PRECOMPILE_ARGS >"$OUT/precompile.log" 2>&1
         stamp "precompile rc=$? ($(grep -c '^precompiled' "$OUT/precompile.log") ok, $(grep -c FAILED "$OUT/precompile.log") failed)"
         ;;
     tests)

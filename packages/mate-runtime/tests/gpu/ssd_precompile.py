@@ -50,7 +50,7 @@ def _bench_keys() -> list:
     return bench
 
 
-GROUPS = "defaults,bench,settings,hpc,prev,dt,dtruns,prefetch"
+GROUPS = "defaults,bench,settings,hpc,prev,dt,dtruns,prefetch,tenth"
 
 
 def main(argv=None) -> int:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     graph = keys_of(t.GRAPH_CASE, "lean")[:1]
     if "settings" in groups:  # each off setting, with the runs and dt kernels its tests use
         settings = [k for p in t.LEAN_OPTION_CASES for k in keys_of(p.values[0], "lean")]
-        for env in (tl_ssd.OVERLAP_ENV, tl_ssd.PRELOAD_ENV):
+        for env in (tl_ssd.OVERLAP_ENV, tl_ssd.PRELOAD_ENV, tl_ssd.DEFERRED_STORE_ENV):
             _under({env: "0"}, settings + graph, args.jobs)
     if "hpc" in groups:  # (under MATE_SSD_HEADS_PER_CTA a worker compiles every variant a launch may pick)
         hpc = [k for p in t.HPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
@@ -102,6 +102,9 @@ def main(argv=None) -> int:
     if "prefetch" in groups:  # the lean kernels with the L2 prefetch: its tests' and the benchmark's
         pf = [k for p in t.SPC_CASES for k in keys_of(p.values[0], "lean")[:1]]
         _under({tl_ssd.PREFETCH_ENV: "1"}, pf + graph + bench_lean, args.jobs)
+    if "tenth" in groups:  # the benchmark's lean kernels without the tenth session's deferred output-store wait
+        _under({tl_ssd.DEFERRED_STORE_ENV: "0"}, bench_lean + graph, args.jobs)
+        _under({tl_ssd.DEFERRED_STORE_ENV: "0", tl_ssd.PREFETCH_ENV: "1"}, bench_lean, args.jobs)
     if "dt" in groups:  # the dt cases' kernels, with both pre-pass settings
         dt = [k for p in t.DT_HEADS_CASES for kind in ("lean", "prepass") for k in keys_of(p.values[0], kind)]
         for n in ("1", "8"):

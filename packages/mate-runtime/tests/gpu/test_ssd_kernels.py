@@ -249,8 +249,9 @@ def test_narrow_p_matches_reference(case: Case, kind: str):
     test_kernels_match_reference(case, kind)
 
 
-# The lean kernel's on/off settings away from their defaults (overlap and preload are on by default and run in
-# every test above): each off setting is a kernel a caller can select, so it stays tested.
+# The lean kernel's on/off settings away from their defaults (overlap, preload and the deferred output-store
+# wait are on by default and run in every test above): each off setting is a kernel a caller can select, so it
+# stays tested.
 LEAN_OPTION_CASES = [
     pytest.param(Case(), id="ragged_c128"),
     pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700)), id="c256_lens-1-255-256-257-700"),
@@ -262,6 +263,7 @@ LEAN_OPTION_CASES = [
 LEAN_SETTINGS = [
     pytest.param((tl_ssd.OVERLAP_ENV, "overlap"), id="without-overlap"),
     pytest.param((tl_ssd.PRELOAD_ENV, "preload"), id="without-preload"),
+    pytest.param((tl_ssd.DEFERRED_STORE_ENV, "deferred_store"), id="output-store-waited-at-once"),
 ]
 
 

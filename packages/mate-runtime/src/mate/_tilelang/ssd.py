@@ -128,11 +128,13 @@ PRELOAD_ENV = "MATE_SSD_PRELOAD"
 RUNS_IN_DT_ENV = "MATE_SSD_RUNS_IN_DT"
 SPC_ENV = "MATE_SSD_SEQS_PER_CTA"
 PREFETCH_ENV = "MATE_SSD_PREFETCH"
+DEFERRED_STORE_ENV = "MATE_SSD_DEFERRED_STORE"
 # the defaults of the lean design's options, each decided by a same-run measurement on the H200
 # (docs/ssd-kernels.md#tuning-knobs-environment)
 OVERLAP_DEFAULT = True
 PRELOAD_DEFAULT = True
 RUNS_IN_DT_DEFAULT = True
+DEFERRED_STORE_DEFAULT = True
 # the values MATE_SSD_SEQS_PER_CTA may take (an upper bound on the sequences per fused CTA; unset: none)
 SPC_ALLOWED = range(1, MAX_SEQUENCES + 1)
 DT_HEADS_DEFAULT = 8
@@ -160,14 +162,16 @@ _option_override: list[dict] = []  # set by ``options`` (the benchmark compares 
 def options(
     *, overlap: bool | None = None, dt_heads: int | None = None, heads_per_cta: int | None = None,
     preload: bool | None = None, runs_in_dt: bool | None = None, seqs_per_cta: int | None = None,
-    prefetch: bool | None = None,
+    prefetch: bool | None = None, deferred_store: bool | None = None,
 ):  # fmt: skip
     """Plan the enclosed calls' kernels as if ``MATE_SSD_OVERLAP`` / ``MATE_SSD_DT_HEADS`` /
     ``MATE_SSD_HEADS_PER_CTA`` / ``MATE_SSD_PRELOAD`` / ``MATE_SSD_RUNS_IN_DT`` / ``MATE_SSD_SEQS_PER_CTA`` /
-    ``MATE_SSD_PREFETCH`` were set to these values (None: as the environment says)."""
+    ``MATE_SSD_PREFETCH`` / ``MATE_SSD_DEFERRED_STORE`` were set to these values (None: as the environment
+    says)."""
     _option_override.append(
         {"overlap": overlap, "dt_heads": dt_heads, "heads_per_cta": heads_per_cta, "preload": preload,
-         "runs_in_dt": runs_in_dt, "seqs_per_cta": seqs_per_cta, "prefetch": prefetch}
+         "runs_in_dt": runs_in_dt, "seqs_per_cta": seqs_per_cta, "prefetch": prefetch,
+         "deferred_store": deferred_store}
     )  # fmt: skip
     try:
         yield
@@ -272,6 +276,16 @@ def _preload(kind: str, tiles: dict) -> bool:
     return _flag("preload", PRELOAD_ENV, PRELOAD_DEFAULT, tiles.get("preload"))
 
 
+def _deferred_store(kind: str, tiles: dict) -> bool:
+    """Whether the lean kernel waits for a full tile's TMA output store just before that shared tile's next write
+    instead of right after the store (``ssd_fused_kernel(deferred_store=True)``), unless ``tiles`` (the compile
+    check), :func:`options` or ``MATE_SSD_DEFERRED_STORE=0`` says otherwise. The results are the same either
+    way."""
+    if kind != "ssd_lean":
+        return False
+    return _flag("deferred_store", DEFERRED_STORE_ENV, DEFERRED_STORE_DEFAULT, tiles.get("deferred_store"))
+
+
 def _prefetch_setting() -> bool | None:
     """``MATE_SSD_PREFETCH`` (or :func:`options`): True (1), False (0) or None (unset: each launch decides,
     :func:`wants_prefetch`)."""
@@ -356,7 +370,8 @@ def _fused_builder(key, tiles: dict | None = None):
     # the on/off options as build arguments only when on (so the first measured kernel's arguments and cache
     # key stay as they were)
     for name, on in (
-        ("overlap", _overlap(kind, tiles)), ("preload", _preload(kind, tiles)), ("prefetch", _prefetch(kind, tiles))
+        ("overlap", _overlap(kind, tiles)), ("preload", _preload(kind, tiles)), ("prefetch", _prefetch(kind, tiles)),
+        ("deferred_store", _deferred_store(kind, tiles)),
     ):  # fmt: skip
         tiles.pop(name, None)
         if on:
@@ -804,6 +819,7 @@ def compile_grid() -> list[CompileItem]:
         ({**plain, "overlap": False}, "without overlap"),
         ({**plain, "preload": False}, "without preload"),
         ({**plain, "prefetch": True}, "L2 prefetch"),
+        ({**plain, "deferred_store": False}, "output store waited at once"),
     ]
     for tiles, what in variants:
         label = f"lean H128 G8 P64 N128 chunk256 io=bfloat16 state=float32 tile L{tiles['block_L']}xP64 {what}"

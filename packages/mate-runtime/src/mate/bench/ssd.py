@@ -94,7 +94,8 @@ def mate_fn(w, L, kind: str | None = None):
     (``MATE_SSD_OVERLAP=1`` / ``0``), ``dt8`` / ``dt1`` (``MATE_SSD_DT_HEADS``), ``hpc8``
     (``MATE_SSD_HEADS_PER_CTA=8``), ``preload`` / ``nopreload`` (``MATE_SSD_PRELOAD=1`` / ``0``), ``dtruns`` /
     ``nodtruns`` (``MATE_SSD_RUNS_IN_DT=1`` / ``0``), ``spcN`` (``MATE_SSD_SEQS_PER_CTA=N``),
-    ``prefetch`` / ``noprefetch`` (``MATE_SSD_PREFETCH=1`` / ``0``), e.g.
+    ``prefetch`` / ``noprefetch`` (``MATE_SSD_PREFETCH=1`` / ``0``), ``defer`` / ``nodefer``
+    (``MATE_SSD_DEFERRED_STORE=1`` / ``0``), e.g.
     ``lean+nodtruns`` (the sixth session's defaults)."""
     import contextlib
 
@@ -125,6 +126,7 @@ LEAN_OPTIONS = {
     "dtruns": ("runs_in_dt", True), "nodtruns": ("runs_in_dt", False),
     "spc1": ("seqs_per_cta", 1), "spc2": ("seqs_per_cta", 2), "spc4": ("seqs_per_cta", 4),
     "spc8": ("seqs_per_cta", 8), "prefetch": ("prefetch", True), "noprefetch": ("prefetch", False),
+    "defer": ("deferred_store", True), "nodefer": ("deferred_store", False),
 }  # fmt: skip
 
 
