@@ -124,8 +124,9 @@ def tma_store_problems(src: str) -> list[str]:
             continue
         buf = m.group(1)
         path = consumer[i + 1 : hi] + (consumer[lo + 1 : i] if lo < i < hi else [])
-        writes = [k for k, ln in enumerate(path) if buf in (g for w in _SMEM_WRITE.finditer(ln) for g in w.groups())]
-        write = writes[0] if writes else None
+        write = next(
+            (k for k, ln in enumerate(path) if buf in (g for w in _SMEM_WRITE.finditer(ln) for g in w.groups())), None
+        )
         ahead = path[:write] if write is not None else path
         wait = next((k for k, ln in enumerate(ahead) if "tma_store_wait" in ln), None)
         barrier = None if wait is None else next((k for k, ln in enumerate(ahead[wait:]) if _BARRIER.search(ln)), None)

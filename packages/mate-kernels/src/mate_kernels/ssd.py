@@ -549,8 +549,8 @@ def ssd_fused_kernel(
                             T.float32(0),
                         )
                         y[m, p] = T.if_then_else(has_z, y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E)), y[m, p])
-                if deferred_store and (narrow_p or not overlap):
-                    T.tma_store_wait()  # y_s's next write (with overlap the x weighting above waited)
+                if deferred_store and narrow_p:
+                    T.tma_store_wait()  # y_s's next write (elsewhere y_s is xw_s: its writes above/below wait)
                 T.copy(y, y_s)
                 if lean:
                     if n_valid >= BL:
