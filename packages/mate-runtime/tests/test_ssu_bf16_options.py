@@ -220,3 +220,66 @@ def test_small_grid_key_and_prewarm():
 def test_small_grid_bad_value_raises():
     with pytest.raises(ValueError, match=tl_ssu.SMALL_GRID_ENV):
         tl_ssu.parse_small_grid({tl_ssu.SMALL_GRID_ENV: "many"})
+
+
+# ---- the row reduction of y = s . C (MATE_SSU_TRANSPOSED_REDUCE)
+
+
+def test_transposed_reduce_option(monkeypatch):
+    """The packed kernel: default on (the plain keys, the factory's default), off tags packed keys ":tr=0" and
+    reaches the factory with the tag's other options intact. The one-token kernel: always the plain reduction
+    (measured no faster transposed), whatever the setting, under its plain key. Malformed values raise."""
+    assert tl_ssu.parse_transposed_reduce({}) is True
+    assert tl_ssu.parse_transposed_reduce({tl_ssu.REDUCE_ENV: "0"}) is False
+    for bad in ("", "2", "plain"):
+        with pytest.raises(ValueError, match=tl_ssu.REDUCE_ENV):
+            tl_ssu.parse_transposed_reduce({tl_ssu.REDUCE_ENV: bad})
+    seen = {}
+
+    def fake_kernel(**kw):
+        seen.update(kw)
+        return "prim"
+
+    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+    small = tl_ssu._key(True, 64, 128, 16, BF16, BF16, F32, F32, F32, I32, I32, I32, BF16, True, True, True, True)
+    for setting in (True, False):
+        monkeypatch.setattr(tl_ssu, "_TRANSPOSED", setting)
+        assert _key(F32)[0] == "ssu" and _key(BF16)[0] == "ssu"
+        assert tl_ssu._key(True, 64, 128, 16, BF16, BF16, F32, F32, F32, I32, I32, I32, BF16, True, True, True,
+                           True) == small  # fmt: skip
+        for key in (_key(F32), _key(BF16), small):
+            seen.clear()
+            tl_ssu.build_kernel(key)
+            assert seen["transposed_reduce"] is False
+    monkeypatch.setattr(tl_ssu, "_TRANSPOSED", True)
+    for state in (F32, BF16):
+        assert _packed_key(state)[0] == "ssu"
+        seen.clear()
+        tl_ssu.build_kernel(_packed_key(state))
+        assert "transposed_reduce" not in seen  # the factory's default (True)
+    monkeypatch.setattr(tl_ssu, "_TRANSPOSED", False)
+    assert _packed_key(F32)[0] == "ssu:tr=0" and _packed_key(BF16)[0] == "ssu:tr=0"
+    seen.clear()
+    tl_ssu.build_kernel(_packed_key(F32))
+    assert seen["transposed_reduce"] is False and seen["min_blocks"] == 6  # the fp32 packed register cap stays
+    seen.clear()
+    tl_ssu.build_kernel(_packed_key(BF16))
+    assert seen["transposed_reduce"] is False and seen["min_blocks"] == 8  # the 2-byte packed options stay
+
+
+def test_transposed_reduce_factory_choice():
+    """The factory takes the transposed reduction only where a thread's rows fit its row's lanes."""
+    for P, N, state in ((64, 128, "float32"), (64, 128, "bfloat16"), (80, 128, "bfloat16"), (128, 256, "float32")):
+        t = kssu.choose_tiling(P, N, state)
+        assert t.rows_per_thread <= t.lanes
+
+
+def test_bench_transposed_reduce_variant(monkeypatch):
+    from mate.bench import ssu as bench
+
+    spec = "MATE_SSU_TRANSPOSED_REDUCE=0"
+    assert bench.variant_name(spec) == "mate[TRANSPOSED_REDUCE=0]"
+    seen = []
+    monkeypatch.setattr(bench, "_mate", lambda st, w: seen.append(tl_ssu._TRANSPOSED) or "y")
+    assert bench._mate_with_options(spec)(None, None) == "y"
+    assert seen == [False] and tl_ssu._TRANSPOSED is True

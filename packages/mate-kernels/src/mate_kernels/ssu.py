@@ -118,6 +118,7 @@ def ssu_kernel(
     tiling: SSUTiling | None = None,
     pack_early: bool = False,
     min_blocks: int = 0,
+    transposed_reduce: bool = True,
 ):
     """Return the ``T.prim_func`` of one SSU kernel configuration (see the module docstring).
 
@@ -132,6 +133,10 @@ def ssu_kernel(
       dtype right after its recurrence step (into the registers it was loaded into), so no fp32 copy of the
       whole state stays live across the row reduction, the ``y`` write and the store. Same arithmetic, same
       rounding; fewer registers per thread (96 -> 64 for Nemotron-H bf16, so 8 instead of 5 CTAs per SM).
+    * ``transposed_reduce``: the row reduction of ``y = s . C`` transposed (see ``reduce_rows``; R - 1 + log2(L/R)
+      shuffles for R rows over L lanes, R lanes write one ``y`` each) where the thread's rows fit its row's lanes;
+      False reduces every row on its own and lane 0 writes them all (the runtime's choice for the one-token kernel,
+      where the transposed form measured no faster).
     * ``min_blocks``: > 0 emits ``__launch_bounds__(threads, min_blocks)`` (ptxas caps the registers so that
       many CTAs fit on an SM; it may spill).
     """
@@ -197,11 +202,19 @@ def ssu_kernel(
         strides = [st if i == last else T.floordiv(st, VEC) * VEC for i, st in enumerate(buf.strides)]
         return T.view(buf, strides=strides)
 
-    shfl_offsets = []
-    off = L // 2
-    while off >= 1:
-        shfl_offsets.append(off)
-        off //= 2
+    LOG_L = L.bit_length() - 1
+    # the transposed row reduction (``reduce_rows``) when asked for and the thread's rows fit its row's lanes (so
+    # far always: R <= 4 rows, L >= 4 lanes for N >= 32)
+    transposed = bool(transposed_reduce) and R <= L
+    TR = R.bit_length() - 1 if transposed else 0
+
+    def pick(arr, sel):
+        """``arr[sel]`` for a runtime ``sel`` < R as a chain of selects (registers cannot be indexed at runtime)."""
+        v = arr[0]
+        for r in range(1, R):
+            v = T.if_then_else(sel == r, arr[r], v)
+        return v
+
     NA = 1 if tied else NS
     pack_early = bool(pack_early) and one_token and _BYTES[state_dtype] == 2
 
@@ -287,7 +300,31 @@ def ssu_kernel(
             dv[r] = T.cast(D[h * hd, prow(pb, r, rg) * hd], f32) * T.cast(hd, f32)
 
     @T.macro
-    def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, packed=False):
+    def reduce_rows(acc, tx):
+        """Sum each of the thread's ``R`` row partials over the row's ``L`` lanes. Transposed (``R <= L``): each
+        of the first log2(R) butterfly steps halves the values a lane holds (it keeps one half of its rows, sends
+        the other half to its partner, which keeps the opposite half), so R rows take R - 1 + log2(L / R)
+        shuffles in all (6 instead of 20 for 4 rows over 32 lanes) and every lane ends with one row's total in
+        ``acc[0]``: row ``lane // (L / R)`` (see ``write_y``). Otherwise every row is reduced on its own and every
+        lane ends with every row's total."""
+        if transposed:
+            lane = tx % L
+            for j in T.unroll(TR):
+                hi = (lane & (L >> (j + 1))) != 0  # this lane keeps the upper half of its rows
+                for k in T.unroll(R // 2):
+                    if k < (R >> (j + 1)):
+                        send = T.if_then_else(hi, acc[k], acc[k + (R >> (j + 1))])
+                        keep = T.if_then_else(hi, acc[k + (R >> (j + 1))], acc[k])
+                        acc[k] = keep + T.shfl_xor(send, L >> (j + 1))
+            for j in T.unroll(LOG_L - TR):
+                acc[0] = acc[0] + T.shfl_xor(acc[0], (L >> TR) >> (j + 1))
+        else:
+            for j in T.unroll(LOG_L):
+                for r in T.unroll(R):
+                    acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
+
+    @T.macro
+    def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx, packed=False):
         """s = s * exp(A dt) + dt x B ; acc[r] = sum over the row of s * C (all lanes of the row hold it).
         ``packed``: ``s`` holds the raw (stored-dtype) registers; each value is widened, updated, added into the
         row's dot product and narrowed back into ``s`` at once (``pack_early``)."""
@@ -305,9 +342,7 @@ def ssu_kernel(
                         s1 = s0 * T.exp(Av[k] * dtv[r]) + (dtv[r] * xv[r]) * bv[v * VEC + i]
                     acc[r] = acc[r] + s1 * cv[v * VEC + i]
                     s[k] = T.cast(s1, state_dtype) if packed else s1
-        for j in T.unroll(len(shfl_offsets)):
-            for r in T.unroll(R):
-                acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
+        reduce_rows(acc, tx)
 
     @T.macro
     def store_raw(raw, pool, slot, h, pb, tx):
@@ -334,7 +369,21 @@ def ssu_kernel(
     def write_y(acc, xv, dv, zv, out, row, h, pb, tx, flags):
         lane = tx % L
         rg = tx // L
-        if lane == 0:
+        if transposed:
+            # after the transposed reduction lane ``lane`` holds the total of row ``lane // (L / R)``: the first
+            # lane of each such group writes that row (R lanes write one value each)
+            sel = lane // (L // R)
+            if lane % (L // R) == 0:
+                p = pb * BP + sel * RP + rg
+                acc[0] = acc[0] + pick(dv, sel) * pick(xv, sel)  # dv is 0 without D
+                if (flags & FLAG_Z) != 0:
+                    acc[0] = acc[0] * pick(zv, sel) / (1.0 + T.exp(-pick(zv, sel)))
+                if guard_p:
+                    if p < P:
+                        out[row, h, p] = T.cast(acc[0], io_dtype)
+                else:
+                    out[row, h, p] = T.cast(acc[0], io_dtype)
+        elif lane == 0:
             for r in T.unroll(R):
                 p = pb * BP + r * RP + rg
                 acc[r] = acc[r] + dv[r] * xv[r]  # dv is 0 without D
@@ -449,9 +498,9 @@ def ssu_kernel(
                     bv[k] = T.cast(rb[k], f32)
                     cv[k] = T.cast(rc[k], f32)
                 if pack_early:
-                    recur_and_reduce(raw, Av, acc, xv, dtv, bv, cv, True)
+                    recur_and_reduce(raw, Av, acc, xv, dtv, bv, cv, tx, True)
                 else:
-                    recur_and_reduce(s, Av, acc, xv, dtv, bv, cv)
+                    recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
                 write_y(acc, xv, dv, zv, out, b, h, pb, tx, flags)
                 if mode != MODE_NONE and slot != pad:
                     wslot = slot
@@ -656,7 +705,7 @@ def ssu_kernel(
                             if par >= 0:
                                 reload_state(s, ibv, ibv_buf, ientry * cache_steps + par, h, pb, tx)
                     token_from_smem(xv, dtv, zv, bv, cv, Bs, Cs, xs, dts, zs, tt, tx)
-                    recur_and_reduce(s, Av, acc, xv, dtv, bv, cv)
+                    recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
                     write_y(acc, xv, dv, zv, out, bos + t, h, pb, tx, flags)
                     if slot != pad:
                         if mode == MODE_PER_TOKEN:

@@ -19,6 +19,9 @@
 #                 cases of `mate bench ssu --quick`, default kernels beside two other MATE_SSU_BF16_* settings (the
 #                 first: the fourth session's default, the second: the sixth session's packed kernel) and
 #                 the peers, written as ssu-bf16-ab.{md,json,png}
+#     bench-reduce the row reduction of y = s . C (eleventh session): `mate bench ssu --quick` with the default
+#                 (transposed) beside MATE_SSU_TRANSPOSED_REDUCE=0 (every row reduced on its own, the kernels
+#                 before) and the peers, written as ssu-transposed-reduce.{md,json,png}
 #     bench-f32   the fp32-state A/B of the packed kernel's register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS 6 and 5
 #                 beside the default, no cap): fp32 cases of `mate bench ssu` (MTP 6 at batch 8 and 64 included),
 #                 written as ssu-f32-ab.{md,json,png}; then `gpu_pytest` of test_f32_packed_register_cap
@@ -87,6 +90,14 @@ for stage in "${stages[@]}"; do
             --env MATE_SSU_F32_PACKED_MIN_BLOCKS=6 --env MATE_SSU_F32_PACKED_MIN_BLOCKS=5 \
             >"$OUT/bench-f32.log" 2>&1
         stamp "bench-f32 rc=$?"
+        ;;
+    bench-reduce)
+        left=$(budget_left)
+        [ "$left" -lt 30 ] && { stamp "bench-reduce skipped: ${left}s left"; continue; }
+        stamp "bench-reduce (${left}s)"
+        timeout "$left" python3 -m mate.bench.ssu --quick --out "$OUT" --name ssu-transposed-reduce \
+            --env MATE_SSU_TRANSPOSED_REDUCE=0 >"$OUT/bench-reduce.log" 2>&1
+        stamp "bench-reduce rc=$?"
         ;;
     *)
         stamp "unknown stage $stage"

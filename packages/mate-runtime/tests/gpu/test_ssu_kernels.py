@@ -385,6 +385,22 @@ def test_bf16_small_grid_setting(case, setting, monkeypatch):
     assert any(k[0] == want and k[1] for k in tl_ssu._kernels)
 
 
+# The packed kernel with the plain row reduction (MATE_SSU_TRANSPOSED_REDUCE=0: every row reduced on its own,
+# lane 0 writing every y); the default (the transposed reduction) is every other packed test of this file. The
+# one-token kernel always reduces plainly (every one-token test).
+@pytest.mark.parametrize("case", [PACKED[i] for i in (0, 2, 3, 6, 9, 13, 14, 18)])
+def test_plain_row_reduction(case, monkeypatch):
+    import mate.mamba.ssu as mssu
+    from mate._tilelang import ssu as tl_ssu
+
+    monkeypatch.setattr(mssu, "FAST_PATH", False)
+    monkeypatch.setattr(tl_ssu, "_TRANSPOSED", False)
+    before = set(tl_ssu._kernels)
+    check(case)
+    assert all(k[0].endswith(":tr=0") for k in set(tl_ssu._kernels) - before)
+    assert any(k[0].endswith(":tr=0") for k in tl_ssu._kernels)
+
+
 def _check_with_options(case, opts, monkeypatch, f32: bool = False):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu

@@ -295,12 +295,37 @@ def set_bf16_options(opts: dict | None) -> str:
     return prev
 
 
+# ---- The packed kernel's row reduction of y = s . C (eleventh session): transposed (each of the first log2(R)
+# butterfly steps halves the rows a lane holds: R - 1 + log2(L / R) shuffles for R rows over L lanes, 6 instead of 20
+# at 4 rows x 32 lanes; R lanes then write one y each) or plain (every row reduced on its own, lane 0 writes them
+# all). Measured on the H200 (docs/ssu-kernels.md, interleaved A/B in one run): MTP 6 bf16 batch 8 39.94 -> 39.15 us,
+# batch 64 275.7 -> 272.3 us, fp32 batch 64 503.0 -> 502.2; the one-token kernel gained nothing (fp32 batch 1 4.77
+# -> 4.75, batch 8 20.44 -> 20.30) and lost at bf16 (batch 1 3.71 -> 3.81, batch 8 11.52 -> 11.67), so it keeps the
+# plain reduction. MATE_SSU_TRANSPOSED_REDUCE=0 selects the plain one for the packed kernel too; that setting adds
+# ":tr=0" to packed keys.
+REDUCE_ENV = "MATE_SSU_TRANSPOSED_REDUCE"
+_TR_OFF = ":tr=0"
+
+
+def parse_transposed_reduce(env) -> bool:
+    """``MATE_SSU_TRANSPOSED_REDUCE`` from an environment mapping (ValueError unless 0 or 1; default 1)."""
+    value = env.get(REDUCE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{REDUCE_ENV}: expected 0 or 1, got {value!r}")
+    return value == "1"
+
+
+_TRANSPOSED = parse_transposed_reduce(os.environ)
+
+
 def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
          vstate, vio, small_grid=False):  # fmt: skip
     if state_dt in TWO_BYTE_STATES:
         tag = _small_tag(_TAG_2B) if small_grid and one_token else _TAG_2B
     else:
         tag = _TAG_F32 if state_dt == torch.float32 and not one_token else "ssu"
+    if not one_token and not _TRANSPOSED:
+        tag += _TR_OFF
     return (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
             tied, vstate, vio)  # fmt: skip
 
@@ -308,6 +333,8 @@ def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, d
 def _builder(key):
     (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
      vio) = key  # fmt: skip
+    transposed = not tag.endswith(_TR_OFF)
+    tag = tag.removesuffix(_TR_OFF)
     # the 2-byte-state options; fp32 states keep the factory's defaults but for the packed kernel's register cap
     opts = _tag_options(tag) if state_dt in TWO_BYTE_STATES else {}
     if tag.startswith("ssu:f32pmb="):
@@ -316,12 +343,12 @@ def _builder(key):
         f32_cap = F32_DEFAULTS["packed_min_blocks"] if state_dt == torch.float32 and not one_token else 0
 
     def build():
-        extra = {}
+        extra = {} if transposed and not one_token else dict(transposed_reduce=False)
         if f32_cap:
-            extra = dict(min_blocks=f32_cap)
+            extra.update(min_blocks=f32_cap)
         if opts:
             kmod = _kmod()
-            extra = dict(
+            extra.update(
                 tiling=kmod.choose_tiling(
                     P, N, _DT[state_dt], opts["per_thread" if one_token else "packed_per_thread"]
                 ),
@@ -762,6 +789,12 @@ def compile_grid() -> list[CompileItem]:
     key = (f32_tag({"packed_min_blocks": 0}),) + base[1:]
     label = f"packed P64 N128 H/G16 state=float32 io=bfloat16 dt=float32 tied {key[0]}"
     items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
+    # the packed kernel with the plain row reduction (MATE_SSU_TRANSPOSED_REDUCE=0), fp32 and 2-byte states
+    for sdt in (f32, bf16):
+        base = _key(False, 64, 128, 16, sdt, bf16, f32, f32, f32, i32, i64, i32, sdt, True, True, True)
+        key = (base[0].removesuffix(_TR_OFF) + _TR_OFF,) + base[1:]
+        label = f"packed P64 N128 H/G16 state={_DT[sdt]} io=bfloat16 dt=float32 tied {key[0]}"
+        items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
     # the former 2-byte default (no register caps, late narrowing): still selectable for A/B runs
     ab = {"pack_early": False, "min_blocks": 0, "per_thread": 4, "packed_min_blocks": 0, "packed_per_thread": 4}
     for one_token in (True, False):
@@ -778,5 +811,5 @@ __all__ = [
     "selective_state_update", "plan", "build_kernel", "prewarm", "prewarm_keys", "compile_grid", "PASS_CONFIGS",
     "LaunchRecipe", "make_recipe", "direct_callable", "parse_bf16_options", "bf16_tag", "set_bf16_options",
     "BF16_ENV", "BF16_DEFAULTS", "SMALL_GRID_ENV", "parse_small_grid", "F32_ENV", "F32_DEFAULTS",
-    "parse_f32_options", "f32_tag", "set_f32_options",
+    "parse_f32_options", "f32_tag", "set_f32_options", "REDUCE_ENV", "parse_transposed_reduce",
 ]  # fmt: skip

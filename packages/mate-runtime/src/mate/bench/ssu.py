@@ -120,7 +120,7 @@ def _mate_with_options(spec: str):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 
-    names = tl_ssu.BF16_ENV + (tl_ssu.SMALL_GRID_ENV,) + tl_ssu.F32_ENV
+    names = tl_ssu.BF16_ENV + (tl_ssu.SMALL_GRID_ENV,) + tl_ssu.F32_ENV + (tl_ssu.REDUCE_ENV,)
     env = {}
     for item in spec.replace(" ", ",").split(","):
         if not item:
@@ -132,16 +132,19 @@ def _mate_with_options(spec: str):
     opts = tl_ssu.parse_bf16_options(env)
     f32_opts = tl_ssu.parse_f32_options(env)
     small_grid = tl_ssu.parse_small_grid(env)
+    transposed = tl_ssu.parse_transposed_reduce(env)
 
     def call(st: Setup, w: Window):
         fast, mssu.FAST_PATH = mssu.FAST_PATH, False
         prev = tl_ssu.set_bf16_options(opts)
         prev_f32 = tl_ssu.set_f32_options(f32_opts)
         prev_small, tl_ssu._SMALL_GRID = tl_ssu._SMALL_GRID, small_grid
+        prev_reduce, tl_ssu._TRANSPOSED = tl_ssu._TRANSPOSED, transposed
         try:
             return _mate(st, w)
         finally:
             tl_ssu._TAG_2B, tl_ssu._TAG_F32, tl_ssu._SMALL_GRID = prev, prev_f32, prev_small
+            tl_ssu._TRANSPOSED = prev_reduce
             mssu.FAST_PATH = fast
 
     return call
