@@ -1,10 +1,11 @@
 """Timing helpers shared by the SSU and SSD benchmarks.
 
-``graph_time_us`` captures one call per window (each window touches its own slice of a large pool, so the
-working set of one replay exceeds the 60 MB L2 and every call reads cold HBM), replays the graph
-``replays`` times, and returns the median over ``repeats`` of the time per call. ``copy_ceiling_tbps``
-measures a device-to-device copy (read + write bytes) in the same process, the bandwidth ceiling the
-kernels are compared against. ``host_time_us`` is the eager host time of one call.
+``graph_times_us`` captures one call per window (each window touches its own slice of a large pool, so the
+working set of one replay exceeds the 60 MB L2 and every call reads cold HBM), replays the graph ``replays``
+times, and returns the median over ``repeats`` of the time per call; the implementations of one case are timed
+in interleaved rounds. ``copy_ceiling_tbps`` measures a device-to-device copy (read + write bytes) in the same
+process, the bandwidth ceiling the kernels are compared against. ``host_times_us`` is the eager host time of one
+call per implementation, interleaved the same way.
 """
 
 from __future__ import annotations
@@ -45,11 +46,9 @@ def _device_ms(mod, fn: Callable[[], object], times: int) -> float:
     return start.elapsed_time(end)
 
 
-def graph_time_us(fn_per_window: list[Callable[[], object]], replays: int = 20, repeats: int = 5, device=None) -> float:
-    """Median time per call in µs of graph-replaying one call per window (see the module docstring)."""
-    dev = _device(device)
-    mod = device_module(dev)
-    for fn in fn_per_window:  # warm up: compile / autotune outside capture
+def _capture(dev, mod, fn_per_window: list[Callable[[], object]]):
+    """Warm up (compile / autotune outside capture), then capture one call per window into one graph."""
+    for fn in fn_per_window:
         fn()
     mod.synchronize()
     graph = graph_class(dev)()
@@ -58,9 +57,44 @@ def graph_time_us(fn_per_window: list[Callable[[], object]], replays: int = 20, 
             fn()
     graph.replay()
     mod.synchronize()
-    per_call = [_device_ms(mod, graph.replay, replays) * 1e3 / (replays * len(fn_per_window)) for _ in range(repeats)]
-    del graph
-    return statistics.median(per_call)
+    return graph
+
+
+def graph_times_us(
+    impls: dict[str, list[Callable[[], object]]], replays: int = 20, repeats: int = 5, device=None
+) -> dict[str, float | Exception]:
+    """Median time per call in µs of each implementation's graph (see the module docstring), or the exception
+    its warm-up or capture raised. The implementations are timed in interleaved rounds (each round times every
+    graph once, the first of each round rotating), so a drift of the machine during a case (clocks, memory
+    state) falls on all of them alike instead of on whichever is timed last."""
+    dev = _device(device)
+    mod = device_module(dev)
+    graphs: dict = {}
+    out: dict[str, float | Exception] = {}
+    for name, fns in impls.items():
+        try:
+            graphs[name] = _capture(dev, mod, fns)
+        except Exception as exc:  # one implementation failing (e.g. a peer without this shape) is reported
+            out[name] = exc
+    names = list(graphs)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            ms = _device_ms(mod, graphs[name].replay, replays)
+            samples[name].append(ms * 1e3 / (replays * len(impls[name])))
+    for name in names:
+        out[name] = statistics.median(samples[name])
+    graphs.clear()
+    return {name: out[name] for name in impls}
+
+
+def graph_time_us(fn_per_window: list[Callable[[], object]], replays: int = 20, repeats: int = 5, device=None) -> float:
+    """Median time per call in µs of graph-replaying one call per window (see the module docstring)."""
+    us = graph_times_us({"fn": fn_per_window}, replays, repeats, device)["fn"]
+    if isinstance(us, Exception):
+        raise us
+    return us
 
 
 def copy_ceiling_tbps(device=None, nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -75,21 +109,35 @@ def copy_ceiling_tbps(device=None, nbytes: int = 1 << 30, repeats: int = 5) -> f
     return statistics.median(2 * nbytes * 5 / (_device_ms(mod, copy, 5) * 1e-3) / 1e12 for _ in range(repeats))
 
 
-def host_time_us(fn: Callable[[], object], iters: int = 200, device=None) -> float:
-    """Eager host time per call in µs (the time the Python caller is blocked; the device runs behind)."""
+def host_times_us(impls: dict[str, Callable[[], object]], iters: int = 200, rounds: int = 3, device=None) -> dict:
+    """Eager host time per call in µs of each implementation (the time the Python caller is blocked; the device
+    runs behind): the best of ``rounds`` loops of ``iters`` calls, the implementations' loops interleaved (the
+    first rotating per round), so a slow phase of the host falls on all of them alike."""
     dev = _device(device)
     mod = device_module(dev)
-    for _ in range(5):
-        fn()
-    mod.synchronize()
-    samples = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(iters):
+    for fn in impls.values():
+        for _ in range(5):
             fn()
-        samples.append((time.perf_counter() - t0) * 1e6 / iters)
-        mod.synchronize()
-    return min(samples)
+    mod.synchronize()
+    names = list(impls)
+    best = {n: float("inf") for n in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            fn = impls[name]
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) * 1e6 / iters)
+            mod.synchronize()
+    return best
 
 
-__all__ = ["L2_BYTES", "windows_for", "graph_time_us", "copy_ceiling_tbps", "host_time_us"]
+def host_time_us(fn: Callable[[], object], iters: int = 200, device=None) -> float:
+    """Eager host time per call in µs of one implementation (see :func:`host_times_us`)."""
+    return host_times_us({"fn": fn}, iters=iters, device=device)["fn"]
+
+
+__all__ = [
+    "L2_BYTES", "windows_for", "graph_time_us", "graph_times_us", "copy_ceiling_tbps", "host_time_us", "host_times_us"
+]  # fmt: skip
