@@ -364,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
         help="one more MATE column with these kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS, _SMALL_GRID, "
-        "_PACKED_MIN_BLOCKS for 2-byte states; MATE_SSU_F32_PACKED_MIN_BLOCKS for fp32; docs/ssu-kernels.md), "
+        "_PACKED_MIN_BLOCKS for 2-byte states; MATE_SSU_F32_PACKED_MIN_BLOCKS for fp32; MATE_SSU_TRANSPOSED_REDUCE; "
+        "docs/ssu-kernels.md), "
         "beside the default kernels; repeatable",
     )  # fmt: skip
     args = ap.parse_args(argv)
