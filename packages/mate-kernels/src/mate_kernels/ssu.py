@@ -325,7 +325,7 @@ def ssu_kernel(
 
     @T.macro
     def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx, packed=False):
-        """s = s * exp(A dt) + dt x B ; acc[r] = sum over the row of s * C (all lanes of the row hold it).
+        """s = s * exp(A dt) + dt x B ; acc = the rows' sums of s * C (where they end: see ``reduce_rows``).
         ``packed``: ``s`` holds the raw (stored-dtype) registers; each value is widened, updated, added into the
         row's dot product and narrowed back into ``s`` at once (``pack_early``)."""
         if tied:
