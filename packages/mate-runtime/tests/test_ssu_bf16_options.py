@@ -283,3 +283,100 @@ def test_bench_transposed_reduce_variant(monkeypatch):
     monkeypatch.setattr(bench, "_mate", lambda st, w: seen.append(tl_ssu._TRANSPOSED) or "y")
     assert bench._mate_with_options(spec)(None, None) == "y"
     assert seen == [False] and tl_ssu._TRANSPOSED is True
+
+
+# ---- programmatic dependent launch (MATE_SSU_PDL: auto by default)
+
+
+def test_pdl_setting_parse():
+    assert tl_ssu.parse_pdl({}) is None  # auto
+    assert tl_ssu.parse_pdl({tl_ssu.PDL_ENV: "auto"}) is None
+    assert tl_ssu.parse_pdl({tl_ssu.PDL_ENV: "1"}) is True and tl_ssu.parse_pdl({tl_ssu.PDL_ENV: "0"}) is False
+    for bad in ("", "2", "on", "AUTO"):
+        with pytest.raises(ValueError, match=tl_ssu.PDL_ENV):
+            tl_ssu.parse_pdl({tl_ssu.PDL_ENV: bad})
+
+
+@pytest.mark.parametrize(
+    "setting, kind, major, expected",
+    [
+        pytest.param(None, "cuda", 9, True, id="auto-hopper"),
+        pytest.param(None, "cuda", 10, True, id="auto-blackwell"),
+        pytest.param(None, "cuda", 8, False, id="auto-ampere"),
+        pytest.param(None, "musa", 0, False, id="auto-musa"),
+        pytest.param(None, "cpu", 0, False, id="auto-cpu"),
+        pytest.param(False, "cuda", 9, False, id="off-hopper"),
+        pytest.param(True, "cuda", 9, True, id="on-hopper"),
+        pytest.param(True, "cuda", 8, NotImplementedError, id="on-ampere"),
+        pytest.param(True, "musa", 0, NotImplementedError, id="on-musa"),
+    ],
+)
+def test_pdl_rule(monkeypatch, setting, kind, major, expected):
+    monkeypatch.setattr(tl_ssu, "_PDL", setting)
+    if expected is NotImplementedError:
+        with pytest.raises(NotImplementedError, match=tl_ssu.PDL_ENV):
+            tl_ssu.pdl_for_capability(kind, major)
+    else:
+        assert tl_ssu.pdl_for_capability(kind, major) is expected
+
+
+def test_pdl_for_devices_and_targets(monkeypatch):
+    monkeypatch.setattr(tl_ssu, "_PDL", None)
+    assert tl_ssu.pdl_for(torch.device("cpu")) is False
+    assert tl_ssu.pdl_for_arch("sm_90a") is True and tl_ssu.pdl_for_arch("sm_100a") is True
+    assert tl_ssu.pdl_for_arch("sm_89") is False
+    with pytest.raises(ValueError, match="target"):
+        tl_ssu.pdl_for_arch("hopper")
+    monkeypatch.setattr(tl_ssu, "_PDL", True)
+    with pytest.raises(NotImplementedError, match=tl_ssu.PDL_ENV):
+        tl_ssu.pdl_for(torch.device("cpu"))
+
+
+def test_pdl_key_and_factory(monkeypatch):
+    """No PDL: plain keys, no ``pdl`` for the factory; PDL: ":pdl=1" last in the tag, after the other options,
+    and the factory gets it with them intact."""
+    seen = {}
+
+    def fake_kernel(**kw):
+        seen.update(kw)
+        return "prim"
+
+    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+    tl_ssu.build_kernel(_packed_key(F32))
+    assert "pdl" not in seen
+    monkeypatch.setattr(tl_ssu, "_TRANSPOSED", False)
+    one = tl_ssu._key(True, 64, 128, 16, F32, BF16, F32, F32, F32, I32, I32, I32, F32, True, True, True, pdl=True)
+    packed = tl_ssu._key(False, 64, 128, 16, BF16, BF16, F32, F32, F32, I32, torch.int64, I32, BF16, True, True,
+                         True, pdl=True)  # fmt: skip
+    assert one[0] == "ssu:pdl=1" and packed[0] == "ssu:tr=0:pdl=1"
+    seen.clear()
+    tl_ssu.build_kernel(packed)
+    assert seen["pdl"] is True and seen["transposed_reduce"] is False and seen["min_blocks"] == 8
+    seen.clear()
+    tl_ssu.build_kernel(one)
+    assert seen["pdl"] is True and seen["transposed_reduce"] is False
+
+
+def test_prewarm_keys_follow_pdl():
+    kw = dict(state_dtype=BF16, io_dtype=BF16, heads=128, dim=64, dstate=128, groups=8, slot_dtype=I32, packed=True,
+              meta_dtype=I32, tie_hdim=True)  # fmt: skip
+    off, on = tl_ssu.prewarm_keys(**kw), tl_ssu.prewarm_keys(**kw, pdl=True)
+    assert len(off) == len(on) and not any(k[0].endswith(":pdl=1") for k in off)
+    assert [k[0] for k in on] == [k[0] + ":pdl=1" for k in off] and [k[1:] for k in on] == [k[1:] for k in off]
+
+
+def test_compile_grid_builds_the_target_form():
+    labels = [i.label for i in tl_ssu.compile_grid()]
+    assert sum(label.endswith(" pdl") for label in labels) == 6  # the main grid, as sm_90a runs it
+    assert any(":tr=0" in label for label in labels)  # A/B variants without PDL
+
+
+def test_bench_after_producer_pivot():
+    """The producer's own time is a column, never the best peer."""
+    from mate.bench import ssu as bench
+
+    base = dict(op="one-token", shape="s", heads=1, dim=64, dstate=128, groups=1, state="bf16", batch=1)
+    rows = [dict(base, impl="mate", us=3.0, tbps=1.0), dict(base, impl="vllm", us=4.0, tbps=0.8),
+            dict(base, impl=bench.PRODUCER, us=2.0, tbps=None)]  # fmt: skip
+    (line,) = bench.pivot(rows)
+    assert line[bench.PRODUCER] == "2.00" and line["best peer / MATE"] == round(4.0 / 3.0, 2)

@@ -119,6 +119,7 @@ def ssu_kernel(
     pack_early: bool = False,
     min_blocks: int = 0,
     transposed_reduce: bool = True,
+    pdl: bool = False,
 ):
     """Return the ``T.prim_func`` of one SSU kernel configuration (see the module docstring).
 
@@ -137,6 +138,9 @@ def ssu_kernel(
       shuffles for R rows over L lanes, R lanes write one ``y`` each) where the thread's rows fit its row's lanes;
       False reduces every row on its own and lane 0 writes them all (the runtime's choice for the one-token kernel,
       where the transposed form measured no faster).
+    * ``pdl``: programmatic dependent launch (CUDA sm_90+): every CTA first allows the next kernel on the stream
+      to launch (``T.pdl_trigger()``), then waits for the previous one to complete (``T.pdl_sync()``) before its
+      first global read. TileLang then drops ``__restrict__`` from the pointer parameters.
     * ``min_blocks``: > 0 emits ``__launch_bounds__(threads, min_blocks)`` (ptxas caps the registers so that
       many CTAs fit on an SM; it may spill).
     """
@@ -437,6 +441,9 @@ def ssu_kernel(
             with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
                 if min_blocks > 0:
                     T.annotate_min_blocks_per_sm(min_blocks)
+                if pdl:
+                    T.pdl_trigger()
+                    T.pdl_sync()
                 tx = T.get_thread_binding()
                 s = T.alloc_local((NS,), f32)
                 raw = T.alloc_local((NS,), state_dtype)
@@ -636,6 +643,9 @@ def ssu_kernel(
         with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
             if min_blocks > 0:
                 T.annotate_min_blocks_per_sm(min_blocks)
+            if pdl:
+                T.pdl_trigger()
+                T.pdl_sync()
             tx = T.get_thread_binding()
             Bs = T.alloc_shared((TMAX, N), io_dtype)
             Cs = T.alloc_shared((TMAX, N), io_dtype)

@@ -89,8 +89,9 @@ def per_rank(m: ModelSSM, tp: int) -> tuple[int, int]:
     return m.heads // tp, groups
 
 
-def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens):
-    """[(family, label, key, builder, pass_configs)] for one rank of the model."""
+def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens, pdl=False):
+    """[(family, label, key, builder, pass_configs)] for one rank of the model; ``pdl``: the SSU kernels' PDL
+    build (``tl_ssu.pdl_for`` / ``pdl_for_arch`` decide it for the device or target)."""
     from ._tilelang import ssd as tl_ssd
     from ._tilelang import ssu as tl_ssu
 
@@ -98,7 +99,7 @@ def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens):
     items = []
     ssu_keys = tl_ssu.prewarm_keys(
         state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=m.dim, dstate=m.dstate, groups=groups,
-        slot_dtype=torch.int32, packed=True, meta_dtype=torch.int32, tie_hdim=True,
+        slot_dtype=torch.int32, packed=True, meta_dtype=torch.int32, tie_hdim=True, pdl=pdl,
     )  # fmt: skip
     for key in ssu_keys:
         kind = "one-token" if key[1] else f"packed (MTP {mtp_tokens} + 1)" if mtp_tokens else "packed"
@@ -146,9 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         model = read_config(path)
         if args.mtp_tokens < 0:
             raise ValueError(f"--mtp-tokens: got {args.mtp_tokens}; expected >= 0")
+        from ._device import default_accelerator
+        from ._tilelang import ssu as tl_ssu
+
+        # the kernels as the target or this machine's accelerator runs them (the SSU kernels' PDL build)
+        device = None if args.target else default_accelerator()
+        if args.target:
+            pdl = tl_ssu.pdl_for_arch(args.target)
+        else:
+            pdl = tl_ssu.pdl_for(device) if device is not None else False
         heads, groups, items = plan_kernels(
             model, tp=args.tp, state_dtype=DTYPES[args.state_dtype], io_dtype=DTYPES[args.io_dtype],
-            mtp_tokens=args.mtp_tokens,
+            mtp_tokens=args.mtp_tokens, pdl=pdl,
         )  # fmt: skip
     except (OSError, ValueError, NotImplementedError) as exc:
         print(f"mate prewarm: {exc}", file=sys.stderr)
@@ -166,15 +176,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from ._tilelang.cache import CACHE
 
-    device = None
     target = None
     if args.target:
         target = {"kind": "cuda", "arch": args.target}
     else:
         from ._backends import tilelang_installed
-        from ._device import default_accelerator
 
-        device = default_accelerator()
         if device is None or not tilelang_installed():
             print("mate prewarm: no GPU with TileLang here; use --target sm_90a to compile only", file=sys.stderr)
             return 2

@@ -61,6 +61,7 @@ def keys(device: str = "cuda") -> list:
             packed=True,
             meta_dtype=torch.int32,
             tie_hdim=True,
+            pdl=tl_ssu.pdl_for(torch.device("cuda")),
         )  # fmt: skip
     )
     return sorted(out, key=str)

@@ -13,7 +13,8 @@
 #                 call has only been checked on the CPU so far), junit XML + log
 #     adapters    the gpu-marked tests of the three adapters and of the custom ops (torch.compile on CUDA)
 #     demo        mate demo on the GPU (TileLang backend)
-#     bench       mate bench ssu (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per call)
+#     bench       mate bench ssu (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per call), with
+#                 MATE's kernels without programmatic dependent launch (MATE_SSU_PDL=0) as a column of their own
 #   not in the default list (run it by name, e.g. `... run_ssu_session.sh precompile bench-bf16`):
 #     bench-bf16  the bf16-state A/B (docs/ssu-kernels.md, "bf16 state: what the generated code shows"): bf16
 #                 cases of `mate bench ssu --quick`, default kernels beside two other MATE_SSU_BF16_* settings (the
@@ -25,6 +26,8 @@
 #     bench-f32   the fp32-state A/B of the packed kernel's register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS 6 and 5
 #                 beside the default, no cap): fp32 cases of `mate bench ssu` (MTP 6 at batch 8 and 64 included),
 #                 written as ssu-f32-ab.{md,json,png}; then `gpu_pytest` of test_f32_packed_register_cap
+#     bench-pdl   `mate bench ssu --quick --after-producer`: every call after a kernel that rewrites its inputs (a
+#                 conv1d's place), default (PDL) beside MATE_SSU_PDL=0, written as ssu-after-producer.{md,json,png}
 # Everything goes under $OUT (default ./ssu-session-out).
 OUT="${OUT:-$PWD/ssu-session-out}"
 stages=("$@")
@@ -48,7 +51,7 @@ for stage in "${stages[@]}"; do
         ;;
     tests)
         stamp "tests"
-        gpu_pytest test_ssu_kernels 200 packages/mate-runtime/tests/gpu/test_ssu_kernels.py \
+        gpu_pytest test_ssu_kernels 260 packages/mate-runtime/tests/gpu/test_ssu_kernels.py \
             packages/mate-runtime/tests/gpu/test_ssu_fast_path_gpu.py
         ;;
     adapters)
@@ -68,7 +71,7 @@ for stage in "${stages[@]}"; do
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.bench.ssu --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate.bench.ssu --out "$OUT" --name ssu --env MATE_SSU_PDL=0 >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     bench-bf16)
@@ -98,6 +101,14 @@ for stage in "${stages[@]}"; do
         timeout "$left" python3 -m mate.bench.ssu --quick --out "$OUT" --name ssu-transposed-reduce \
             --env MATE_SSU_TRANSPOSED_REDUCE=0 >"$OUT/bench-reduce.log" 2>&1
         stamp "bench-reduce rc=$?"
+        ;;
+    bench-pdl)
+        left=$(budget_left)
+        [ "$left" -lt 30 ] && { stamp "bench-pdl skipped: ${left}s left"; continue; }
+        stamp "bench-pdl (${left}s)"
+        timeout "$left" python3 -m mate.bench.ssu --quick --after-producer --out "$OUT" --name ssu-after-producer \
+            --env MATE_SSU_PDL=0 >"$OUT/bench-pdl.log" 2>&1
+        stamp "bench-pdl rc=$?"
         ;;
     *)
         stamp "unknown stage $stage"

@@ -366,6 +366,11 @@ def test_bf16_packed_without_register_cap(case, monkeypatch):
     _check_with_options(case, {"packed_min_blocks": 0, "packed_per_thread": 4}, monkeypatch)
 
 
+def _tag(key) -> str:
+    """A kernel key's option tag without the PDL mark (on by default on this GPU, tested on its own below)."""
+    return key[0].removesuffix(":pdl=1")
+
+
 # The one-token kernel of small grids (MATE_SSU_BF16_SMALL_GRID: without the register cap, narrowing late): by
 # default the batch-1/few-sequence cases above already take it and the large batches the capped kernel; here the
 # same 2-byte cases under "never" (every grid capped) and "always" (every grid small), checking which ran.
@@ -381,8 +386,8 @@ def test_bf16_small_grid_setting(case, setting, monkeypatch):
     check(case)
     want = tl_ssu._small_tag(tl_ssu._TAG_2B) if setting else tl_ssu._TAG_2B
     launched = {k for k in tl_ssu._kernels if k[1]} - before  # (one-token keys compiled by this test)
-    assert all(k[0] == want for k in launched)
-    assert any(k[0] == want and k[1] for k in tl_ssu._kernels)
+    assert all(_tag(k) == want for k in launched)
+    assert any(_tag(k) == want and k[1] for k in tl_ssu._kernels)
 
 
 # The packed kernel with the plain row reduction (MATE_SSU_TRANSPOSED_REDUCE=0: every row reduced on its own,
@@ -397,8 +402,69 @@ def test_plain_row_reduction(case, monkeypatch):
     monkeypatch.setattr(tl_ssu, "_TRANSPOSED", False)
     before = set(tl_ssu._kernels)
     check(case)
-    assert all(k[0].endswith(":tr=0") for k in set(tl_ssu._kernels) - before)
-    assert any(k[0].endswith(":tr=0") for k in tl_ssu._kernels)
+    assert all(_tag(k).endswith(":tr=0") for k in set(tl_ssu._kernels) - before)
+    assert any(_tag(k).endswith(":tr=0") for k in tl_ssu._kernels)
+
+
+# Programmatic dependent launch (MATE_SSU_PDL, on by default on this GPU): the grid above runs the PDL build; the
+# build without it (MATE_SSU_PDL=0, and what devices without PDL get) gives the same results; a chain of calls on the
+# same slots (each reading the state the previous one wrote) replayed from one graph equals the same chain run
+# eagerly without PDL (a kernel must not touch memory before its predecessor has finished).
+PDL_CASES = [ONE[1], ONE[3], ONE[21], PACKED[2], PACKED[18]]
+
+
+def test_pdl_is_the_default_here():
+    from mate._tilelang import ssu as tl_ssu
+
+    assert tl_ssu._PDL is None and tl_ssu.pdl_for(torch.device("cuda")) is True
+
+
+@pytest.mark.parametrize("case", PDL_CASES)
+def test_pdl_off_setting(case, monkeypatch):
+    import mate.mamba.ssu as mssu
+    from mate._tilelang import ssu as tl_ssu
+
+    monkeypatch.setattr(mssu, "FAST_PATH", False)
+    monkeypatch.setattr(tl_ssu, "_PDL", False)
+    before = set(tl_ssu._kernels)
+    check(case)
+    new = set(tl_ssu._kernels) - before
+    assert new and not any(k[0].endswith(":pdl=1") for k in new)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(Case(state=BF16, H=128, G=8, batch=64), id="one-bf16-b64"),
+        pytest.param(Case(state=F32, H=128, G=8, batch=8), id="one-f32-b8"),
+        pytest.param(Case(form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8), id="mtp"),
+    ],
+)
+def test_pdl_chain_in_graph_equals_eager(case, monkeypatch):
+    import mate.mamba.ssu as mssu
+    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba import selective_state_update
+
+    monkeypatch.setattr(mssu, "FAST_PATH", False)
+    steps = 4
+    monkeypatch.setattr(tl_ssu, "_PDL", False)
+    kw_e, own_e, _ = build(case, 1)
+    ys_e = [selective_state_update(**kw_e, backend="tilelang").clone() for _ in range(steps)]
+    torch.cuda.synchronize()
+    monkeypatch.setattr(tl_ssu, "_PDL", True)
+    kw_g, own_g, _ = build(case, 1)
+    selective_state_update(**build(case, 2)[0], backend="tilelang")  # compile outside capture
+    outs = [torch.empty_like(kw_g["x"]) for _ in range(steps)]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for out in outs:
+            selective_state_update(**{**kw_g, "out": out}, backend="tilelang")
+    g.replay()
+    torch.cuda.synchronize()
+    assert any(k[0].endswith(":pdl=1") for k in tl_ssu._kernels)
+    for i in range(steps):
+        _close(f"y of call {i}", outs[i], ys_e[i], 1e-5)
+    _close("pool after the chain", own_g["pool"], own_e["pool"], 1e-5)
 
 
 def _check_with_options(case, opts, monkeypatch, f32: bool = False):
@@ -411,7 +477,7 @@ def _check_with_options(case, opts, monkeypatch, f32: bool = False):
         tag = tl_ssu._TAG_F32 if f32 else tl_ssu._TAG_2B
         assert tag != "ssu"
         check(case)
-        assert any(k[0] == tag for k in tl_ssu._kernels), "the option's kernel was not the one launched"
+        assert any(_tag(k) == tag for k in tl_ssu._kernels), "the option's kernel was not the one launched"
     finally:
         if f32:
             tl_ssu._TAG_F32 = prev
@@ -549,7 +615,7 @@ def test_prewarm_then_capture():
     )  # fmt: skip
     keys = tl_ssu.prewarm_keys(
         state_dtype=c.state, io_dtype=c.io, heads=6, dim=64, dstate=64, groups=3, slot_dtype=I32, packed=True,
-        meta_dtype=I32, tie_hdim=True,
+        meta_dtype=I32, tie_hdim=True, pdl=tl_ssu.pdl_for(torch.device("cuda")),
     )  # fmt: skip
     assert all(k in tl_ssu._kernels for k in keys)
     kw, _, _ = build(c, 6)

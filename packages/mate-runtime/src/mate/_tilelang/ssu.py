@@ -318,14 +318,72 @@ def parse_transposed_reduce(env) -> bool:
 _TRANSPOSED = parse_transposed_reduce(os.environ)
 
 
+# ---- Programmatic dependent launch (PDL). Both kernels call ``T.pdl_trigger()`` and then ``T.pdl_sync()`` before
+# their first global access (read or write), so the stream order is kept whatever runs before or after them: a call's
+# own launch may proceed while the previous kernel on the stream drains, and the next kernel may launch while this
+# one runs (TileLang's tvm_ffi launcher sets the programmatic-serialisation attribute for a kernel that calls
+# pdl_sync). Twelfth session, measured on the H200 in a graph of back-to-back calls: batch 1 bf16 3.66 -> 3.42 us,
+# fp32 4.69 -> 4.15 us, batch 8 -5 %, batch 64 and MTP within noise (docs/ssu-kernels.md). MATE_SSU_PDL: "auto"
+# (default: on for CUDA compute capability 9.0+, off elsewhere, MUSA included), "1" (on; NotImplementedError where
+# unsupported), "0" (off). Keys of PDL kernels carry ":pdl=1".
+PDL_ENV = "MATE_SSU_PDL"
+_PDL_ON = ":pdl=1"
+
+
+def parse_pdl(env) -> bool | None:
+    """``MATE_SSU_PDL`` from an environment mapping: None for "auto" (the default), True for "1", False for "0";
+    ValueError for anything else."""
+    value = env.get(PDL_ENV, "auto")
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"{PDL_ENV}: expected auto, 0 or 1, got {value!r}")
+    return None if value == "auto" else value == "1"
+
+
+_PDL = parse_pdl(os.environ)
+
+
+def pdl_for_capability(kind: str, major: int) -> bool:
+    """Whether kernels for a device of this kind ("cuda", "musa", ...) and compute-capability major build with PDL
+    under the current ``MATE_SSU_PDL`` setting (the one rule; NotImplementedError when forced on where it cannot
+    run)."""
+    supported = kind == "cuda" and major >= 9
+    if _PDL is None:
+        return supported
+    if _PDL and not supported:
+        raise NotImplementedError(f"{PDL_ENV}=1: programmatic dependent launch needs a CUDA device of compute "
+                                  f"capability 9.0 or newer, got {kind} {major}.x")  # fmt: skip
+    return _PDL
+
+
+_MAJOR: dict = {}
+
+
+def pdl_for(dev: torch.device) -> bool:
+    """``pdl_for_capability`` for a torch device (its capability looked up once)."""
+    major = _MAJOR.get(dev)
+    if major is None:
+        major = _MAJOR[dev] = torch.cuda.get_device_capability(dev)[0] if dev.type == "cuda" else 0
+    return pdl_for_capability(dev.type, major)
+
+
+def pdl_for_arch(arch: str) -> bool:
+    """``pdl_for_capability`` for a CUDA compile target such as "sm_90a" (``mate prewarm --target``)."""
+    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    if not digits:
+        raise ValueError(f"target: expected a CUDA arch such as sm_90a, got {arch!r}")
+    return pdl_for_capability("cuda", int(digits) // 10)
+
+
 def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
-         vstate, vio, small_grid=False):  # fmt: skip
+         vstate, vio, small_grid=False, pdl=False):  # fmt: skip
     if state_dt in TWO_BYTE_STATES:
         tag = _small_tag(_TAG_2B) if small_grid and one_token else _TAG_2B
     else:
         tag = _TAG_F32 if state_dt == torch.float32 and not one_token else "ssu"
     if not one_token and not _TRANSPOSED:
         tag += _TR_OFF
+    if pdl:
+        tag += _PDL_ON
     return (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
             tied, vstate, vio)  # fmt: skip
 
@@ -333,6 +391,8 @@ def _key(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, d
 def _builder(key):
     (tag, one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied, vstate,
      vio) = key  # fmt: skip
+    pdl = tag.endswith(_PDL_ON)  # (the last option of a tag, see _key)
+    tag = tag.removesuffix(_PDL_ON)
     transposed = not tag.endswith(_TR_OFF)
     tag = tag.removesuffix(_TR_OFF)
     # the 2-byte-state options; fp32 states keep the factory's defaults but for the packed kernel's register cap
@@ -344,6 +404,8 @@ def _builder(key):
 
     def build():
         extra = {} if transposed and not one_token else dict(transposed_reduce=False)
+        if pdl:
+            extra.update(pdl=True)
         if f32_cap:
             extra.update(min_blocks=f32_cap)
         if opts:
@@ -474,12 +536,13 @@ def plan(call: SSUCall):
     tied = call.tie_hdim
     ratio = H // B.shape[1]
 
+    pdl = pdl_for(dev)
     if one_token:
         meta_dt = torch.int32
         ibuf_dt = state_dt
         small = _small_grid(nseq, H, P, N, state_dt, dev)
         key = _key(True, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
-                   tied, vstate, vio, small)  # fmt: skip
+                   tied, vstate, vio, small, pdl)  # fmt: skip
         args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
                 nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
         return key, args
@@ -525,7 +588,7 @@ def plan(call: SSUCall):
     else:
         ibuf_dt = ibuf.dtype
     key = _key(False, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
-               tied, vstate, vio)  # fmt: skip
+               tied, vstate, vio, pdl=pdl)  # fmt: skip
     seqlen = call.seqlen if call.seqlen is not None else 0
     args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t, cu, acc, ibuf, iidx, parent,
             nseq, seqlen, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode, call.cache_steps)  # fmt: skip
@@ -713,9 +776,11 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
 # ------------------------------------------------------------------------------------------------ prewarm
 
 
-def prewarm_keys(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim):
+def prewarm_keys(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim,
+                 pdl=False):  # fmt: skip
     """The kernel keys one serving configuration calls: the one-token kernel, plus the packed one when
-    ``packed``; dt as fp32 and in the io dtype (both occur in production); D / dt_bias fp32; aligned pools."""
+    ``packed``; dt as fp32 and in the io dtype (both occur in production); D / dt_bias fp32; aligned pools.
+    ``pdl``: the keys of the PDL build (``pdl_for(device)`` / ``pdl_for_arch(target)`` decides)."""
     ratio = heads // groups
     keys = []
     # (2-byte states: the one-token kernel of small grids too, MATE_SSU_BF16_SMALL_GRID)
@@ -741,6 +806,7 @@ def prewarm_keys(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtyp
                     True,
                     True,
                     small,
+                    pdl,
                 )  # fmt: skip
             )
     return keys
@@ -759,6 +825,7 @@ def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_d
         packed=packed,
         meta_dtype=meta_dtype,
         tie_hdim=tie_hdim,
+        pdl=pdl_for(torch.device(device)),
     ):
         _get(key, device)
 
@@ -776,12 +843,15 @@ def compile_grid() -> list[CompileItem]:
         (False, 80, 128, 1, f16, f16, f16, False),
     ]
     items = []
+    # as they run on the target (sm_90a): with PDL under the default setting; the A/B variants below are built
+    # without it, the form MATE_SSU_PDL=0 and devices without PDL get
+    pdl = pdl_for_arch("sm_90a")
     for one_token, P, N, ratio, sdt, iodt, dtdt, tied in grid:
         key = _key(one_token, P, N, ratio, sdt, iodt, dtdt, f32, f32, i32, i32 if one_token else i64, i32, sdt, tied,
-                   True, True)  # fmt: skip
+                   True, True, pdl=pdl)  # fmt: skip
         label = (
             f"{'one_token' if one_token else 'packed'} P{P} N{N} H/G{ratio} state={_DT[sdt]} io={_DT[iodt]} "
-            f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}"
+            f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}{' pdl' if pdl else ''}"
         )
         items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
     # the fp32 packed kernel without its register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS=0, the former default)
@@ -812,4 +882,5 @@ __all__ = [
     "LaunchRecipe", "make_recipe", "direct_callable", "parse_bf16_options", "bf16_tag", "set_bf16_options",
     "BF16_ENV", "BF16_DEFAULTS", "SMALL_GRID_ENV", "parse_small_grid", "F32_ENV", "F32_DEFAULTS",
     "parse_f32_options", "f32_tag", "set_f32_options", "REDUCE_ENV", "parse_transposed_reduce",
+    "PDL_ENV", "parse_pdl", "pdl_for", "pdl_for_arch", "pdl_for_capability",
 ]  # fmt: skip

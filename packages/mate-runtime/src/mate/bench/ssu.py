@@ -63,6 +63,7 @@ class Window:
         rows = b * T
         width = H * P + 2 * G * N
         buf = torch.randn(rows, width, device=dev, dtype=torch.bfloat16)
+        self.conv_out = buf  # x, B and C: row views of one buffer, as a conv1d writes them
         self.x = buf[:, : H * P].unflatten(-1, (H, P))
         self.B = buf[:, H * P : H * P + G * N].unflatten(-1, (G, N))
         self.C = buf[:, H * P + G * N :].unflatten(-1, (G, N))
@@ -120,7 +121,7 @@ def _mate_with_options(spec: str):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 
-    names = tl_ssu.BF16_ENV + (tl_ssu.SMALL_GRID_ENV,) + tl_ssu.F32_ENV + (tl_ssu.REDUCE_ENV,)
+    names = tl_ssu.BF16_ENV + (tl_ssu.SMALL_GRID_ENV,) + tl_ssu.F32_ENV + (tl_ssu.REDUCE_ENV, tl_ssu.PDL_ENV)
     env = {}
     for item in spec.replace(" ", ",").split(","):
         if not item:
@@ -133,6 +134,7 @@ def _mate_with_options(spec: str):
     f32_opts = tl_ssu.parse_f32_options(env)
     small_grid = tl_ssu.parse_small_grid(env)
     transposed = tl_ssu.parse_transposed_reduce(env)
+    pdl = tl_ssu.parse_pdl(env)
 
     def call(st: Setup, w: Window):
         fast, mssu.FAST_PATH = mssu.FAST_PATH, False
@@ -140,11 +142,12 @@ def _mate_with_options(spec: str):
         prev_f32 = tl_ssu.set_f32_options(f32_opts)
         prev_small, tl_ssu._SMALL_GRID = tl_ssu._SMALL_GRID, small_grid
         prev_reduce, tl_ssu._TRANSPOSED = tl_ssu._TRANSPOSED, transposed
+        prev_pdl, tl_ssu._PDL = tl_ssu._PDL, pdl
         try:
             return _mate(st, w)
         finally:
             tl_ssu._TAG_2B, tl_ssu._TAG_F32, tl_ssu._SMALL_GRID = prev, prev_f32, prev_small
-            tl_ssu._TRANSPOSED = prev_reduce
+            tl_ssu._TRANSPOSED, tl_ssu._PDL = prev_reduce, prev_pdl
             mssu.FAST_PATH = fast
 
     return call
@@ -231,6 +234,23 @@ def _y_err(st: Setup, impls: dict) -> tuple[dict, dict]:
     return {n: (y - ref).abs().max().item() / scale for n, y in ys.items() if n != "mate"}, failed
 
 
+# --after-producer: each call is preceded in the graph by a kernel that rewrites the window's conv buffer in place
+# (x, B, C; ``mul_(1)`` keeps the values), the place a conv1d kernel has in a model's decode step. Every
+# implementation is then timed as the pair, and the producer alone in the same rounds, so the difference is the
+# call's cost where the kernel before it is not a programmatic-launch-aware one (MATE's PDL can hide its own launch
+# only behind kernels that trigger early).
+PRODUCER = "producer alone"
+
+
+def _after_producer(w: Window, fn):
+    def pair():
+        w.conv_out.mul_(1)
+        if fn is not None:
+            return fn()
+
+    return pair
+
+
 def selected_cases(quick: bool, state: str | None = None, batches: tuple[int, ...] = ()) -> list[Case]:
     """``cases(quick)``, only those of one state dtype ("bf16" / "fp32") when ``state`` is given, only those
     batch sizes when ``batches`` names some."""
@@ -272,11 +292,12 @@ def run(args) -> tuple[list[dict], dict]:
         errs, failed = _y_err(st, impls)
         ok = {name: fn for name, fn in impls.items() if name not in failed}
         # every implementation of the case timed in interleaved rounds (timing.graph_times_us)
-        times = graph_times_us(
-            {name: [lambda w=w, fn=fn, st=st: fn(st, w) for w in st.windows] for name, fn in ok.items()},
-            replays=args.replays,
-            repeats=args.repeats,
-        )
+        graphs = {name: [lambda w=w, fn=fn, st=st: fn(st, w) for w in st.windows] for name, fn in ok.items()}
+        if args.after_producer:
+            for name, fns in graphs.items():
+                graphs[name] = [_after_producer(w, f) for w, f in zip(st.windows, fns, strict=True)]
+            graphs[PRODUCER] = [_after_producer(w, None) for w in st.windows]
+        times = graph_times_us(graphs, replays=args.replays, repeats=args.repeats)
         host = {}
         if case.batch in (1, 8) and case.shape.name == "nemotron-h-8b":
             timed = [n for n in ok if not n.startswith("mate[") and not isinstance(times[n], Exception)]
@@ -284,12 +305,20 @@ def run(args) -> tuple[list[dict], dict]:
                 host = host_times_us({n: (lambda fn=ok[n], st=st: fn(st, st.windows[0])) for n in timed})
             except Exception as exc:  # the device times stand; the case reports no host time
                 print(f"host time of {case.op} b={case.batch} failed: {type(exc).__name__}: {exc}", flush=True)
-        for name in impls:
+        for name in list(impls) + ([PRODUCER] if args.after_producer else []):
             row = dict(
                 op=case.op, shape=case.shape.name, heads=case.shape.heads, dim=case.shape.dim,
                 dstate=case.shape.dstate, groups=case.shape.groups, state=DT_NAME[case.state], batch=case.batch,
                 impl=name,
             )  # fmt: skip
+            if name == PRODUCER:  # no state traffic of its own: its time only
+                us = times[name]
+                if isinstance(us, Exception):
+                    row["error"] = f"{type(us).__name__}: {us}"[:300]
+                else:
+                    row.update(us=us, tbps=None)
+                rows.append(row)
+                continue
             if name in failed:
                 row["error"] = failed[name][:300]
                 rows.append(row)
@@ -331,15 +360,20 @@ def pivot(rows: list[dict]) -> list[dict]:
             key, {"op": r["op"], "shape": f"H{r['heads']} P{r['dim']} N{r['dstate']} G{r['groups']}",
                   "state": r["state"], "batch": r["batch"]},
         )  # fmt: skip
-        line[r["impl"]] = f"{r['us']:.2f} ({r['tbps']:.2f})" if "us" in r else "n/a"
+        if "us" not in r:
+            line[r["impl"]] = "n/a"
+        else:
+            line[r["impl"]] = f"{r['us']:.2f}" + (f" ({r['tbps']:.2f})" if r["tbps"] is not None else "")
         line[f"_{r['impl']}"] = r.get("us")
         if r.get("host_us") is not None:
             line[f"host {r['impl']} µs"] = round(r["host_us"], 1)
     res = []
     for line in out.values():
         mate = line.pop("_mate", None)
-        # peers only: MATE's --env variants are columns of their own, never the "best peer"
-        peers = [v for k, v in list(line.items()) if k.startswith("_") and not k.startswith("_mate") and v is not None]
+        # peers only: MATE's --env variants (and the --after-producer kernel) are columns of their own, never the
+        # "best peer"
+        own = ("_mate", f"_{PRODUCER}")
+        peers = [v for k, v in list(line.items()) if k.startswith("_") and not k.startswith(own) and v is not None]
         for k in [k for k in line if k.startswith("_")]:
             line.pop(k)
         line["best peer / MATE"] = round(min(peers) / mate, 2) if mate and peers else None
@@ -368,8 +402,13 @@ def main(argv: list[str] | None = None) -> int:
         "--env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
         help="one more MATE column with these kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS, _SMALL_GRID, "
         "_PACKED_MIN_BLOCKS for 2-byte states; MATE_SSU_F32_PACKED_MIN_BLOCKS for fp32; MATE_SSU_TRANSPOSED_REDUCE; "
+        "MATE_SSU_PDL; "
         "docs/ssu-kernels.md), "
         "beside the default kernels; repeatable",
+    )  # fmt: skip
+    ap.add_argument(
+        "--after-producer", action="store_true",
+        help="time each call after a kernel that rewrites its inputs (a conv1d's place), and that kernel alone",
     )  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -380,14 +419,21 @@ def main(argv: list[str] | None = None) -> int:
     rows, meta = run(args)
     table = pivot(rows)
     cols = ["op", "shape", "state", "batch", "mate", *map(variant_name, args.env), "vllm", "flashinfer"]
+    cols += [PRODUCER] if args.after_producer else []
     cols += ["best peer / MATE"]
     cols += sorted({k for r in table for k in r if k.startswith("host ")})
     preface = (
         f"# selective_state_update on {meta['device']}\n\n"
         f"µs per call (TB/s of state traffic); {meta['method']}. Copy ceiling measured in the same run: "
         f"{meta['copy_ceiling_tbps']:.2f} TB/s. `best peer / MATE` > 1 means MATE is faster. "
-        "x bf16 as row views of one conv buffer; dt/A/D/dt_bias fp32 tied per head; dt_softplus; no z.\n"
+        "x bf16 as row views of one conv buffer; dt/A/D/dt_bias fp32 tied per head; dt_softplus; no z. MATE's "
+        "kernels are programmatic dependent launches on CUDA 9.0+ by default (MATE_SSU_PDL).\n"
     )
+    if args.after_producer:
+        preface += (
+            f"\nEach call timed after a kernel that rewrites its window's conv buffer (x, B, C) in place, a conv1d's "
+            f"place in a decode step; `{PRODUCER}`: that kernel by itself, timed in the same rounds.\n"
+        )
     if meta["skipped"]:
         preface += "\nSkipped: " + "; ".join(f"{k} ({v})" for k, v in meta["skipped"].items()) + "\n"
     meta["raw"] = rows
