@@ -285,11 +285,11 @@ def test_bench_transposed_reduce_variant(monkeypatch):
     assert seen == [False] and tl_ssu._TRANSPOSED is True
 
 
-# ---- programmatic dependent launch (MATE_SSU_PDL: auto by default)
+# ---- programmatic dependent launch (MATE_SSU_PDL, off by default)
 
 
 def test_pdl_setting_parse():
-    assert tl_ssu.parse_pdl({}) is None  # auto
+    assert tl_ssu.parse_pdl({}) is False  # off
     assert tl_ssu.parse_pdl({tl_ssu.PDL_ENV: "auto"}) is None
     assert tl_ssu.parse_pdl({tl_ssu.PDL_ENV: "1"}) is True and tl_ssu.parse_pdl({tl_ssu.PDL_ENV: "0"}) is False
     for bad in ("", "2", "on", "AUTO"):
@@ -365,10 +365,13 @@ def test_prewarm_keys_follow_pdl():
     assert [k[0] for k in on] == [k[0] + ":pdl=1" for k in off] and [k[1:] for k in on] == [k[1:] for k in off]
 
 
-def test_compile_grid_builds_the_target_form():
-    labels = [i.label for i in tl_ssu.compile_grid()]
-    assert sum(label.endswith(" pdl") for label in labels) == 6  # the main grid, as sm_90a runs it
-    assert any(":tr=0" in label for label in labels)  # A/B variants without PDL
+def test_compile_grid_builds_both_launch_forms(monkeypatch):
+    """The main grid as sm_90a runs it under the setting, plus the PDL form of two configurations when that is off."""
+    off = [i.label for i in tl_ssu.compile_grid()]
+    assert sum(label.endswith(" pdl") for label in off) == 2
+    monkeypatch.setattr(tl_ssu, "_PDL", None)  # auto: sm_90a takes PDL, the whole main grid is built with it
+    auto = [i.label for i in tl_ssu.compile_grid()]
+    assert sum(label.endswith(" pdl") for label in auto) == 6 and len(auto) == len(off) - 2
 
 
 def test_bench_after_producer_pivot():

@@ -14,7 +14,7 @@
 #     adapters    the gpu-marked tests of the three adapters and of the custom ops (torch.compile on CUDA)
 #     demo        mate demo on the GPU (TileLang backend)
 #     bench       mate bench ssu (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per call), with
-#                 MATE's kernels without programmatic dependent launch (MATE_SSU_PDL=0) as a column of their own
+#                 MATE's kernels with programmatic dependent launch (MATE_SSU_PDL=1) as a column of their own
 #   not in the default list (run it by name, e.g. `... run_ssu_session.sh precompile bench-bf16`):
 #     bench-bf16  the bf16-state A/B (docs/ssu-kernels.md, "bf16 state: what the generated code shows"): bf16
 #                 cases of `mate bench ssu --quick`, default kernels beside two other MATE_SSU_BF16_* settings (the
@@ -27,7 +27,7 @@
 #                 beside the default, no cap): fp32 cases of `mate bench ssu` (MTP 6 at batch 8 and 64 included),
 #                 written as ssu-f32-ab.{md,json,png}; then `gpu_pytest` of test_f32_packed_register_cap
 #     bench-pdl   `mate bench ssu --quick --after-producer`: every call after a kernel that rewrites its inputs (a
-#                 conv1d's place), default (PDL) beside MATE_SSU_PDL=0, written as ssu-after-producer.{md,json,png}
+#                 conv1d's place), default beside MATE_SSU_PDL=1, written as ssu-after-producer.{md,json,png}
 # Everything goes under $OUT (default ./ssu-session-out).
 OUT="${OUT:-$PWD/ssu-session-out}"
 stages=("$@")
@@ -71,7 +71,7 @@ for stage in "${stages[@]}"; do
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.bench.ssu --out "$OUT" --name ssu --env MATE_SSU_PDL=0 >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate.bench.ssu --out "$OUT" --name ssu --env MATE_SSU_PDL=1 >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     bench-bf16)
@@ -107,7 +107,7 @@ for stage in "${stages[@]}"; do
         [ "$left" -lt 30 ] && { stamp "bench-pdl skipped: ${left}s left"; continue; }
         stamp "bench-pdl (${left}s)"
         timeout "$left" python3 -m mate.bench.ssu --quick --after-producer --out "$OUT" --name ssu-after-producer \
-            --env MATE_SSU_PDL=0 >"$OUT/bench-pdl.log" 2>&1
+            --env MATE_SSU_PDL=1 >"$OUT/bench-pdl.log" 2>&1
         stamp "bench-pdl rc=$?"
         ;;
     *)

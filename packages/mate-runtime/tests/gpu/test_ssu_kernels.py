@@ -367,7 +367,7 @@ def test_bf16_packed_without_register_cap(case, monkeypatch):
 
 
 def _tag(key) -> str:
-    """A kernel key's option tag without the PDL mark (on by default on this GPU, tested on its own below)."""
+    """A kernel key's option tag without the PDL mark (MATE_SSU_PDL, tested on its own below)."""
     return key[0].removesuffix(":pdl=1")
 
 
@@ -406,30 +406,32 @@ def test_plain_row_reduction(case, monkeypatch):
     assert any(_tag(k).endswith(":tr=0") for k in tl_ssu._kernels)
 
 
-# Programmatic dependent launch (MATE_SSU_PDL, on by default on this GPU): the grid above runs the PDL build; the
-# build without it (MATE_SSU_PDL=0, and what devices without PDL get) gives the same results; a chain of calls on the
-# same slots (each reading the state the previous one wrote) replayed from one graph equals the same chain run
-# eagerly without PDL (a kernel must not touch memory before its predecessor has finished).
+# Programmatic dependent launch (MATE_SSU_PDL, off by default): the grid above runs the build without it; the PDL
+# build (MATE_SSU_PDL=1, or auto on this GPU) gives the same results; a chain of calls on the same slots (each
+# reading the state the previous one wrote) replayed from one graph equals the same chain run eagerly without PDL
+# (a kernel must not touch memory before its predecessor has finished).
 PDL_CASES = [ONE[1], ONE[3], ONE[21], PACKED[2], PACKED[18]]
 
 
-def test_pdl_is_the_default_here():
+def test_pdl_is_off_by_default_and_auto_takes_it_here(monkeypatch):
     from mate._tilelang import ssu as tl_ssu
 
-    assert tl_ssu._PDL is None and tl_ssu.pdl_for(torch.device("cuda")) is True
+    assert tl_ssu._PDL is False and tl_ssu.pdl_for(torch.device("cuda")) is False
+    monkeypatch.setattr(tl_ssu, "_PDL", None)
+    assert tl_ssu.pdl_for(torch.device("cuda")) is True
 
 
 @pytest.mark.parametrize("case", PDL_CASES)
-def test_pdl_off_setting(case, monkeypatch):
+def test_pdl_setting(case, monkeypatch):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)
-    monkeypatch.setattr(tl_ssu, "_PDL", False)
+    monkeypatch.setattr(tl_ssu, "_PDL", True)
     before = set(tl_ssu._kernels)
     check(case)
     new = set(tl_ssu._kernels) - before
-    assert new and not any(k[0].endswith(":pdl=1") for k in new)
+    assert new and all(k[0].endswith(":pdl=1") for k in new)
 
 
 @pytest.mark.parametrize(

@@ -318,22 +318,24 @@ def parse_transposed_reduce(env) -> bool:
 _TRANSPOSED = parse_transposed_reduce(os.environ)
 
 
-# ---- Programmatic dependent launch (PDL). Both kernels call ``T.pdl_trigger()`` and then ``T.pdl_sync()`` before
-# their first global access (read or write), so the stream order is kept whatever runs before or after them: a call's
-# own launch may proceed while the previous kernel on the stream drains, and the next kernel may launch while this
-# one runs (TileLang's tvm_ffi launcher sets the programmatic-serialisation attribute for a kernel that calls
-# pdl_sync). Twelfth session, measured on the H200 in a graph of back-to-back calls: batch 1 bf16 3.66 -> 3.42 us,
-# fp32 4.69 -> 4.15 us, batch 8 -5 %, batch 64 and MTP within noise (docs/ssu-kernels.md). MATE_SSU_PDL: "auto"
-# (default: on for CUDA compute capability 9.0+, off elsewhere, MUSA included), "1" (on; NotImplementedError where
-# unsupported), "0" (off). Keys of PDL kernels carry ":pdl=1".
+# ---- Programmatic dependent launch (PDL, opt-in). Both kernels call ``T.pdl_trigger()`` and then ``T.pdl_sync()``
+# before their first global access (read or write), so the stream order is kept whatever runs before or after them:
+# a call's launch may proceed while the previous kernel on the stream drains, and the next kernel may launch while
+# this one runs (TileLang's tvm_ffi launcher sets the programmatic-serialisation attribute for a kernel that calls
+# pdl_sync). Measured on the H200 (twelfth session, docs/ssu-kernels.md): behind another SSU call (the benchmark's
+# back-to-back graph) batch 1 bf16 3.66 -> 3.40 us, fp32 4.68 -> 4.19 us, batch 8 -4 to -7 %, larger batches within
+# noise; behind a kernel that does not trigger early (a conv1d in vLLM's decode step, `bench --after-producer`)
+# batch 1 is 0.2-0.4 us SLOWER (bf16 5.34 -> 5.75 us for the pair). So it stays off unless the engine asks:
+# MATE_SSU_PDL "0" (default), "1" (on; NotImplementedError where unsupported), "auto" (on for CUDA compute
+# capability 9.0+, off elsewhere, MUSA included). Keys of PDL kernels carry ":pdl=1".
 PDL_ENV = "MATE_SSU_PDL"
 _PDL_ON = ":pdl=1"
 
 
 def parse_pdl(env) -> bool | None:
-    """``MATE_SSU_PDL`` from an environment mapping: None for "auto" (the default), True for "1", False for "0";
+    """``MATE_SSU_PDL`` from an environment mapping: False for "0" (the default), True for "1", None for "auto";
     ValueError for anything else."""
-    value = env.get(PDL_ENV, "auto")
+    value = env.get(PDL_ENV, "0")
     if value not in ("auto", "0", "1"):
         raise ValueError(f"{PDL_ENV}: expected auto, 0 or 1, got {value!r}")
     return None if value == "auto" else value == "1"
@@ -843,8 +845,7 @@ def compile_grid() -> list[CompileItem]:
         (False, 80, 128, 1, f16, f16, f16, False),
     ]
     items = []
-    # as they run on the target (sm_90a): with PDL under the default setting; the A/B variants below are built
-    # without it, the form MATE_SSU_PDL=0 and devices without PDL get
+    # as they run on the target (sm_90a) under the current MATE_SSU_PDL setting (default: without PDL)
     pdl = pdl_for_arch("sm_90a")
     for one_token, P, N, ratio, sdt, iodt, dtdt, tied in grid:
         key = _key(one_token, P, N, ratio, sdt, iodt, dtdt, f32, f32, i32, i32 if one_token else i64, i32, sdt, tied,
@@ -854,6 +855,13 @@ def compile_grid() -> list[CompileItem]:
             f"dt={_DT[dtdt]} {'tied' if tied else 'untied'}{' pdl' if pdl else ''}"
         )
         items.append(CompileItem(family="ssu", label=label, build=_builder(key), pass_configs=dict(PASS_CONFIGS)))
+    # the other PDL form (MATE_SSU_PDL=1 / auto on CUDA 9.0+) of two of them: one-token fp32, packed bf16
+    for one_token, sdt in ((True, f32), (False, bf16)) if not pdl else ():
+        key = _key(one_token, 64, 128, 16, sdt, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32, sdt, True,
+                   True, True, pdl=True)  # fmt: skip
+        label = f"{'one_token' if one_token else 'packed'} P64 N128 H/G16 state={_DT[sdt]} io=bfloat16 dt=float32 tied"
+        items.append(CompileItem(family="ssu", label=f"{label} pdl", build=_builder(key),
+                                 pass_configs=dict(PASS_CONFIGS)))  # fmt: skip
     # the fp32 packed kernel without its register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS=0, the former default)
     base = _key(False, 64, 128, 16, f32, bf16, f32, f32, f32, i32, i64, i32, f32, True, True, True)
     key = (f32_tag({"packed_min_blocks": 0}),) + base[1:]

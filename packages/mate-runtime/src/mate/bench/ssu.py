@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         f"µs per call (TB/s of state traffic); {meta['method']}. Copy ceiling measured in the same run: "
         f"{meta['copy_ceiling_tbps']:.2f} TB/s. `best peer / MATE` > 1 means MATE is faster. "
         "x bf16 as row views of one conv buffer; dt/A/D/dt_bias fp32 tied per head; dt_softplus; no z. MATE's "
-        "kernels are programmatic dependent launches on CUDA 9.0+ by default (MATE_SSU_PDL).\n"
+        "kernels without programmatic dependent launch unless a column says PDL=1 (MATE_SSU_PDL).\n"
     )
     if args.after_producer:
         preface += (
