@@ -12,6 +12,19 @@ kssu = pytest.importorskip("mate_kernels.ssu")
 F32, BF16, I32 = torch.float32, torch.bfloat16, torch.int32
 
 
+@pytest.fixture
+def factory_args(monkeypatch) -> dict:
+    """The keyword arguments the runtime passes to the kernel factory (a stand-in that records them)."""
+    seen = {}
+
+    def fake_kernel(**kw):
+        seen.update(kw)
+        return "prim"
+
+    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+    return seen
+
+
 def _key(state):
     return tl_ssu._key(True, 64, 128, 16, state, BF16, F32, F32, F32, I32, I32, I32, state, True, True, True)
 
@@ -46,14 +59,8 @@ def test_parse_and_tag():
             tl_ssu.parse_bf16_options(bad)
 
 
-def test_switch_reaches_only_two_byte_states(monkeypatch):
-    seen = {}
-
-    def fake_kernel(**kw):
-        seen.update(kw)
-        return "prim"
-
-    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+def test_switch_reaches_only_two_byte_states(monkeypatch, factory_args):
+    seen = factory_args
     # the defaults: register caps 8 (one-token) and 8 (packed), 4 and 2 chunks per thread, early narrowing
     assert tl_ssu.build_kernel(_key(BF16)) == "prim"
     assert seen["pack_early"] is True and seen["min_blocks"] == 8
@@ -131,19 +138,13 @@ def _packed_key(state):
     return tl_ssu._key(False, 64, 128, 16, state, BF16, F32, F32, F32, I32, torch.int64, I32, state, True, True, True)
 
 
-def test_f32_packed_register_cap_option(monkeypatch):
+def test_f32_packed_register_cap_option(monkeypatch, factory_args):
     assert tl_ssu.parse_f32_options({}) == tl_ssu.F32_DEFAULTS == {"packed_min_blocks": 6}
     assert _packed_key(F32)[0] == "ssu"
     for bad in ("x", "-1", "33"):
         with pytest.raises(ValueError, match="MATE_SSU_F32_PACKED_MIN_BLOCKS"):
             tl_ssu.parse_f32_options({"MATE_SSU_F32_PACKED_MIN_BLOCKS": bad})
-    seen = {}
-
-    def fake_kernel(**kw):
-        seen.update(kw)
-        return "prim"
-
-    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+    seen = factory_args
     tl_ssu.build_kernel(_packed_key(F32))
     assert seen["min_blocks"] == 6  # the default: the measured 6-CTA cap, under the plain key
     for key in (_key(F32), _packed_key(BF16)):  # only the fp32 packed kernel takes it
@@ -225,7 +226,7 @@ def test_small_grid_bad_value_raises():
 # ---- the row reduction of y = s . C (MATE_SSU_TRANSPOSED_REDUCE)
 
 
-def test_transposed_reduce_option(monkeypatch):
+def test_transposed_reduce_option(monkeypatch, factory_args):
     """The packed kernel: default on (the plain keys, the factory's default), off tags packed keys ":tr=0" and
     reaches the factory with the tag's other options intact. The one-token kernel: always the plain reduction
     (measured no faster transposed), whatever the setting, under its plain key. Malformed values raise."""
@@ -234,13 +235,7 @@ def test_transposed_reduce_option(monkeypatch):
     for bad in ("", "2", "plain"):
         with pytest.raises(ValueError, match=tl_ssu.REDUCE_ENV):
             tl_ssu.parse_transposed_reduce({tl_ssu.REDUCE_ENV: bad})
-    seen = {}
-
-    def fake_kernel(**kw):
-        seen.update(kw)
-        return "prim"
-
-    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+    seen = factory_args
     small = tl_ssu._key(True, 64, 128, 16, BF16, BF16, F32, F32, F32, I32, I32, I32, BF16, True, True, True, True)
     for setting in (True, False):
         monkeypatch.setattr(tl_ssu, "_TRANSPOSED", setting)
@@ -332,16 +327,10 @@ def test_pdl_for_devices_and_targets(monkeypatch):
         tl_ssu.pdl_for(torch.device("cpu"))
 
 
-def test_pdl_key_and_factory(monkeypatch):
+def test_pdl_key_and_factory(monkeypatch, factory_args):
     """No PDL: plain keys, no ``pdl`` for the factory; PDL: ":pdl=1" last in the tag, after the other options,
     and the factory gets it with them intact."""
-    seen = {}
-
-    def fake_kernel(**kw):
-        seen.update(kw)
-        return "prim"
-
-    monkeypatch.setattr(kssu, "ssu_kernel", fake_kernel)
+    seen = factory_args
     tl_ssu.build_kernel(_packed_key(F32))
     assert "pdl" not in seen
     monkeypatch.setattr(tl_ssu, "_TRANSPOSED", False)

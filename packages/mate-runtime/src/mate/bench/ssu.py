@@ -416,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.warm_only:
         return warm(args)
+    from mate._tilelang import ssu as tl_ssu
+
     rows, meta = run(args)
     table = pivot(rows)
     cols = ["op", "shape", "state", "batch", "mate", *map(variant_name, args.env), "vllm", "flashinfer"]
@@ -426,8 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         f"# selective_state_update on {meta['device']}\n\n"
         f"µs per call (TB/s of state traffic); {meta['method']}. Copy ceiling measured in the same run: "
         f"{meta['copy_ceiling_tbps']:.2f} TB/s. `best peer / MATE` > 1 means MATE is faster. "
-        "x bf16 as row views of one conv buffer; dt/A/D/dt_bias fp32 tied per head; dt_softplus; no z. MATE's "
-        "kernels without programmatic dependent launch unless a column says PDL=1 (MATE_SSU_PDL).\n"
+        "x bf16 as row views of one conv buffer; dt/A/D/dt_bias fp32 tied per head; dt_softplus; no z. The `mate` "
+        f"column under {tl_ssu.PDL_ENV}={os.environ.get(tl_ssu.PDL_ENV, '0')} (programmatic dependent launch: 0 "
+        "off, the default; 1 / auto on).\n"
     )
     if args.after_producer:
         preface += (
