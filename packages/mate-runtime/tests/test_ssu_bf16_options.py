@@ -280,6 +280,17 @@ def test_bench_transposed_reduce_variant(monkeypatch):
     assert seen == [False] and tl_ssu._TRANSPOSED is True
 
 
+def test_bench_pdl_variant_sets_and_restores(monkeypatch):
+    """A variant's settings hold during its call only; the ones it does not name take their defaults there."""
+    from mate.bench import ssu as bench
+
+    monkeypatch.setattr(tl_ssu, "_TRANSPOSED", False)  # a process-wide setting the variant does not name
+    seen = []
+    monkeypatch.setattr(bench, "_mate", lambda st, w: seen.append((tl_ssu._PDL, tl_ssu._TRANSPOSED)) or "y")
+    assert bench._mate_with_options("MATE_SSU_PDL=1")(None, None) == "y"
+    assert seen == [(True, True)] and tl_ssu._PDL is False and tl_ssu._TRANSPOSED is False
+
+
 # ---- programmatic dependent launch (MATE_SSU_PDL, off by default)
 
 

@@ -151,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         from ._tilelang import ssu as tl_ssu
 
         # the kernels as the target or this machine's accelerator runs them (the SSU kernels' PDL build)
-        device = None if args.target else default_accelerator()
         if args.target:
-            pdl = tl_ssu.pdl_for_arch(args.target)
+            device, pdl = None, tl_ssu.pdl_for_arch(args.target)
         else:
+            device = default_accelerator()
             pdl = tl_ssu.pdl_for(device) if device is not None else False
         heads, groups, items = plan_kernels(
             model, tp=args.tp, state_dtype=DTYPES[args.state_dtype], io_dtype=DTYPES[args.io_dtype],

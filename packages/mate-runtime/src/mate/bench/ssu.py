@@ -132,22 +132,26 @@ def _mate_with_options(spec: str):
         env[name] = value
     opts = tl_ssu.parse_bf16_options(env)
     f32_opts = tl_ssu.parse_f32_options(env)
-    small_grid = tl_ssu.parse_small_grid(env)
-    transposed = tl_ssu.parse_transposed_reduce(env)
-    pdl = tl_ssu.parse_pdl(env)
+    # the runtime's settings read once at import, as module attributes: each set for the call, then restored
+    settings = {
+        "_SMALL_GRID": tl_ssu.parse_small_grid(env),
+        "_TRANSPOSED": tl_ssu.parse_transposed_reduce(env),
+        "_PDL": tl_ssu.parse_pdl(env),
+    }
 
     def call(st: Setup, w: Window):
         fast, mssu.FAST_PATH = mssu.FAST_PATH, False
         prev = tl_ssu.set_bf16_options(opts)
         prev_f32 = tl_ssu.set_f32_options(f32_opts)
-        prev_small, tl_ssu._SMALL_GRID = tl_ssu._SMALL_GRID, small_grid
-        prev_reduce, tl_ssu._TRANSPOSED = tl_ssu._TRANSPOSED, transposed
-        prev_pdl, tl_ssu._PDL = tl_ssu._PDL, pdl
+        saved = {name: getattr(tl_ssu, name) for name in settings}
+        for name, value in settings.items():
+            setattr(tl_ssu, name, value)
         try:
             return _mate(st, w)
         finally:
-            tl_ssu._TAG_2B, tl_ssu._TAG_F32, tl_ssu._SMALL_GRID = prev, prev_f32, prev_small
-            tl_ssu._TRANSPOSED, tl_ssu._PDL = prev_reduce, prev_pdl
+            tl_ssu._TAG_2B, tl_ssu._TAG_F32 = prev, prev_f32
+            for name, value in saved.items():
+                setattr(tl_ssu, name, value)
             mssu.FAST_PATH = fast
 
     return call
@@ -311,14 +315,6 @@ def run(args) -> tuple[list[dict], dict]:
                 dstate=case.shape.dstate, groups=case.shape.groups, state=DT_NAME[case.state], batch=case.batch,
                 impl=name,
             )  # fmt: skip
-            if name == PRODUCER:  # no state traffic of its own: its time only
-                us = times[name]
-                if isinstance(us, Exception):
-                    row["error"] = f"{type(us).__name__}: {us}"[:300]
-                else:
-                    row.update(us=us, tbps=None)
-                rows.append(row)
-                continue
             if name in failed:
                 row["error"] = failed[name][:300]
                 rows.append(row)
@@ -327,6 +323,8 @@ def run(args) -> tuple[list[dict], dict]:
             us = times[name]
             if isinstance(us, Exception):
                 row["error"] = f"{type(us).__name__}: {us}"[:300]
+            elif name == PRODUCER:  # no state traffic of its own: its time only
+                row.update(us=us, tbps=None)
             else:
                 row.update(us=us, tbps=st.bytes_per_call / (us * 1e-6) / 1e12)
                 row["pct_ceiling"] = 100 * row["tbps"] / ceiling
@@ -336,7 +334,8 @@ def run(args) -> tuple[list[dict], dict]:
             rows.append(row)
             print(
                 f"{case.op:9s} {case.shape.name:18s} {DT_NAME[case.state]} b={case.batch:5d} {name:10s} "
-                + (f"{row['us']:9.2f} us {row['tbps']:.2f} TB/s" if "us" in row else row.get("error", "")),
+                + (f"{row['us']:9.2f} us" if "us" in row else row.get("error", ""))
+                + (f" {row['tbps']:.2f} TB/s" if row.get("tbps") is not None else ""),
                 flush=True,
             )
         del st
