@@ -90,44 +90,30 @@ def per_rank(m: ModelSSM, tp: int) -> tuple[int, int]:
 
 
 def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens, pdl=False):
-    """[(family, label, key, builder, pass_configs)] for one rank of the model; ``pdl``: the SSU kernels' PDL
-    build (``tl_ssu.pdl_for`` / ``pdl_for_arch`` decide it for the device or target)."""
-    from ._tilelang import ssd as tl_ssd
-    from ._tilelang import ssu as tl_ssu
+    """(heads, groups, [(label, spec)]) for one rank of the model; ``pdl``: the SSU kernels' PDL build
+    (``mate._tilelang.ssu_plan.pdl_for_capability`` / ``pdl_for_arch`` decide it for the device or target)."""
+    from ._tilelang import ssd_plan, ssu_plan
 
     heads, groups = per_rank(m, tp)
     items = []
-    ssu_keys = tl_ssu.prewarm_keys(
+    for spec in ssu_plan.serving_specs(
         state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=m.dim, dstate=m.dstate, groups=groups,
         slot_dtype=torch.int32, packed=True, meta_dtype=torch.int32, tie_hdim=True, pdl=pdl,
-    )  # fmt: skip
-    for key in ssu_keys:
-        kind = "one-token" if key[1] else f"packed (MTP {mtp_tokens} + 1)" if mtp_tokens else "packed"
-        dt = str(key[7]).removeprefix("torch.")
-        items.append(("ssu", f"ssu {kind} dt={dt}", key, tl_ssu._builder(key), tl_ssu.PASS_CONFIGS))
-    fkeys, rkeys = tl_ssd.prewarm_keys(
+    ):  # fmt: skip
+        if spec.one_token:
+            kind = "one-token" + (" small grid" if spec.min_blocks == 0 and spec.state_dtype != "float32" else "")
+        else:
+            kind = f"packed (MTP {mtp_tokens} + 1)" if mtp_tokens else "packed"
+        items.append((f"ssu {kind} dt={spec.dt_dtype}", spec))
+    for spec in ssd_plan.serving_specs(
         heads=heads, groups=groups, dim=m.dim, dstate=m.dstate, chunk_size=m.chunk_size, io_dtype=io_dtype,
         state_dtype=state_dtype, dt_dtype=torch.float32,
-    )  # fmt: skip
-    for key in fkeys + rkeys:
-        if key[0] == "ssd_dt":
-            label = "ssd dt pre-pass"
-            if len(key) > tl_ssd.DT_DECAY_ROWS + 1:  # (the default: it computes the runs table too)
-                label += f" with the runs table{' pool' if key[-1][-1] else ''}"
-        elif key[0] == "ssd_runs":
-            label = f"ssd runs{' pool' if key[-1] else ''}"
+    ):  # fmt: skip
+        if spec.factory == "ssd_dt_kernel":
+            label = f"ssd dt pre-pass{' (final states into a pool)' if spec.use_final_indices else ''}"
         else:
-            label = f"ssd {key[0].removeprefix('ssd_')}{' intermediate' if key[-1] is True else ''}"
-        # cached under the launcher's own key, so a prewarmed kernel is the one a (captured) call finds; a lean
-        # fused key brings each variant a launch may pick (with and without the L2 prefetch, each heads-per-CTA
-        # choice under MATE_SSD_HEADS_PER_CTA)
-        for ck, build in tl_ssd.builds(key):
-            tiles = getattr(build, "tiles", None) or {}
-            hpc = tiles.get("heads_per_cta", 1)
-            what = (
-                label + (f" {hpc} heads per CTA" if hpc > 1 else "") + (" L2 prefetch" if tiles.get("prefetch") else "")
-            )
-            items.append(("ssd", what, ck, build, tl_ssd.PASS_CONFIGS))
+            label = f"ssd chunk scan{' intermediate' if spec.intermediate else ''}{' L2 prefetch' * spec.prefetch}"
+        items.append((label, spec))
     return heads, groups, items
 
 
@@ -148,14 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.mtp_tokens < 0:
             raise ValueError(f"--mtp-tokens: got {args.mtp_tokens}; expected >= 0")
         from ._device import default_accelerator
-        from ._tilelang import ssu as tl_ssu
+        from ._tilelang import ssu_plan
 
         # the kernels as the target or this machine's accelerator runs them (the SSU kernels' PDL build)
         if args.target:
-            device, pdl = None, tl_ssu.pdl_for_arch(args.target)
+            device, pdl = None, ssu_plan.pdl_for_arch(args.target)
         else:
             device = default_accelerator()
-            pdl = tl_ssu.pdl_for(device) if device is not None else False
+            hw = ssu_plan.hardware(device) if device is not None else None
+            pdl = ssu_plan.pdl_for_capability(hw.kind, hw.major) if hw is not None else False
         heads, groups, items = plan_kernels(
             model, tp=args.tp, state_dtype=DTYPES[args.state_dtype], io_dtype=DTYPES[args.io_dtype],
             mtp_tokens=args.mtp_tokens, pdl=pdl,
@@ -169,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         f"groups {groups}; state {args.state_dtype}, io {args.io_dtype}"
     )
     if args.dry_run:
-        for i, (_fam, label, _key, _b, _pc) in enumerate(items, 1):
+        for i, (label, _spec) in enumerate(items, 1):
             print(f"[{i}/{len(items)}] {label}")
         print(f"{len(items)} kernels (dry run: nothing compiled)")
         return 0
@@ -187,13 +174,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     t_all = time.perf_counter()
     failed = 0
-    for i, (_fam, label, key, build, pcs) in enumerate(items, 1):
+    for i, (label, spec) in enumerate(items, 1):
         t0 = time.perf_counter()
         try:
             if device is None:
-                CACHE.compile_only(key, build, target=target, pass_configs=pcs)
+                CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
             else:
-                CACHE.get(key, build, device, prewarm_hint="mate prewarm", pass_configs=pcs)
+                CACHE.get(spec, spec.build, device, prewarm_hint="mate prewarm", pass_configs=spec.pass_configs())
             print(f"[{i}/{len(items)}] {label} ok {time.perf_counter() - t0:.1f}s", flush=True)
         except Exception as exc:  # report each, fail at the end
             failed += 1

@@ -1,63 +1,92 @@
-"""Lower and compile every kernel configuration of a representative prewarm grid, without a GPU.
+"""Lower and compile every kernel spec of the compile grid, without a GPU.
 
-``python -m mate._tilelang.compile_check [--only ssu|ssd] [--target sm_90a]`` prints one line per
-configuration (``ssu <label> ok 2.1s``) and exits non-zero if any failed. CI runs it on the CPU machine
-(nvcc is there), proving that every kernel still lowers and compiles for Hopper.
+``python -m mate._tilelang.compile_check [--only ssu|ssd] [--arch sm_90a] [--sources FILE]`` prints one line per
+spec (``[3/24] ssu <spec> ok 2.1s``) and exits non-zero if any failed. CI runs it on the CPU machine (nvcc is
+there), proving that every kernel still lowers and compiles for Hopper.
 
-Each kernel family's launcher module exposes ``compile_grid() -> list[CompileItem]``.
+``--sources FILE``: a JSON map from ``str(spec)`` to the sha256 of its generated CUDA source. Every spec the file
+names must generate exactly that source (the default kernels' code may not change unnoticed: a refactor of the
+planner or the factories that is meant to keep them must keep them byte for byte); ``--write-sources`` records
+the current sources' hashes instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import logging
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
-class CompileItem:
-    family: str  # "ssu" | "ssd"
-    label: str  # the configuration, human readable
-    build: Callable[[], object]  # returns the T.prim_func
-    pass_configs: dict = field(default_factory=dict)
-
-
-def _grid(only: str | None) -> list[CompileItem]:
+def grid(only: str | None = None) -> list:
+    """The compile grid's specs (``only``: one family)."""
     from . import ssd, ssu
 
-    items: list[CompileItem] = []
-    for fam, mod in (("ssu", ssu), ("ssd", ssd)):
-        if only in (None, fam):
-            items.extend(mod.compile_grid())
-    return items
+    specs = []
+    if only in (None, "ssu"):
+        specs += ssu.compile_grid()
+    if only in (None, "ssd"):
+        specs += ssd.compile_grid()
+    return specs
+
+
+def source_sha256(kern) -> str:
+    return hashlib.sha256(kern.get_kernel_source().encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mate._tilelang.compile_check")
-    ap.add_argument("--only", choices=("ssu", "ssd"), default=None)
+    ap = argparse.ArgumentParser(prog="python -m mate._tilelang.compile_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=("ssu", "ssd"), default=None, help="compile one kernel family only")
     ap.add_argument("--arch", default="sm_90a", help="CUDA arch to compile for (default sm_90a)")
+    ap.add_argument("--sources", default=None, help="JSON map str(spec) -> sha256 of the generated CUDA to check")
+    ap.add_argument("--write-sources", action="store_true", help="write the hashes to --sources instead")
     args = ap.parse_args(argv)
 
+    logging.getLogger("tilelang").setLevel(logging.WARNING)  # TileLang logs every compile at INFO
     from .cache import compile_prim_func
 
+    expected: dict = {}
+    if args.sources and not args.write_sources:
+        with open(args.sources) as f:
+            expected = json.load(f)
     target = {"kind": "cuda", "arch": args.arch}
-    items = _grid(args.only)
-    failed = 0
+    specs = grid(args.only)
+    failed, changed, seen = 0, 0, {}
     t_all = time.perf_counter()
-    for item in items:
+    for i, spec in enumerate(specs, 1):
         t0 = time.perf_counter()
+        head = f"[{i}/{len(specs)}] {spec.family} {spec}"
         try:
-            compile_prim_func(item.build(), target=target, pass_configs=item.pass_configs)
-            print(f"{item.family} {item.label} ok {time.perf_counter() - t0:.1f}s", flush=True)
+            kern = compile_prim_func(spec.build(), target=target, pass_configs=spec.pass_configs())
         except Exception as exc:  # report every failure, then fail the run
             failed += 1
-            print(f"{item.family} {item.label} FAILED: {type(exc).__name__}: {exc}", flush=True)
+            print(f"{head} FAILED: {type(exc).__name__}: {exc}", flush=True)
             traceback.print_exc(file=sys.stderr)
-    print(f"compile check: {len(items) - failed} ok, {failed} failed, {time.perf_counter() - t_all:.0f}s total")
-    return 1 if failed or not items else 0
+            continue
+        digest = seen[str(spec)] = source_sha256(kern)
+        note = ""
+        want = expected.get(str(spec))
+        if want is not None and want != digest:
+            changed += 1
+            note = f" GENERATED CODE CHANGED (sha256 {digest[:12]}, expected {want[:12]})"
+        elif want is not None:
+            note = " (source as recorded)"
+        print(f"{head} ok {time.perf_counter() - t0:.1f}s{note}", flush=True)
+    missing = [k for k in expected if k not in seen] if not args.only else []
+    for k in missing:
+        print(f"recorded spec not in the compile grid: {k}")
+    if args.write_sources and args.sources:
+        with open(args.sources, "w") as f:
+            json.dump(seen, f, indent=1, sort_keys=True)
+            f.write("\n")
+    print(
+        f"compile check: {len(specs) - failed} ok, {failed} failed, {changed} changed sources, "
+        f"{time.perf_counter() - t_all:.0f}s total"
+    )
+    return 1 if failed or changed or missing or not specs else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,246 @@
+"""The SSD planner: one normalised :class:`SSDCall` -> the specs of its two kernels and the launch choices.
+
+A call launches two kernels (:mod:`mate_kernels.ssd`):
+
+1. the dt pre-pass (:class:`SSDDtSpec`) computes every tile's dt', its cumsum, the per-row decay factors and the
+   tile records in parallel, and derives on the GPU the runs table (each CTA row's chunk range) and the
+   chunk -> state-row map;
+2. the chunk scan (:class:`SSDScanSpec`) walks each run's chunks per (head, P block) with the fp32 state in
+   registers: a producer warpgroup loads x/B/C and the pre-pass's tiles by TMA, two consumer warpgroups run the
+   GEMMs and store ``out`` by TMA and the requested chunk-end states.
+
+What the planner decides, and why (docs/ssd-kernels.md; the alternatives measured: docs/design/decisions.md):
+
+* the tile (:func:`tiles`): the P block (64 where it divides the head dim; else the largest multiple of 16 up to
+  128 that does, the K-major ``narrow_p`` tiling), the longest token tile (128, else 64) whose shared memory fits,
+  scores from registers only at 128-token tiles;
+* sequences per CTA (:func:`seqs_per_cta`): the divisor of the batch with the shortest predicted makespan; the
+  scan kernel reads ``bounds[::k]`` at run time, so every k is the same compiled kernel;
+* the L2 prefetch of the next entering state (:func:`wants_prefetch`): where a CTA walks several sequences;
+* the pre-pass's heads per CTA: the largest power of two up to 8 dividing the heads (one 32-byte dt sector per
+  token).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..mamba._ssd_call import SSDCall
+from .specs import SSDDtSpec, SSDScanSpec
+from .ssu_plan import DTYPE_NAMES, Hardware
+
+SMEM_LIMIT = 227 * 1024 - 2048  # the opt-in maximum per block, less static shared memory (barriers)
+SUPPORTED_DSTATE = (64, 128, 256)
+MAX_SEQUENCES = 65535  # grid z
+DT_HEADS_PER_CTA = 8  # the pre-pass's largest head group
+NUM_STAGES = 2
+
+
+def _kmod():
+    import mate_kernels.ssd as kmod
+
+    return kmod
+
+
+def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> None:
+    """Raise NotImplementedError naming the capability when no TileLang SSD kernel can serve the shape."""
+    if io_dtype == torch.float32:
+        raise NotImplementedError(
+            "float32 x/B/C in the TileLang SSD prefill (its tensor-core path takes bf16/fp16 operands) is not "
+            "supported by MATE yet; use bf16/fp16 inputs or backend='torch'"
+        )
+    if chunk_size < 64:
+        raise NotImplementedError(
+            f"chunk_size={chunk_size} in the TileLang SSD prefill (tiles are 64 or 128 tokens) is not supported "
+            "by MATE yet; use chunk_size 64, 128 or 256, or backend='torch'"
+        )
+    if dstate not in SUPPORTED_DSTATE:
+        raise NotImplementedError(
+            f"dstate={dstate} in the TileLang SSD prefill (64, 128 or 256) is not supported by MATE yet; "
+            "use backend='torch'"
+        )
+    if dim % 16:
+        # The P block is the N of three wgmmas: a multiple of 64 takes the MN-major tiling, another multiple of
+        # 16 (e.g. 80) the K-major ``narrow_p`` one; below 16 or off that grid there is no wgmma tile.
+        raise NotImplementedError(
+            f"dim={dim} in the TileLang SSD prefill (a multiple of 16) is not supported by MATE yet; "
+            "use backend='torch'"
+        )
+
+
+def _block_p(dim: int) -> int:
+    if dim % 64 == 0:
+        return 64
+    return max(b for b in range(16, 129, 16) if dim % b == 0)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_P: int
+    block_L: int
+    scores_in_shared: bool
+    narrow_p: bool
+
+
+@functools.lru_cache(maxsize=256)
+def tiles(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> Tiles:
+    """The scan kernel's tile for one shape (NotImplementedError naming the capability when none serves it)."""
+    _check_supported(dim, dstate, chunk_size, io_dtype)
+    block_P = _block_p(dim)
+    narrow = block_P % 64 != 0
+    kmod = _kmod()
+    for block_L in (128, 64):
+        if chunk_size % block_L:
+            continue
+        # Scores feed the intra-chunk GEMM from registers only at 128 tokens (the row-split layout of the score
+        # GEMM then matches the A operand's); otherwise from shared memory.
+        shared = block_L < 128
+        smem = kmod.fused_smem_bytes(
+            dim_block=block_P, dstate=dstate, block_L=block_L, io_bytes=2, num_stages=NUM_STAGES,
+            scores_in_shared=shared, narrow_p=narrow,
+        )  # fmt: skip
+        if smem <= SMEM_LIMIT:
+            return Tiles(block_P, block_L, shared, narrow)
+    raise NotImplementedError(f"the SSD shape P={dim} N={dstate} does not fit the scan kernel's shared memory")
+
+
+def dt_heads_per_cta(heads: int) -> int:
+    return max(d for d in (1, 2, 4, 8) if d <= DT_HEADS_PER_CTA and heads % d == 0)
+
+
+def seqs_per_cta(batch: int, ctas_per_seq: int, sms: int, mean_tiles: int = 1) -> int:
+    """Sequences per scan CTA: the divisor k of the batch with the shortest predicted makespan, the larger k on a
+    tie. The prediction counts tiles on the busiest SM with one CTA per SM (the kernel's 384 threads x 168
+    registers fill one), every sequence ``mean_tiles`` long and a CTA start costed as one tile (its first tiles and
+    entering state come from DRAM): ``waves(k) * (k * mean_tiles + 1)``, ``waves(k) = ceil(ctas_per_seq * batch /
+    k / sms)``. Where one sequence's CTAs fill about one wave (Nemotron-H: 128 heads on 132 SMs) that is k = batch:
+    one CTA per head walks the whole batch and carries the same work whatever the lengths; where they fill a
+    fraction of it short batches keep one sequence per CTA."""
+    return _shortest_makespan(batch, ctas_per_seq, sms, mean_tiles)
+
+
+@functools.lru_cache(maxsize=256)
+def _shortest_makespan(batch: int, ctas_per_seq: int, sms: int, mean_tiles: int) -> int:
+    def makespan(k: int) -> int:
+        return -(-ctas_per_seq * (batch // k) // sms) * (k * mean_tiles + 1)
+
+    small = [d for d in range(1, math.isqrt(batch) + 1) if batch % d == 0]
+    divisors = {*small, *(batch // d for d in small)}
+    return min(divisors, key=lambda k: (makespan(k), -k))
+
+
+def wants_prefetch(spc: int, has_initial_states: bool) -> bool:
+    """The scan kernel with the L2 prefetch of the next entering state: where a CTA walks several sequences that
+    have initial states (32 x 512: 632.5 -> 596.3 us at chunk 128; 0.5-2 % slower where a CTA opens one)."""
+    return spc > 1 and has_initial_states
+
+
+def scan_spec(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
+              intermediate, prefetch=False) -> SSDScanSpec:  # fmt: skip
+    """The scan kernel's spec (dtype names in; the tile from :func:`tiles`)."""
+    t = tiles(P, N, L, getattr(torch, io))
+    return SSDScanSpec(
+        heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
+        dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
+        dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
+        block_P=t.block_P, block_L=t.block_L, num_stages=NUM_STAGES, scores_in_shared=t.scores_in_shared,
+        narrow_p=t.narrow_p, prefetch=prefetch,
+    )  # fmt: skip
+
+
+def dt_spec(scan: SSDScanSpec, *, last: str, fsi: str, use_fsi: bool) -> SSDDtSpec:
+    """The pre-pass feeding ``scan`` (its heads, chunk, tile and dt options), with the runs table's index dtypes."""
+    return SSDDtSpec(
+        heads=scan.heads, chunk_size=scan.chunk_size, block_L=scan.block_L, dt_dtype=scan.dt_dtype,
+        dt_bias_dtype=scan.dt_bias_dtype, cu_dtype=scan.cu_dtype, seq_idx_dtype=scan.seq_idx_dtype,
+        has_dt_bias=scan.has_dt_bias, dt_softplus=scan.dt_softplus, dt_min=scan.dt_min, dt_max=scan.dt_max,
+        heads_per_cta=dt_heads_per_cta(scan.heads), last_dtype=last, fsi_dtype=fsi, use_final_indices=use_fsi,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SSDPlan:
+    scan: SSDScanSpec
+    dt: SSDDtSpec
+    seqs_per_cta: int
+
+
+_PLANS: dict = {}
+
+
+def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
+    """The kernels and launch choices of one call (NotImplementedError for what no kernel serves)."""
+    if call.batch > MAX_SEQUENCES:
+        raise NotImplementedError(f"batch={call.batch} sequences in one TileLang SSD call (at most {MAX_SEQUENCES})")
+    if call.tokens == 0:
+        raise NotImplementedError("an SSD call with zero tokens in the TileLang SSD prefill")
+    use_fsi = call.final_state_indices is not None
+    if call.return_intermediate_states or not use_fsi:
+        state_dt = call.state_dtype
+    else:
+        state_dt = call.final_states_out.dtype
+    init_dt = call.initial_states.dtype if call.initial_states is not None else state_dt
+    fsi_dt = call.final_state_indices.dtype if use_fsi else call.last_chunk_indices.dtype
+    n = DTYPE_NAMES
+    static = (
+        call.heads, call.groups, call.dim, call.dstate, call.chunk_size, call.x.dtype, state_dt, init_dt,
+        call.dt.dtype, call.dt_bias.dtype if call.dt_bias is not None else None,
+        call.D.dtype if call.D is not None else None, call.D_tied, call.cu_chunk_seqlens.dtype, call.seq_idx.dtype,
+        call.dt_softplus, float(call.dt_limit[0]), float(call.dt_limit[1]), call.return_intermediate_states,
+        call.last_chunk_indices.dtype, fsi_dt, use_fsi,
+    )  # fmt: skip
+    specs = _PLANS.get(static)
+    if specs is None:
+        base = scan_spec(
+            H=call.heads, G=call.groups, P=call.dim, N=call.dstate, L=call.chunk_size, io=n[call.x.dtype],
+            state=n[state_dt], init=n[init_dt], dt=n[call.dt.dtype],
+            dtb=n[call.dt_bias.dtype] if call.dt_bias is not None else "float32",
+            D=n[call.D.dtype] if call.D is not None else "float32", D_per_dim=not call.D_tied,
+            cu=n[call.cu_chunk_seqlens.dtype], sq=n[call.seq_idx.dtype], softplus=call.dt_softplus,
+            lo=float(call.dt_limit[0]), hi=float(call.dt_limit[1]), has_dtb=call.dt_bias is not None,
+            has_D=call.D is not None, intermediate=call.return_intermediate_states,
+        )  # fmt: skip
+        specs = _PLANS[static] = (
+            base,
+            _with_prefetch(base),
+            dt_spec(base, last=n[call.last_chunk_indices.dtype], fsi=n[fsi_dt], use_fsi=use_fsi),
+        )
+    base, prefetching, dt = specs
+    mean_tiles = max(1, -(-call.tokens // (call.batch * base.block_L)))
+    spc = seqs_per_cta(call.batch, call.heads * (call.dim // base.block_P), hw.sms, mean_tiles)
+    scan = prefetching if wants_prefetch(spc, call.initial_states is not None) else base
+    return SSDPlan(scan, dt, spc)
+
+
+def _with_prefetch(spec: SSDScanSpec) -> SSDScanSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, prefetch=True)
+
+
+def serving_specs(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype) -> list:
+    """The kernels a served model uses: vLLM's flags (dt_softplus, dt_bias, per-head D, default dt_limit, int32
+    tables), final states returned or written into a pool by index, intermediate states, init in the state dtype,
+    the scan with and without the prefetch."""
+    io, state = DTYPE_NAMES[io_dtype], DTYPE_NAMES[state_dtype]
+    specs = []
+    for intermediate in (False, True):
+        base = scan_spec(
+            H=heads, G=groups, P=dim, N=dstate, L=chunk_size, io=io, state=state, init=state,
+            dt=DTYPE_NAMES[dt_dtype], dtb="float32", D="float32", D_per_dim=False, cu="int32", sq="int32",
+            softplus=True, lo=0.0, hi=math.inf, has_dtb=True, has_D=True, intermediate=intermediate,
+        )  # fmt: skip
+        specs += [base, _with_prefetch(base)]
+    for use_fsi in (False, True):
+        specs.append(dt_spec(specs[0], last="int32", fsi="int32", use_fsi=use_fsi))
+    return specs
+
+
+__all__ = [
+    "SSDPlan", "Tiles", "plan", "tiles", "scan_spec", "dt_spec", "serving_specs", "seqs_per_cta", "wants_prefetch",
+    "dt_heads_per_cta", "_check_supported", "SUPPORTED_DSTATE", "MAX_SEQUENCES",
+]  # fmt: skip

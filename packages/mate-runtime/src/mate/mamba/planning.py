@@ -1,0 +1,46 @@
+"""Which kernels a call runs: the TileLang planners' answer for a call, without running it.
+
+``plan_selective_state_update(...)`` and ``plan_ssd_combined_fwd_varlen(...)`` take exactly the arguments of the
+op they describe, validate them as the op does (the same ``ValueError`` / ``NotImplementedError``), and return
+the kernel specs the TileLang backend would launch, in launch order. A spec is a frozen record of one kernel
+factory's arguments (``print(spec)`` shows them); it is also the compiled-kernel cache key, so two calls with
+equal specs share one compiled kernel. Nothing is compiled or launched, and TileLang need not be installed.
+
+Tensors on a GPU are planned for that device; tensors anywhere else (CPU, ``meta``) are planned as for an H200
+(compute capability 9.0, 132 SMs), the choices that depend on the device being the small-grid one-token SSU
+kernel, programmatic dependent launch (``MATE_SSU_PDL=auto``) and the SSD's sequences per CTA.
+"""
+
+from __future__ import annotations
+
+from .._device import is_accelerator
+from ._ssd_call import normalize_ssd
+from ._ssu_call import normalize_ssu
+
+
+def plan_selective_state_update(*args, backend: str = "auto", **kwargs) -> tuple:
+    """The kernel specs ``selective_state_update(*args, **kwargs)`` launches on the TileLang backend (one, or
+    none for a call with nothing to run). Nothing is written to the arguments."""
+    from .._tilelang import ssu_plan
+
+    del backend  # the TileLang backend's plan whatever the call would pick
+    call = normalize_ssu(*args, **kwargs)
+    planned = ssu_plan.plan(call)
+    return () if planned is None else (planned[0],)
+
+
+def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tuple:
+    """The kernel specs ``ssd_combined_fwd_varlen(*args, **kwargs)`` launches on the TileLang backend: the dt
+    pre-pass, then the chunk scan (which also reads ``bounds[::seqs_per_cta]``, a launch-time choice that is the
+    same compiled kernel for every value)."""
+    from .._tilelang import ssd_plan, ssu_plan
+
+    del backend
+    call = normalize_ssd(*args, **kwargs)
+    dev = call.x.device
+    hw = ssu_plan.hardware(dev) if is_accelerator(dev) else ssu_plan.PLANNING_DEFAULT
+    p = ssd_plan.plan(call, hw)
+    return (p.dt, p.scan)
+
+
+__all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen"]
