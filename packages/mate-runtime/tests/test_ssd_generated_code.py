@@ -181,74 +181,38 @@ def async_wgmma_problems(src: str) -> list[str]:
     return problems
 
 
-def _key(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False, kind="fused"):
-    from mate._tilelang import ssd as tl_ssd
+def _spec(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False, prefetch=False):
+    from mate._tilelang.ssd_plan import scan_spec
 
-    return tl_ssd._fused_key(
+    return scan_spec(
         H=H, G=G, P=P, N=N, L=L, io="bfloat16", dt="float32", dtb="float32", D="float32", D_per_dim=D_per_dim,
         cu="int32", softplus=softplus, lo=lo, hi=hi, has_dtb=True, has_D=has_D, state="float32", init="float32",
-        sq="int32", intermediate=False, kind=f"ssd_{kind}",
+        sq="int32", intermediate=False, prefetch=prefetch,
     )  # fmt: skip
 
 
 @functools.cache
-def source(
-    key, threads: int | None = None, overlap: bool = False, hpc: int = 1, preload: bool = False, prefetch: bool = False
-) -> str:
-    """The kernel's CUDA source; ``threads`` plans the tiles with that many consumer threads, ``overlap`` asks for
-    the asynchronous wgmmas, ``hpc`` heads per CTA, ``preload`` the first entering state before the loop,
-    ``prefetch`` the L2 prefetch of the next entering state. Head dims that are not a multiple of 64 take the
-    narrow-P tiling."""
-    import torch
-    from mate._tilelang import ssd as tl_ssd
+def source(spec) -> str:
+    """The scan kernel's CUDA source for sm_90a."""
     from mate._tilelang.cache import compile_prim_func
 
-    P, N, L, io = key[3], key[4], key[5], getattr(torch, key[6])
-    tiles = {**tl_ssd.plan(P, N, L, io, threads=threads), "overlap": overlap, "preload": preload, "prefetch": prefetch}
-    if hpc > 1:
-        tiles["heads_per_cta"] = hpc
-    kern = compile_prim_func(tl_ssd._fused_builder(key, tiles)(), target=TARGET, pass_configs=tl_ssd.PASS_CONFIGS)
-    return kern.get_kernel_source()
+    return compile_prim_func(spec.build(), target=TARGET, pass_configs=spec.pass_configs()).get_kernel_source()
 
 
-SMALL = dict(H=8, G=2, P=64, N=128, L=128)  # 128-token tiles, scores in registers
+SMALL = dict(H=8, G=2, P=64, N=128, L=128)  # 128-token tiles, scores in registers, GEMMs in two asynchronous pairs
 FALCON = dict(H=8, G=1, P=128, N=256, L=256)  # 64-token tiles, scores in shared memory, two P blocks
 KERNELS = [
-    pytest.param((SMALL, {}), id="fused"),
-    pytest.param((SMALL, dict(has_D=False)), id="fused_no-D"),
-    pytest.param((SMALL, dict(has_D=False, softplus=False, lo=0.02, hi=0.15)), id="fused_no-D_dt-limit"),
-    pytest.param((FALCON, {}), id="fused_tile64_P128_N256"),
-    # the lean design (the default: uniform z / entering-state tests, TMA output store), the K-major narrow-P
-    # tiling, four consumer warpgroups (the MATE_SSD_THREADS=512 tuning setting)
-    pytest.param((SMALL, dict(kind="lean")), id="lean"),
-    pytest.param((dict(SMALL, P=80), dict(kind="lean")), id="lean_narrow-P80"),
-    pytest.param((dict(SMALL, P=80), dict(kind="prepass")), id="prepass_narrow-P80"),
-    pytest.param((SMALL, dict(kind="lean", threads=512)), id="lean_512-consumer-threads"),
-    # the asynchronous wgmmas (MATE_SSD_OVERLAP, the default)
-    pytest.param((SMALL, dict(kind="lean", overlap=True)), id="lean_overlap"),
-    pytest.param((FALCON, dict(kind="lean", overlap=True)), id="lean_overlap_tile64_P128_N256"),
-    # several heads per CTA (MATE_SSD_HEADS_PER_CTA, opt-in)
-    pytest.param((SMALL, dict(kind="lean", hpc=2)), id="lean_2-heads-per-CTA"),
-    pytest.param((SMALL, dict(kind="lean", hpc=4, overlap=True)), id="lean_4-heads-per-CTA_overlap"),
-    # the first entering state loaded before the pipelined loop (MATE_SSD_PRELOAD, the default)
-    pytest.param((SMALL, dict(kind="lean", preload=True, overlap=True)), id="lean_preload_overlap"),
-    pytest.param((SMALL, dict(kind="lean", preload=True, hpc=2)), id="lean_preload_2-heads-per-CTA"),
-    # with the L2 prefetch of the next entering state (MATE_SSD_PREFETCH, chosen per launch)
-    pytest.param(
-        (SMALL, dict(kind="lean", preload=True, overlap=True, prefetch=True)), id="lean_preload_overlap_prefetch"
-    ),
+    pytest.param(dict(SMALL), id="c128"),
+    pytest.param(dict(SMALL, has_D=False), id="no-D"),
+    pytest.param(dict(SMALL, has_D=False, softplus=False, lo=0.02, hi=0.15), id="no-D_dt-limit"),
+    pytest.param(dict(FALCON), id="tile64_P128_N256"),
+    pytest.param(dict(SMALL, P=80), id="narrow-P80"),  # the K-major tiling: GEMMs waited one by one
+    pytest.param(dict(SMALL, prefetch=True), id="prefetch"),  # the L2 prefetch of the next entering state
 ]
 
 
-def _source(spec) -> str:
-    shape, opts = spec
-    opts = dict(opts)
-    threads = opts.pop("threads", None)
-    overlap = opts.pop("overlap", False)
-    hpc = opts.pop("hpc", 1)
-    preload = opts.pop("preload", False)
-    prefetch = opts.pop("prefetch", False)
-    return source(_key(**shape, **opts), threads, overlap, hpc, preload, prefetch)
+def _source(shape) -> str:
+    return source(_spec(**shape))
 
 
 @pytest.mark.parametrize("spec", KERNELS)
@@ -264,24 +228,24 @@ def test_tma_buffers_are_waited_on_before_use(spec):
     assert tma_wait_problems(_source(spec)) == []
 
 
-@pytest.mark.parametrize("spec", [p for p in KERNELS if "lean" in p.id])
+@pytest.mark.parametrize("spec", KERNELS)
 def test_tma_store_reads_finish_before_the_next_barrier(spec):
     src = _source(spec)
-    assert "tl::tma_store(" in src, "the lean design stores full tiles by TMA"
+    assert "tl::tma_store(" in src, "the scan kernel stores full tiles by TMA"
     assert tma_store_problems(src) == []
     # the check fails without the wait
     mutated = re.sub(r"\n[^\n]*tma_store_wait[^\n]*", "", src)
     assert tma_store_problems(mutated)
 
 
-@pytest.mark.parametrize("spec", [p for p in KERNELS if "lean" in p.id])
+@pytest.mark.parametrize("spec", KERNELS)
 def test_overlap_waits_once_per_pair(spec):
-    """Per tile the plain kernel waits for each of its four GEMMs at once; the overlapped one issues them in two
-    pairs (C.state + C B^T, S x + the end-state GEMM) and waits once per pair."""
+    """Per tile the kernel issues its four GEMMs in two asynchronous pairs (C.state + C B^T, S x + the end-state
+    GEMM) and waits once per pair; the narrow-P tiling waits for each GEMM at once."""
     src = _source(spec)
     waits = re.findall(r"tl::(warpgroup_wait|wait_wgmma)<(\d)>", src)
     assert len(re.findall(r"tl::warpgroup_commit_batch\(\);", src)) == 4  # four GEMMs, four groups
-    assert waits == [("warpgroup_wait", "0")] * (2 if spec[1].get("overlap") else 4)
+    assert waits == [("warpgroup_wait", "0")] * (4 if spec.get("P") == 80 else 2)
 
 
 @pytest.mark.parametrize("spec", KERNELS)
@@ -290,7 +254,7 @@ def test_no_buffer_is_released_or_written_under_a_wgmma_in_flight(spec):
 
 
 def test_async_wgmma_check_can_fail():
-    src = _source((SMALL, dict(kind="lean", overlap=True)))
+    src = _source(SMALL)
     # without the end-state GEMM's wait, B_s is released (and the output tile, its x-weighted buffer, written)
     # with that GEMM in flight
     before, producer, consumer = branches(src)
@@ -303,7 +267,7 @@ def test_async_wgmma_check_can_fail():
 
 
 def test_checks_can_fail():
-    src = source(_key(**SMALL))
+    src = _source(SMALL)
     _, producer, consumer = branches(src)
     # drop the consumer's first wait on the barrier of the x tile: x_s is read unwaited
     bar = _norm(_TMA_DESC.search(next(line for line in producer if "x_desc" in line)).group(1))

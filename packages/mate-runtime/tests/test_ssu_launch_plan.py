@@ -1,6 +1,6 @@
 """The TileLang SSU launcher's plan (kernel key + launch arguments) on CPU tensors: no GPU needed.
 
-``mate._tilelang.ssu.plan`` turns a normalised call into the kernel key and the positional arguments of one
+``mate._tilelang.ssu_plan.plan`` turns a normalised call into the kernel spec and the positional arguments of one
 launch. These tests pin the dispatch rule (one-token vs packed), the write-mode and optional-input encoding,
 the alignment detection that picks vector or scalar state accesses, and the NotImplementedError cases.
 """
@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mate._tilelang import ssu as tl_ssu
+from mate import settings
+from mate._tilelang import ssu_plan as tl_ssu
 from mate.mamba._ssu_call import normalize_ssu
 from mate_kernels import ssu as kssu
 
 BF16, F32, I32, I64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
 H, P, N, G = 8, 64, 128, 2
 
-# key layout: ("ssu", one_token, P, N, ratio, state, io, dt, D, dt_bias, src, dst, meta, ibuf, tied, vstate, vio)
-ONE_TOKEN, VSTATE, VIO, TIED = 1, 15, 16, 14
 # argument positions shared by both kernels
 A_FLAGS_ONE, A_MODE_ONE = 19, 20
 A_FLAGS_PACKED, A_MODE_PACKED = 24, 25
@@ -48,7 +47,7 @@ def test_one_token_decode_plan():
         state, x, dt, A, B, C, torch.rand(H), dt_bias=torch.rand(H), dt_softplus=True,
         state_batch_indices=torch.tensor([3, 1, 7, 9], dtype=I32),
     )  # fmt: skip
-    assert key[ONE_TOKEN] is True and key[TIED] is True and key[VSTATE] and key[VIO]
+    assert key.one_token is True and key.tied is True and key.vector_state and key.vector_io
     assert len(args) == 21
     flags = args[A_FLAGS_ONE]
     assert flags == kssu.FLAG_D | kssu.FLAG_DT_BIAS | kssu.FLAG_SOFTPLUS | kssu.FLAG_SRC
@@ -62,7 +61,7 @@ def test_mtp_plan_is_packed_per_token():
         state, x, dt, A, B, C, None, state_batch_indices=src, dst_state_batch_indices=src + 10,
         cu_seqlens=torch.tensor([0, 3, 6], dtype=I32), num_accepted_tokens=torch.tensor([1, 3], dtype=I32),
     )  # fmt: skip
-    assert key[ONE_TOKEN] is False and len(args) == 27
+    assert key.one_token is False and len(args) == 27
     flags = args[A_FLAGS_PACKED]
     for bit in (kssu.FLAG_SRC, kssu.FLAG_DST, kssu.FLAG_CU, kssu.FLAG_ACC):
         assert flags & bit
@@ -82,13 +81,13 @@ def test_write_modes():
         None, disable_state_update=True, intermediate_states_buffer=torch.zeros(4, 3, H, P, N, dtype=BF16),
         state_batch_indices=torch.tensor([0, 1], dtype=I32),
     )  # fmt: skip
-    assert key[ONE_TOKEN] is False and args[A_MODE_PACKED] == kssu.MODE_INTERMEDIATE and args[-1] == 3
+    assert key.one_token is False and args[A_MODE_PACKED] == kssu.MODE_INTERMEDIATE and args[-1] == 3
 
 
 def test_untied_key():
     state, x, dt, A, B, C = inputs(2, tied=False)
     key, _ = plan_of(state, x, dt, A, B, C, None)
-    assert key[TIED] is False
+    assert key.tied is False
 
 
 @pytest.mark.parametrize(("offset", "vector"), [(32, True), (29, False)])
@@ -99,7 +98,7 @@ def test_pool_alignment_picks_vector_or_scalar_accesses(offset, vector):
     pool = buf[:, offset : offset + inner].view(5, H, P, N)
     state, x, dt, A, B, C = inputs(2, pool=pool)
     key, _ = plan_of(state, x, dt, A, B, C, None)
-    assert key[VSTATE] is vector
+    assert key.vector_state is vector
 
 
 def test_mixed_metadata_dtypes_raise():
@@ -130,4 +129,87 @@ def test_argument_count_matches_the_kernel_signature():
     state, x, dt, A, B, C = inputs(4)
     for kw in ({}, {"cu_seqlens": torch.tensor([0, 2, 4], dtype=I32)}):
         key, args = plan_of(state, x, dt, A, B, C, None, **kw)
-        assert len(tl_ssu.build_kernel(key).params) == len(args)
+        assert len(key.build().params) == len(args)
+
+
+# ---- the planner's rules: tuning table, small grid, PDL, spec identity
+
+
+@pytest.mark.parametrize(
+    ("state_dtype", "rows", "packed", "expect"),
+    [
+        pytest.param(BF16, 512, False, (4, True, 8), id="bf16-one-token-full-grid"),
+        pytest.param(BF16, 1, False, (4, False, 0), id="bf16-one-token-small-grid"),
+        pytest.param(BF16, 4, True, (2, True, 8), id="bf16-packed"),
+        pytest.param(F32, 1, False, (4, False, 0), id="fp32-one-token"),
+        pytest.param(F32, 4, True, (4, False, 6), id="fp32-packed"),
+    ],
+)
+def test_tuning_table(state_dtype, rows, packed, expect):
+    """The spec carries the tuning the table gives for (state width, kernel); the chunk count shapes the tiling.
+    On the CPU the plan is the H200's (132 SMs): batch 1 at 8 heads is a small grid, 512 x 8 heads is not."""
+    state, x, dt, A, B, C = inputs(rows, state_dtype=state_dtype, slots=rows + 1)
+    kw = {"cu_seqlens": torch.tensor([0, rows // 2, rows], dtype=I32)} if packed else {}
+    spec, _ = plan_of(state, x, dt, A, B, C, None, **kw)
+    per_thread, pack_early, min_blocks = expect
+    assert (spec.pack_early, spec.min_blocks) == (pack_early, min_blocks)
+    assert spec.tiling == kssu.choose_tiling(P, N, spec.state_dtype, per_thread)
+
+
+def test_small_grid_needs_full_chunks():
+    """At P 80 the tiling holds two chunks per thread: the capped kernel stays (measured faster there)."""
+    hw = tl_ssu.PLANNING_DEFAULT
+    assert tl_ssu.small_grid(1, 128, 64, 128, BF16, hw)
+    assert not tl_ssu.small_grid(1, 128, 80, 128, BF16, hw)
+    assert not tl_ssu.small_grid(1, 128, 64, 128, F32, hw)
+    assert not tl_ssu.small_grid(1024, 128, 64, 128, BF16, hw)
+
+
+@pytest.mark.parametrize(
+    ("setting", "kind", "major", "expect"),
+    [
+        pytest.param("0", "cuda", 9, False, id="off"),
+        pytest.param("auto", "cuda", 9, True, id="auto-hopper"),
+        pytest.param("auto", "cuda", 8, False, id="auto-ampere"),
+        pytest.param("auto", "musa", 0, False, id="auto-musa"),
+        pytest.param("1", "cuda", 10, True, id="on-blackwell"),
+    ],
+)
+def test_pdl_setting(setting, kind, major, expect):
+    with settings.override(MATE_SSU_PDL=setting):
+        assert tl_ssu.pdl_for_capability(kind, major) is expect
+
+
+def test_pdl_forced_where_unsupported_raises():
+    with settings.override(MATE_SSU_PDL="1"), pytest.raises(NotImplementedError, match="MATE_SSU_PDL"):
+        tl_ssu.pdl_for_capability("cuda", 8)
+    with pytest.raises(ValueError, match="MATE_SSU_PDL"):
+        settings.parse("MATE_SSU_PDL", "yes")
+
+
+def test_pdl_spec_under_the_setting():
+    state, x, dt, A, B, C = inputs(2)
+    with settings.override(MATE_SSU_PDL="auto"):
+        spec, _ = plan_of(state, x, dt, A, B, C, None)
+    assert spec.pdl is True
+    spec, _ = plan_of(state, x, dt, A, B, C, None)
+    assert spec.pdl is False
+
+
+def test_equal_calls_share_one_spec_object():
+    """The planner memoises specs: a call's host path builds no dataclass, and equal specs are one cache key."""
+    state, x, dt, A, B, C = inputs(2)
+    a, _ = plan_of(state, x, dt, A, B, C, None)
+    b, _ = plan_of(state, x, dt, A, B, C, None)
+    assert a is b and hash(a) == hash(b)
+    assert "ssu_kernel(" in str(a) and "min_blocks=" in str(a)
+
+
+def test_public_plan_query_matches_the_planner():
+    from mate.mamba.planning import plan_selective_state_update
+
+    state, x, dt, A, B, C = inputs(4)
+    table = torch.tensor([3, 1, 7, 9], dtype=I32)
+    (spec,) = plan_selective_state_update(state, x, dt, A, B, C, None, state_batch_indices=table)
+    assert spec == plan_of(state, x, dt, A, B, C, None, state_batch_indices=table)[0]
+    assert plan_selective_state_update(*inputs(0), None) == ()

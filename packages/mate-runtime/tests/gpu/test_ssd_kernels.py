@@ -30,6 +30,7 @@ pytestmark = [
 from mate._tilelang import ssd as tl_ssd  # noqa: E402
 from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402
 from mate.mamba.chunking import chunk_metadata  # noqa: E402
+from mate.mamba.planning import plan_ssd_combined_fwd_varlen  # noqa: E402
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
@@ -125,23 +126,6 @@ def fresh_pool(case: Case, batch: int, seed: int = 7):
     return pool, idx
 
 
-def normalized_call(case: Case, dev="cpu"):
-    """The normalised call of a case (for its kernel keys: they depend on shapes and dtypes only, so CPU tensors
-    and a dense stand-in for the pool serve)."""
-    from mate.mamba._ssd_call import normalize_ssd
-
-    kw = build(case, dev=dev)
-    if case.pool:
-        batch = len(case.seqlens)
-        kw.update(
-            final_states_out=torch.zeros(batch + 5, case.H, case.P, case.N, dtype=case.state, device=dev),
-            final_state_indices=torch.arange(batch, dtype=torch.int32, device=dev),
-        )
-    names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
-             "seq_idx"]  # fmt: skip
-    return normalize_ssd(*[kw.pop(n) for n in names], **kw)
-
-
 def run(case: Case, backend: str, seed: int = 0):
     kw = build(case, seed)
     out = torch.full_like(kw["x"], float("nan"), memory_format=torch.contiguous_format)
@@ -195,15 +179,8 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=tl_ssd.VARIANTS)
-def kind(request):
-    """Every test below runs once per prefill kernel design."""
-    with tl_ssd.using(request.param):
-        yield request.param
-
-
 @pytest.mark.parametrize("case", CASES)
-def test_kernels_match_reference(case: Case, kind: str):
+def test_kernels_match_reference(case: Case):
     out_k, st_k = run(case, "tilelang")
     out_r, st_r = run(case, "torch")
     torch.cuda.synchronize()
@@ -245,83 +222,34 @@ NARROW_P_CASES = [
 
 
 @pytest.mark.parametrize("case", NARROW_P_CASES)
-def test_narrow_p_matches_reference(case: Case, kind: str):
-    test_kernels_match_reference(case, kind)
+def test_narrow_p_matches_reference(case: Case):
+    test_kernels_match_reference(case)
 
 
-# The lean kernel's on/off settings away from their defaults (overlap, preload and the deferred output-store
-# wait are on by default and run in every test above): each off setting is a kernel a caller can select, so it
-# stays tested.
-LEAN_OPTION_CASES = [
-    pytest.param(Case(), id="ragged_c128"),
-    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700)), id="c256_lens-1-255-256-257-700"),
-    pytest.param(Case(H=8, G=1, chunk=256, seqlens=(6000,), z=True, D="full"), id="one-long-sequence_c256_z_Dfull"),
-    pytest.param(Case(N=256, P=128, H=4, G=1, chunk=256, seqlens=(300, 40)), id="P128_N256_64-token-tiles"),
-    pytest.param(Case(intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="intermediate_bf16"),
-    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
-]
-LEAN_SETTINGS = [
-    pytest.param((tl_ssd.OVERLAP_ENV, "overlap"), id="without-overlap"),
-    pytest.param((tl_ssd.PRELOAD_ENV, "preload"), id="without-preload"),
-    pytest.param((tl_ssd.DEFERRED_STORE_ENV, "deferred_store"), id="output-store-waited-at-once"),
-]
-
-
-@pytest.mark.parametrize("setting", LEAN_SETTINGS)
-@pytest.mark.parametrize("case", LEAN_OPTION_CASES)
-def test_lean_setting_matches_reference(case: Case, setting, monkeypatch):
-    from mate._tilelang.cache import CACHE
-
-    env, tile = setting
-    monkeypatch.setenv(env, "0")
-    with tl_ssd.using("lean"):
-        test_kernels_match_reference(case, "lean")
-    # the kernel this call launched is the one without the option
-    key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
-    build_fn = tl_ssd.builder_for(key)
-    assert tile not in build_fn.tiles
-    assert tl_ssd.cache_key(key, build_fn) in CACHE.kernels
-
-
-@pytest.mark.parametrize("setting", LEAN_SETTINGS)
-def test_lean_setting_graph_replay_equals_eager(setting, monkeypatch):
-    monkeypatch.setenv(setting[0], "0")
-    with tl_ssd.using("lean"):
-        test_graph_replay_equals_eager("lean")
-
-
-# The dt pre-pass at 8 heads per CTA (the default) and at one head (``MATE_SSD_DT_HEADS=1``), under both designs
-# it feeds, at head counts that give 8, 4 and 1 heads per CTA.
+# The dt pre-pass at the head counts that give it 8, 4 and 1 heads per CTA (the largest power of two up to 8
+# dividing the heads).
 DT_HEADS_CASES = [
-    pytest.param(Case(), id="ragged_c128"),
+    pytest.param(Case(), id="H8_ragged_c128"),
     pytest.param(Case(H=24, G=1, chunk=256, seqlens=(1, 255, 256, 257, 700), z=True), id="H24_c256"),
     pytest.param(Case(H=4, G=2, softplus=False, dt_bias=False, dt_limit=(0.02, 0.15)), id="H4_dt-limit"),
+    pytest.param(Case(H=3, G=1, seqlens=(5, 300)), id="H3_one-head-per-CTA"),
     pytest.param(Case(H=8, rows_view=True, dt_dtype=BF16, history=(0, 100, 0, 64)), id="row-views_bf16-dt"),
 ]
 
 
-@pytest.mark.parametrize("n", [1, 8], ids=["1-head", "8-heads"])
 @pytest.mark.parametrize("case", DT_HEADS_CASES)
-@pytest.mark.parametrize("design", ["lean", "prepass"])
-def test_dt_heads_per_cta_matches_reference(case: Case, design: str, n: int, monkeypatch):
+def test_dt_heads_per_cta_matches_reference(case: Case):
     from mate._tilelang.cache import CACHE
 
-    monkeypatch.setenv(tl_ssd.DT_HEADS_ENV, str(n))
-    with tl_ssd.using(design):
-        test_kernels_match_reference(case, design)
-    dkey = tl_ssd.kernel_keys(normalized_call(case), design)[2]
-    build_fn = tl_ssd.builder_for(dkey)
-    hb = min(n, case.H)
-    assert build_fn.tiles == ({"heads_per_cta": hb} if hb > 1 else None)
-    assert tl_ssd.cache_key(dkey, build_fn) in CACHE.kernels
+    test_kernels_match_reference(case)
+    (dt_spec, scan) = plan_ssd_combined_fwd_varlen(**build(case), backend="tilelang")
+    assert dt_spec.heads_per_cta == max(d for d in (1, 2, 4, 8) if case.H % d == 0)
+    assert dt_spec in CACHE.kernels and scan in CACHE.kernels
 
 
-# The runs table computed by one more CTA of the dt pre-pass (``MATE_SSD_RUNS_IN_DT``, the default) and by the
-# runs kernel (``MATE_SSD_RUNS_IN_DT=0``), under both designs with a pre-pass: the pre-pass's scan runs over
-# block_L threads (64 at N 256), in several rounds when there are more chunks than threads; a seq_idx that
-# re-opens a sequence; final states into a pool by index.
-RUNS_IN_DT_CASES = [
-    pytest.param(Case(), id="ragged_c128"),
+# The runs table the dt pre-pass computes: its scan runs over block_L threads (64 at N 256), in several rounds when
+# there are more chunks than threads; a seq_idx that re-opens a sequence; final states into a pool by index.
+RUNS_CASES = [
     pytest.param(Case(chunk=64, N=64, G=1, H=4, seqlens=(4000, 5000, 1)), id="c64_143-chunks_over-64-threads"),
     pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 300, 513)), id="N256_64-thread-scan"),
     pytest.param(Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2)), id="seq_idx-more-runs"),
@@ -330,68 +258,16 @@ RUNS_IN_DT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", RUNS_IN_DT_CASES)
-@pytest.mark.parametrize("design", ["lean", "prepass"])
-@pytest.mark.parametrize("merged", ["1", "0"], ids=["in-dt", "runs-kernel"])
-def test_runs_in_dt_matches_reference(case: Case, design: str, merged: str, monkeypatch):
-    from mate._tilelang.cache import CACHE
-
-    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, merged)
-    with tl_ssd.using(design):
-        test_kernels_match_reference(case, design)
-    dkey = tl_ssd.kernel_keys(normalized_call(case), design)[2]
-    # the pre-pass that carries the runs table, or the one without it
-    assert len(dkey) == tl_ssd.DT_DECAY_ROWS + (2 if merged == "1" else 1)
-    assert tl_ssd.cache_key(dkey, tl_ssd.builder_for(dkey)) in CACHE.kernels
+@pytest.mark.parametrize("case", RUNS_CASES)
+def test_runs_table_matches_reference(case: Case):
+    test_kernels_match_reference(case)
 
 
-@pytest.mark.parametrize("merged", ["1", "0"], ids=["in-dt", "runs-kernel"])
-def test_runs_in_dt_graph_replay_equals_eager(merged: str, monkeypatch):
-    monkeypatch.setenv(tl_ssd.RUNS_IN_DT_ENV, merged)
-    with tl_ssd.using("lean"):
-        test_graph_replay_equals_eager("lean")
-
-
-# The lean design with several heads per CTA (``MATE_SSD_HEADS_PER_CTA=8``, opt-in; the three-waves rule is
-# lifted so that these small calls take the largest variant).
-HPC_CASES = [
-    pytest.param(Case(), id="ragged_c128_8-per-CTA"),
-    pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700), z=True, D="full"), id="c256_lens_z_Dfull"),
-    pytest.param(Case(intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="intermediate_bf16_history"),
-    pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
-    pytest.param(Case(N=256, P=128, H=4, G=1, chunk=256, seqlens=(300, 40)), id="P128_N256_4-per-CTA"),
-    pytest.param(Case(H=16, G=4, init=False, seqlens=(129, 1, 1000)), id="H16_two-groups-per-CTA_no-init"),
-]
-
-
-@pytest.mark.parametrize("case", HPC_CASES)
-@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
-def test_heads_per_cta_matches_reference(case: Case, overlap: bool, monkeypatch):
-    from mate._tilelang.cache import CACHE
-
-    monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
-    monkeypatch.setenv(tl_ssd.SPC_ENV, "1")  # (the lifted rule would also put the batch in one CTA)
-    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
-    with tl_ssd.using("lean"), tl_ssd.options(overlap=overlap):
-        test_kernels_match_reference(case, "lean")
-        key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
-        hpc = min(8, case.H)
-        tiles = {**tl_ssd.plan(case.P, case.N, case.chunk, case.io), "heads_per_cta": hpc}
-        assert tl_ssd.cache_key(key, tl_ssd._fused_builder(key, tiles)) in CACHE.kernels
-
-
-def test_heads_per_cta_graph_replay_equals_eager(monkeypatch):
-    monkeypatch.setenv(tl_ssd.HPC_ENV, "8")
-    monkeypatch.setenv(tl_ssd.SPC_ENV, "1")
-    monkeypatch.setattr(tl_ssd, "HPC_MIN_WAVES", 0)
-    with tl_ssd.using("lean"):
-        test_graph_replay_equals_eager("lean")
-
-
-# Several sequences per fused CTA (``MATE_SSD_SEQS_PER_CTA``: the kernel reads every k-th run bound; the
-# makespan is predicted for one SM so that these small calls take k = the batch). The shapes are those of CASES (the
-# same kernels: k is a runtime choice), the batches new: 1-token sequences, a sequence continuing with a short
-# first chunk, more runs than sequences, no initial states, pools, intermediate states.
+# Several sequences per scan CTA (the kernel reads every k-th run bound) and the L2 prefetch of the next entering
+# state that comes with it: the planner predicts the makespan for the SM count, so on a device reported as having
+# one SM these small calls take k = the batch (and the prefetching kernel where there are initial states). The
+# shapes are those of CASES, the batches new: 1-token sequences, a sequence continuing with a short first chunk,
+# more runs than sequences, no initial states, pools, intermediate states.
 SPC_CASES = [
     pytest.param(Case(), id="4-per-CTA_ragged"),
     pytest.param(Case(init=False), id="4-per-CTA_no-init"),
@@ -405,52 +281,30 @@ SPC_CASES = [
 ]
 
 
-def _spc_launches(monkeypatch) -> list[int]:
-    """Predict the makespan for one SM (then one CTA per P block and head walking the whole batch is the
-    shortest) and record each launch's choice."""
-    monkeypatch.delenv(tl_ssd.SPC_ENV, raising=False)
-    monkeypatch.setattr(tl_ssd, "sm_count", lambda dev: 1)
-    chosen, pick = [], tl_ssd.seqs_per_cta
-    monkeypatch.setattr(tl_ssd, "seqs_per_cta", lambda *a: chosen.append(pick(*a)) or chosen[-1])
-    return chosen
+def _one_sm(monkeypatch) -> list:
+    """Plan as for a device with one SM and record each launch's plan."""
+    from mate._tilelang import ssd_plan
+    from mate._tilelang.ssu_plan import Hardware
+
+    monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, 1))
+    plans, plan = [], ssd_plan.plan
+    monkeypatch.setattr(tl_ssd, "plan", lambda call, hw: plans.append(plan(call, hw)) or plans[-1])
+    return plans
 
 
 @pytest.mark.parametrize("case", SPC_CASES)
-def test_seqs_per_cta_matches_reference(case: Case, kind: str, monkeypatch):
-    chosen = _spc_launches(monkeypatch)
-    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "0")  # (the lean kernel as the other designs; prefetch: below)
-    test_kernels_match_reference(case, kind)
-    assert chosen and set(chosen) == {len(case.seqlens)}  # one CTA per (P block, head) walks the whole batch
+def test_seqs_per_cta_matches_reference(case: Case, monkeypatch):
+    plans = _one_sm(monkeypatch)
+    test_kernels_match_reference(case)
+    assert plans and {p.seqs_per_cta for p in plans} == {len(case.seqlens)}  # one CTA walks the whole batch
+    assert {p.scan.prefetch for p in plans} == {case.init}
 
 
-@pytest.mark.parametrize("prefetch", ["0", "1"], ids=["plain", "with-prefetch"])
-def test_seqs_per_cta_graph_replay_equals_eager(prefetch: str, monkeypatch):
-    """(the id with-prefetch puts the second case in the prefetch group of the session script too)"""
-    chosen = _spc_launches(monkeypatch)
-    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, prefetch)
+def test_seqs_per_cta_graph_replay_equals_eager(monkeypatch):
+    plans = _one_sm(monkeypatch)
     monkeypatch.setattr(sys.modules[__name__], "GRAPH_CASE", Case(seqlens=(1, 100, 300, 64), z=True))
-    with tl_ssd.using("lean"):
-        test_graph_replay_equals_eager("lean")
-    assert chosen and set(chosen) == {4}
-
-
-# The lean kernel asking L2 for the next sequence's entering state (``MATE_SSD_PREFETCH=1``, opt-in): the same
-# batches with one sequence per CTA (the prefetch beside the preload) and with the whole batch per CTA (beside
-# each in-loop opening); a hint, so the results must be those of the reference.
-@pytest.mark.parametrize("case", SPC_CASES)
-@pytest.mark.parametrize("spc", ["1", "16"], ids=["1-per-CTA", "batch-per-CTA"])
-def test_prefetch_matches_reference(case: Case, spc: str, monkeypatch):
-    from mate._tilelang.cache import CACHE
-
-    chosen = _spc_launches(monkeypatch)
-    monkeypatch.setenv(tl_ssd.SPC_ENV, spc)
-    monkeypatch.setenv(tl_ssd.PREFETCH_ENV, "1")
-    with tl_ssd.using("lean"):
-        test_kernels_match_reference(case, "lean")
-        key = tl_ssd.kernel_keys(normalized_call(case), "lean")[0]
-        build_fn = tl_ssd._fused_builder(key)
-        assert build_fn.tiles["prefetch"] is True and tl_ssd.cache_key(key, build_fn) in CACHE.kernels
-    assert set(chosen) == {1 if spc == "1" else len(case.seqlens)}
+    test_graph_replay_equals_eager()
+    assert plans and {(p.seqs_per_cta, p.scan.prefetch) for p in plans} == {(4, True)}
 
 
 def test_small_chunk_raises():
@@ -462,7 +316,7 @@ def test_small_chunk_raises():
 GRAPH_CASE = Case(seqlens=(1, 100, 300), z=True)
 
 
-def test_graph_replay_equals_eager(kind: str):
+def test_graph_replay_equals_eager():
     case = GRAPH_CASE
     kw = build(case)
     out = torch.empty_like(kw["x"])
@@ -495,7 +349,7 @@ def test_graph_replay_equals_eager(kind: str):
     assert torch.equal(states, ref_states)
 
 
-def test_steady_state_allocates_only_the_returned_states(kind: str):
+def test_steady_state_allocates_only_the_returned_states():
     case = Case(seqlens=(17, 300, 129), z=True)
     kw = build(case)
     out = torch.empty_like(kw["x"])

@@ -329,81 +329,29 @@ def test_packed(case):
     check(case)
 
 
-# The 2-byte-state options (MATE_SSU_BF16_*, docs/ssu-kernels.md "bf16 state: what the generated code shows"):
-# the same cases must pass with the other settings; the default setting (early narrowing, register caps 8 and 8,
-# 4 and 2 chunks per thread) is every other test of this file.
-BF16_OPTIONS = [
-    pytest.param(
-        {"pack_early": False, "min_blocks": 0, "packed_min_blocks": 0, "packed_per_thread": 4}, id="former-default"
-    ),
-    pytest.param({"per_thread": 8}, id="chunks8"),
-    pytest.param({"packed_min_blocks": 4, "packed_per_thread": 4}, id="sixth-session-packed"),
-]
-BF16_OPTION_CASES = [
-    pytest.param(Case(state=BF16, H=128, G=8, batch=8, rows_view=True), id="one-bf16-h128g8-b8-rowsview"),
-    pytest.param(Case(table="flat", dst=True, pad=0, idx=I64), id="one-dst-pad0"),
-    pytest.param(Case(state=F16, io=F16, H=16, G=1, N=64, batch=5), id="one-f16io16-n64"),
-    pytest.param(Case(paged="odd"), id="one-paged-odd-offset"),
-    pytest.param(Case(form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8), id="mtp-t6-h128"),
+# The kernel the planner picks for each 2-byte-state grid: the one-token kernel of small grids (at most 4 CTAs per
+# SM: no register cap, late narrowing) for batch-1/few-sequence calls, the capped one for large batches; both
+# forms must match the reference, and the spec recorded must be the one launched.
+SMALL_GRID_CASES = [
+    pytest.param(Case(state=BF16, H=128, G=8, batch=8, rows_view=True), True, id="one-bf16-h128g8-b8-rowsview"),
+    pytest.param(Case(state=BF16, H=128, G=8, batch=64), False, id="one-bf16-h128g8-b64"),
+    pytest.param(Case(table="flat", dst=True, pad=0, idx=I64), True, id="one-dst-pad0"),
+    pytest.param(Case(state=F16, io=F16, H=16, G=1, N=64, batch=5), True, id="one-f16io16-n64"),
+    pytest.param(Case(paged="odd"), True, id="one-paged-odd-offset"),
 ]
 
 
-@pytest.mark.parametrize("opts", BF16_OPTIONS)
-@pytest.mark.parametrize("case", BF16_OPTION_CASES)
-def test_bf16_state_options(case, opts, monkeypatch):
-    _check_with_options(case, opts, monkeypatch)
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(Case(form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8), id="mtp-t6"),
-        pytest.param(Case(form="packed", T=4, varlen=True, accepted=True, table="2d", dst=True, batch=9), id="varlen"),
-        pytest.param(Case(form="dense", T=5, table="flat", ibuf=True, disable=True, parent=True), id="sglang-parent"),
-    ],
-)
-def test_bf16_packed_without_register_cap(case, monkeypatch):
-    _check_with_options(case, {"packed_min_blocks": 0, "packed_per_thread": 4}, monkeypatch)
-
-
-def _tag(key) -> str:
-    """A kernel key's option tag without the PDL mark (MATE_SSU_PDL, tested on its own below)."""
-    return key[0].removesuffix(":pdl=1")
-
-
-# The one-token kernel of small grids (MATE_SSU_BF16_SMALL_GRID: without the register cap, narrowing late): by
-# default the batch-1/few-sequence cases above already take it and the large batches the capped kernel; here the
-# same 2-byte cases under "never" (every grid capped) and "always" (every grid small), checking which ran.
-@pytest.mark.parametrize("setting", [0, 64], ids=["never", "always"])
-@pytest.mark.parametrize("case", BF16_OPTION_CASES[:4] + [ONE[1], ONE[11]])
-def test_bf16_small_grid_setting(case, setting, monkeypatch):
+@pytest.mark.parametrize(("case", "small"), SMALL_GRID_CASES)
+def test_small_grid_choice(case, small, monkeypatch):
     import mate.mamba.ssu as mssu
     from mate._tilelang import ssu as tl_ssu
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)
-    monkeypatch.setattr(tl_ssu, "_SMALL_GRID", setting)
     before = set(tl_ssu._kernels)
     check(case)
-    want = tl_ssu._small_tag(tl_ssu._TAG_2B) if setting else tl_ssu._TAG_2B
-    launched = {k for k in tl_ssu._kernels if k[1]} - before  # (one-token keys compiled by this test)
-    assert all(_tag(k) == want for k in launched)
-    assert any(_tag(k) == want and k[1] for k in tl_ssu._kernels)
-
-
-# The packed kernel with the plain row reduction (MATE_SSU_TRANSPOSED_REDUCE=0: every row reduced on its own,
-# lane 0 writing every y); the default (the transposed reduction) is every other packed test of this file. The
-# one-token kernel always reduces plainly (every one-token test).
-@pytest.mark.parametrize("case", [PACKED[i] for i in (0, 2, 3, 6, 9, 13, 14, 18)])
-def test_plain_row_reduction(case, monkeypatch):
-    import mate.mamba.ssu as mssu
-    from mate._tilelang import ssu as tl_ssu
-
-    monkeypatch.setattr(mssu, "FAST_PATH", False)
-    monkeypatch.setattr(tl_ssu, "_TRANSPOSED", False)
-    before = set(tl_ssu._kernels)
-    check(case)
-    assert all(_tag(k).endswith(":tr=0") for k in set(tl_ssu._kernels) - before)
-    assert any(_tag(k).endswith(":tr=0") for k in tl_ssu._kernels)
+    launched = {s for s in tl_ssu._kernels if s.one_token} - before
+    tuned = {(s.pack_early, s.min_blocks) for s in launched}
+    assert tuned <= {(False, 0) if small else (True, 8)}
 
 
 # Programmatic dependent launch (MATE_SSU_PDL, off by default): the grid above runs the build without it; the PDL
@@ -413,25 +361,28 @@ def test_plain_row_reduction(case, monkeypatch):
 PDL_CASES = [ONE[1], ONE[3], ONE[21], PACKED[2], PACKED[18]]
 
 
-def test_pdl_is_off_by_default_and_auto_takes_it_here(monkeypatch):
-    from mate._tilelang import ssu as tl_ssu
+def test_pdl_is_off_by_default_and_auto_takes_it_here():
+    from mate import settings
+    from mate._tilelang.ssu_plan import hardware, pdl_for_capability
 
-    assert tl_ssu._PDL is False and tl_ssu.pdl_for(torch.device("cuda")) is False
-    monkeypatch.setattr(tl_ssu, "_PDL", None)
-    assert tl_ssu.pdl_for(torch.device("cuda")) is True
+    hw = hardware(torch.device("cuda"))
+    assert pdl_for_capability(hw.kind, hw.major) is False
+    with settings.override(MATE_SSU_PDL="auto"):
+        assert pdl_for_capability(hw.kind, hw.major) is True
 
 
 @pytest.mark.parametrize("case", PDL_CASES)
 def test_pdl_setting(case, monkeypatch):
     import mate.mamba.ssu as mssu
+    from mate import settings
     from mate._tilelang import ssu as tl_ssu
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)
-    monkeypatch.setattr(tl_ssu, "_PDL", True)
     before = set(tl_ssu._kernels)
-    check(case)
+    with settings.override(MATE_SSU_PDL="1"):
+        check(case)
     new = set(tl_ssu._kernels) - before
-    assert new and all(k[0].endswith(":pdl=1") for k in new)
+    assert new and all(s.pdl for s in new)
 
 
 @pytest.mark.parametrize(
@@ -444,76 +395,38 @@ def test_pdl_setting(case, monkeypatch):
 )
 def test_pdl_chain_in_graph_equals_eager(case, monkeypatch):
     import mate.mamba.ssu as mssu
+    from mate import settings
     from mate._tilelang import ssu as tl_ssu
     from mate.mamba import selective_state_update
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)
     steps = 4
-    monkeypatch.setattr(tl_ssu, "_PDL", False)
     kw_e, own_e, _ = build(case, 1)
     ys_e = [selective_state_update(**kw_e, backend="tilelang").clone() for _ in range(steps)]
     torch.cuda.synchronize()
-    monkeypatch.setattr(tl_ssu, "_PDL", True)
-    kw_g, own_g, _ = build(case, 1)
-    selective_state_update(**build(case, 2)[0], backend="tilelang")  # compile outside capture
-    outs = [torch.empty_like(kw_g["x"]) for _ in range(steps)]
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for out in outs:
-            selective_state_update(**{**kw_g, "out": out}, backend="tilelang")
+    with settings.override(MATE_SSU_PDL="1"):
+        kw_g, own_g, _ = build(case, 1)
+        selective_state_update(**build(case, 2)[0], backend="tilelang")  # compile outside capture
+        outs = [torch.empty_like(kw_g["x"]) for _ in range(steps)]
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for out in outs:
+                selective_state_update(**{**kw_g, "out": out}, backend="tilelang")
     g.replay()
     torch.cuda.synchronize()
-    assert any(k[0].endswith(":pdl=1") for k in tl_ssu._kernels)
+    assert any(s.pdl for s in tl_ssu._kernels)
     for i in range(steps):
         _close(f"y of call {i}", outs[i], ys_e[i], 1e-5)
     _close("pool after the chain", own_g["pool"], own_e["pool"], 1e-5)
-
-
-def _check_with_options(case, opts, monkeypatch, f32: bool = False):
-    import mate.mamba.ssu as mssu
-    from mate._tilelang import ssu as tl_ssu
-
-    monkeypatch.setattr(mssu, "FAST_PATH", False)  # recipes keep the kernels they were built with
-    prev = tl_ssu.set_f32_options(opts) if f32 else tl_ssu.set_bf16_options(opts)
-    try:
-        tag = tl_ssu._TAG_F32 if f32 else tl_ssu._TAG_2B
-        assert tag != "ssu"
-        check(case)
-        assert any(_tag(k) == tag for k in tl_ssu._kernels), "the option's kernel was not the one launched"
-    finally:
-        if f32:
-            tl_ssu._TAG_F32 = prev
-        else:
-            tl_ssu._TAG_2B = prev
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            Case(state=F32, form="packed", T=6, accepted=True, table="2d", dst=True, H=128, G=8, batch=8),
-            id="mtp-t6-f32",
-        ),
-        pytest.param(
-            Case(state=F32, form="dense", T=5, table="flat", ibuf=True, disable=True, parent=True),
-            id="sglang-parent-f32",
-        ),
-    ],
-)
-def test_f32_packed_register_cap(case, monkeypatch):
-    """The fp32 packed kernel without its default 6-CTA register cap (MATE_SSU_F32_PACKED_MIN_BLOCKS=0) and with
-    a 5-CTA one computes the same results (the default is covered by every other fp32 test)."""
-    for cap in (0, 5):
-        _check_with_options(case, {"packed_min_blocks": cap}, monkeypatch, f32=True)
 
 
 def test_one_token_kernel_chosen_by_shape():
     from mate._tilelang import ssu as tl_ssu
 
     check(Case())
-    assert any(k[1] is True for k in tl_ssu._kernels)
+    assert any(s.one_token for s in tl_ssu._kernels)
     check(Case(form="packed", T=2, accepted=True, table="2d", dst=True))
-    assert any(k[1] is False for k in tl_ssu._kernels)
+    assert any(not s.one_token for s in tl_ssu._kernels)
 
 
 # ----------------------------------------------------------------------------- graphs, allocations, syncs
@@ -608,6 +521,7 @@ def test_compile_during_capture_raises_prewarm_error():
 
 def test_prewarm_then_capture():
     from mate._tilelang import ssu as tl_ssu
+    from mate._tilelang.ssu_plan import serving_specs
     from mate.mamba import prewarm_selective_state_update, selective_state_update
 
     c = Case(H=6, G=3, P=64, N=64, batch=3, form="packed", T=3, accepted=True, table="2d", dst=True)
@@ -615,11 +529,11 @@ def test_prewarm_then_capture():
         state_dtype=c.state, io_dtype=c.io, batch=3, heads=6, dim=64, dstate=64, groups=3, slot_dtype=I32,
         packed=True, meta_dtype=I32, dt_dim=1,
     )  # fmt: skip
-    keys = tl_ssu.prewarm_keys(
+    specs = serving_specs(
         state_dtype=c.state, io_dtype=c.io, heads=6, dim=64, dstate=64, groups=3, slot_dtype=I32, packed=True,
-        meta_dtype=I32, tie_hdim=True, pdl=tl_ssu.pdl_for(torch.device("cuda")),
+        meta_dtype=I32, tie_hdim=True, pdl=False,
     )  # fmt: skip
-    assert all(k in tl_ssu._kernels for k in keys)
+    assert all(s in tl_ssu._kernels for s in specs)
     kw, _, _ = build(c, 6)
     out = torch.empty_like(kw["x"])
     g = torch.cuda.CUDAGraph()

@@ -180,5 +180,3 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
     rec.base_spec = spec
     rec.kernels = {vflags: direct_callable(kernel(spec, rec.device))}
     return rec
-
-
