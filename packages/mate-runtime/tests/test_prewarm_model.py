@@ -70,11 +70,12 @@ def test_dry_run_lists_every_kernel(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "per rank heads 64, groups 4" in out
     assert "ssu one-token" in out and "ssu packed (MTP 5 + 1)" in out
-    # the default (lean) design: the fused kernel fed by the dt pre-pass, final and intermediate states; the
-    # pre-pass computes the runs table (final states returned or into a pool), so no runs kernel
-    assert "ssd lean" in out and "ssd lean intermediate" in out and "ssd runs" not in out
-    assert "ssd dt pre-pass with the runs table\n" in out or "ssd dt pre-pass with the runs table " in out
-    assert "ssd dt pre-pass with the runs table pool" in out
+    # the chunk scan (final and intermediate states, each with and without the L2 prefetch) fed by the dt pre-pass,
+    # which also computes the runs table (final states returned or written into a pool)
+    for label in ("ssd chunk scan\n", "ssd chunk scan L2 prefetch\n", "ssd chunk scan intermediate\n",
+                  "ssd chunk scan intermediate L2 prefetch\n", "ssd dt pre-pass\n",
+                  "ssd dt pre-pass (final states into a pool)\n"):  # fmt: skip
+        assert label in out, label
     assert "(dry run: nothing compiled)" in out
 
 
@@ -97,6 +98,6 @@ def test_compile_only_for_sm90a(tmp_path, capsys):
              "n_groups": 1, "chunk_size": 64}  # fmt: skip
     assert main([write(tmp_path, small), "--target", "sm_90a"]) == 0
     out = capsys.readouterr().out
-    # 4 SSU; 4 lean fused (final / intermediate states, each with and without the L2 prefetch); 2 dt pre-passes with
-    # the runs table (returned states, a pool by index)
+    # 4 SSU; 4 chunk scans (final / intermediate states, each with and without the L2 prefetch); 2 dt pre-passes
+    # (final states returned, written into a pool by index)
     assert "compiled 10/10 kernels" in out, out
