@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import math
 import re
 import shutil
 
@@ -181,13 +180,12 @@ def async_wgmma_problems(src: str) -> list[str]:
     return problems
 
 
-def _spec(*, H, G, P, N, L, has_D=True, softplus=True, lo=0.0, hi=math.inf, D_per_dim=False, prefetch=False):
+def _spec(*, H, G, P, N, L, has_D=True, D_per_dim=False, prefetch=False):
     from mate._tilelang.ssd_plan import scan_spec
 
     return scan_spec(
-        H=H, G=G, P=P, N=N, L=L, io="bfloat16", dt="float32", dtb="float32", D="float32", D_per_dim=D_per_dim,
-        cu="int32", softplus=softplus, lo=lo, hi=hi, has_dtb=True, has_D=has_D, state="float32", init="float32",
-        sq="int32", intermediate=False, prefetch=prefetch,
+        H=H, G=G, P=P, N=N, L=L, io="bfloat16", D="float32", D_per_dim=D_per_dim, cu="int32", has_D=has_D,
+        state="float32", init="float32", sq="int32", intermediate=False, prefetch=prefetch,
     )  # fmt: skip
 
 
@@ -204,7 +202,7 @@ FALCON = dict(H=8, G=1, P=128, N=256, L=256)  # 64-token tiles, scores in shared
 KERNELS = [
     pytest.param(dict(SMALL), id="c128"),
     pytest.param(dict(SMALL, has_D=False), id="no-D"),
-    pytest.param(dict(SMALL, has_D=False, softplus=False, lo=0.02, hi=0.15), id="no-D_dt-limit"),
+    pytest.param(dict(SMALL, D_per_dim=True), id="D-per-dim"),
     pytest.param(dict(FALCON), id="tile64_P128_N256"),
     pytest.param(dict(SMALL, P=80), id="narrow-P80"),  # the K-major tiling: GEMMs waited one by one
     pytest.param(dict(SMALL, prefetch=True), id="prefetch"),  # the L2 prefetch of the next entering state

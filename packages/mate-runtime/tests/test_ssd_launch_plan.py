@@ -115,20 +115,21 @@ def test_specs_follow_the_call():
     assert same == base
     # D per (head, dim), dt_limit, intermediate states, the pool's dtype are compile-time
     assert specs(_call(D=torch.zeros(4, 64), dt_bias=torch.zeros(4), dt_softplus=True))[0] != base
+    # the dt options shape the pre-pass only: the scan reads the dt' it wrote
     lim, dlim = specs(_call(dt_limit=(0.01, 0.2)))
-    assert (lim.dt_min, lim.dt_max) == (0.01, 0.2) == (dlim.dt_min, dlim.dt_max)
+    assert (dlim.dt_min, dlim.dt_max) == (0.01, 0.2) and lim == specs(_call())[0]
     assert specs(_call(return_intermediate_states=True))[0].intermediate is True
     pool = torch.zeros(6, 4, 64, 128, dtype=torch.float16)
     k, d = specs(_call(final_states_out=pool, final_state_indices=torch.tensor([3, 1], dtype=torch.int64)))
     assert k.state_dtype == "float16" and (d.fsi_dtype, d.use_final_indices) == ("int64", True)
-    assert math.isinf(base.dt_max)
+    assert math.isinf(dt.dt_max) and (dt.has_dt_bias, dt.dt_softplus) == (True, True)
 
 
 def test_dt_spec_mirrors_the_scan():
     scan, dt = specs(_call(dt_bias=torch.zeros(4), dt_softplus=True, dt_limit=(0.01, 0.2)))
-    for field in ("heads", "chunk_size", "block_L", "dt_dtype", "dt_bias_dtype", "cu_dtype", "seq_idx_dtype",
-                  "has_dt_bias", "dt_softplus", "dt_min", "dt_max"):  # fmt: skip
+    for field in ("heads", "chunk_size", "block_L", "cu_dtype", "seq_idx_dtype"):
         assert getattr(dt, field) == getattr(scan, field), field
+    assert (dt.dt_dtype, dt.has_dt_bias, dt.dt_softplus, dt.dt_min, dt.dt_max) == ("float32", True, True, 0.01, 0.2)
 
 
 @pytest.mark.parametrize(("heads", "hb"), [(128, 8), (24, 8), (12, 4), (6, 2), (3, 1)])
@@ -192,7 +193,7 @@ def test_launcher_runs_the_pre_pass_then_the_scan(monkeypatch, pool):
     launched = _launch(monkeypatch, call, 132)
     assert [s.factory for s, _ in launched] == ["ssd_dt_kernel", "ssd_fused_kernel"]
     (dt, dt_args), (scan, scan_args) = launched
-    assert len(dt_args) == 11 and len(scan_args) == 18
+    assert len(dt_args) == 11 and len(scan_args) == 15
     assert (dt, scan) == (ssd_plan.plan(call, H200).dt, ssd_plan.plan(call, H200).scan)
     assert dt.use_final_indices is pool
 
@@ -203,7 +204,7 @@ def test_seqs_per_cta_launches_a_bounds_view(monkeypatch, sms, stride):
     bounds[batch]); the same spec for every k (nothing more to compile)."""
     launched = _launch(monkeypatch, _call(), sms)
     (dt, dt_args), (scan, args) = launched
-    bounds, full = args[7], dt_args[9]
+    bounds, full = args[5], dt_args[9]
     assert bounds.stride(0) == stride and bounds.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
     assert bounds.shape[0] == 2 // stride + 1 and full.shape[0] == 3
     assert scan == ssd_plan.plan(_call(), H200).scan

@@ -110,7 +110,8 @@ class SSUSpec(KernelSpec):
 
 @dataclass(frozen=True)
 class SSDScanSpec(KernelSpec):
-    """``mate_kernels.ssd.ssd_fused_kernel``: the chunk scan (state carried across chunks in registers)."""
+    """``mate_kernels.ssd.ssd_fused_kernel``: the chunk scan (state carried across chunks in registers). It reads
+    dt' and the decay factors the pre-pass wrote, so the dt options live in :class:`SSDDtSpec` alone."""
 
     module: ClassVar[str] = "mate_kernels.ssd"
     factory: ClassVar[str] = "ssd_fused_kernel"
@@ -124,15 +125,9 @@ class SSDScanSpec(KernelSpec):
     io_dtype: str
     state_dtype: str
     init_dtype: str
-    dt_dtype: str
-    dt_bias_dtype: str
     D_dtype: str
     cu_dtype: str
     seq_idx_dtype: str
-    has_dt_bias: bool
-    dt_softplus: bool
-    dt_min: float
-    dt_max: float
     has_D: bool
     D_per_dim: bool
     intermediate: bool

@@ -8,15 +8,13 @@ host: the call captures into a CUDA graph once its kernels are compiled (``prewa
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .._device import is_accelerator
 from ..mamba._ssd_call import SSDCall
 from .cache import CACHE
 from .specs import KernelSpec
-from .ssd_plan import _check_supported, dt_spec, plan, scan_spec, serving_specs, tiles
+from .ssd_plan import VLLM_DT, _check_supported, dt_spec, plan, scan_spec, serving_specs, tiles
 from .ssu_plan import PLANNING_DEFAULT, hardware
 from .workspace import WORKSPACE
 
@@ -109,7 +107,7 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     # k sequences per CTA: every k-th run bound (k divides the batch, so the view ends on bounds[batch])
     spc = p.seqs_per_cta
     bounds_k = bounds[::spc] if spc > 1 else bounds
-    scan(x, dt, A, B, C, cu, seq_idx, bounds_k, dest, dt_bias, D, z, init, out, st, dtA, tmeta, flags)
+    scan(x, B, C, cu, seq_idx, bounds_k, dest, D, z, init, out, st, dtA, tmeta, flags)
     if out is not call.out:
         call.out.copy_(out)
     if staged_states:
@@ -150,20 +148,21 @@ def compile_grid() -> list[KernelSpec]:
     specs: list[KernelSpec] = []
     for H, G, P, N, L, io, state, inter, dpd, prefetch in grid:
         specs.append(scan_spec(
-            H=H, G=G, P=P, N=N, L=L, io=io, state=state, init=state, dt="float32", dtb="float32", D="float32",
-            D_per_dim=dpd, cu="int32", sq="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True, has_D=True,
-            intermediate=inter, prefetch=prefetch,
+            H=H, G=G, P=P, N=N, L=L, io=io, state=state, init=state, D="float32", D_per_dim=dpd, cu="int32",
+            sq="int32", has_D=True, intermediate=inter, prefetch=prefetch,
         ))  # fmt: skip
     for i, (last, fsi, use_fsi) in ((0, ("int32", "int32", False)), (1, ("int32", "int64", True)),
                                     (5, ("int32", "int32", False)), (6, ("int32", "int32", True))):  # fmt: skip
-        specs.append(dt_spec(specs[i], last=last, fsi=fsi, use_fsi=use_fsi))
+        specs.append(dt_spec(specs[i], dt="float32", **VLLM_DT, last=last, fsi=fsi, use_fsi=use_fsi))
     # one head per CTA (odd head counts per rank)
     odd = scan_spec(
-        H=3, G=1, P=64, N=128, L=256, io="bfloat16", state="float32", init="float32", dt="float32", dtb="float32",
-        D="float32", D_per_dim=False, cu="int32", sq="int32", softplus=True, lo=0.0, hi=math.inf, has_dtb=True,
-        has_D=True, intermediate=False,
+        H=3, G=1, P=64, N=128, L=256, io="bfloat16", state="float32", init="float32", D="float32", D_per_dim=False,
+        cu="int32", sq="int32", has_D=True, intermediate=False,
     )  # fmt: skip
-    specs.append(dt_spec(odd, last="int32", fsi="int32", use_fsi=False))
+    specs.append(dt_spec(odd, dt="float32", **VLLM_DT, last="int32", fsi="int32", use_fsi=False))
+    # dt options away from vLLM's: no softplus, no bias, a dt limit, bf16 dt
+    limited = dict(dt="bfloat16", dtb="float32", has_dtb=False, softplus=False, lo=0.02, hi=0.15)
+    specs.append(dt_spec(specs[0], **limited, last="int32", fsi="int32", use_fsi=False))
     return specs
 
 

@@ -139,26 +139,26 @@ def wants_prefetch(spc: int, has_initial_states: bool) -> bool:
     return spc > 1 and has_initial_states
 
 
-def scan_spec(*, H, G, P, N, L, io, state, init, dt, dtb, D, D_per_dim, cu, sq, softplus, lo, hi, has_dtb, has_D,
-              intermediate, prefetch=False) -> SSDScanSpec:  # fmt: skip
+def scan_spec(*, H, G, P, N, L, io, state, init, D, D_per_dim, cu, sq, has_D, intermediate,
+              prefetch=False) -> SSDScanSpec:  # fmt: skip
     """The scan kernel's spec (dtype names in; the tile from :func:`tiles`)."""
     t = tiles(P, N, L, getattr(torch, io))
     return SSDScanSpec(
         heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
-        dt_dtype=dt, dt_bias_dtype=dtb, D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_dt_bias=has_dtb,
-        dt_softplus=softplus, dt_min=lo, dt_max=hi, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
+        D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
         block_P=t.block_P, block_L=t.block_L, num_stages=NUM_STAGES, scores_in_shared=t.scores_in_shared,
         narrow_p=t.narrow_p, prefetch=prefetch,
     )  # fmt: skip
 
 
-def dt_spec(scan: SSDScanSpec, *, last: str, fsi: str, use_fsi: bool) -> SSDDtSpec:
-    """The pre-pass feeding ``scan`` (its heads, chunk, tile and dt options), with the runs table's index dtypes."""
+def dt_spec(scan: SSDScanSpec, *, dt, dtb, has_dtb, softplus, lo, hi, last, fsi, use_fsi) -> SSDDtSpec:
+    """The pre-pass feeding ``scan`` (its heads, chunk, tile and index dtypes), with the call's dt options and the
+    runs table's index dtypes."""
     return SSDDtSpec(
-        heads=scan.heads, chunk_size=scan.chunk_size, block_L=scan.block_L, dt_dtype=scan.dt_dtype,
-        dt_bias_dtype=scan.dt_bias_dtype, cu_dtype=scan.cu_dtype, seq_idx_dtype=scan.seq_idx_dtype,
-        has_dt_bias=scan.has_dt_bias, dt_softplus=scan.dt_softplus, dt_min=scan.dt_min, dt_max=scan.dt_max,
-        heads_per_cta=dt_heads_per_cta(scan.heads), last_dtype=last, fsi_dtype=fsi, use_final_indices=use_fsi,
+        heads=scan.heads, chunk_size=scan.chunk_size, block_L=scan.block_L, dt_dtype=dt, dt_bias_dtype=dtb,
+        cu_dtype=scan.cu_dtype, seq_idx_dtype=scan.seq_idx_dtype, has_dt_bias=has_dtb, dt_softplus=softplus,
+        dt_min=lo, dt_max=hi, heads_per_cta=dt_heads_per_cta(scan.heads), last_dtype=last, fsi_dtype=fsi,
+        use_final_indices=use_fsi,
     )  # fmt: skip
 
 
@@ -197,18 +197,16 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
     if specs is None:
         base = scan_spec(
             H=call.heads, G=call.groups, P=call.dim, N=call.dstate, L=call.chunk_size, io=n[call.x.dtype],
-            state=n[state_dt], init=n[init_dt], dt=n[call.dt.dtype],
-            dtb=n[call.dt_bias.dtype] if call.dt_bias is not None else "float32",
-            D=n[call.D.dtype] if call.D is not None else "float32", D_per_dim=not call.D_tied,
-            cu=n[call.cu_chunk_seqlens.dtype], sq=n[call.seq_idx.dtype], softplus=call.dt_softplus,
-            lo=float(call.dt_limit[0]), hi=float(call.dt_limit[1]), has_dtb=call.dt_bias is not None,
+            state=n[state_dt], init=n[init_dt], D=n[call.D.dtype] if call.D is not None else "float32",
+            D_per_dim=not call.D_tied, cu=n[call.cu_chunk_seqlens.dtype], sq=n[call.seq_idx.dtype],
             has_D=call.D is not None, intermediate=call.return_intermediate_states,
         )  # fmt: skip
-        specs = _PLANS[static] = (
-            base,
-            _with_prefetch(base),
-            dt_spec(base, last=n[call.last_chunk_indices.dtype], fsi=n[fsi_dt], use_fsi=use_fsi),
-        )
+        dt = dt_spec(
+            base, dt=n[call.dt.dtype], dtb=n[call.dt_bias.dtype] if call.dt_bias is not None else "float32",
+            has_dtb=call.dt_bias is not None, softplus=call.dt_softplus, lo=float(call.dt_limit[0]),
+            hi=float(call.dt_limit[1]), last=n[call.last_chunk_indices.dtype], fsi=n[fsi_dt], use_fsi=use_fsi,
+        )  # fmt: skip
+        specs = _PLANS[static] = (base, _with_prefetch(base), dt)
     base, prefetching, dt = specs
     mean_tiles = max(1, -(-call.tokens // (call.batch * base.block_L)))
     spc = seqs_per_cta(call.batch, call.heads * (call.dim // base.block_P), hw.sms, mean_tiles)
@@ -222,21 +220,25 @@ def _with_prefetch(spec: SSDScanSpec) -> SSDScanSpec:
     return dataclasses.replace(spec, prefetch=True)
 
 
+# The dt options vLLM's mixer passes (dt_softplus, a fp32 dt_bias, the default dt_limit).
+VLLM_DT = dict(dtb="float32", has_dtb=True, softplus=True, lo=0.0, hi=math.inf)
+
+
 def serving_specs(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype) -> list:
-    """The kernels a served model uses: vLLM's flags (dt_softplus, dt_bias, per-head D, default dt_limit, int32
-    tables), final states returned or written into a pool by index, intermediate states, init in the state dtype,
-    the scan with and without the prefetch."""
+    """The kernels a served model uses: vLLM's flags (:data:`VLLM_DT`, per-head D, int32 tables), final states
+    returned or written into a pool by index, intermediate states, init in the state dtype, the scan with and
+    without the prefetch."""
     io, state = DTYPE_NAMES[io_dtype], DTYPE_NAMES[state_dtype]
     specs = []
     for intermediate in (False, True):
         base = scan_spec(
-            H=heads, G=groups, P=dim, N=dstate, L=chunk_size, io=io, state=state, init=state,
-            dt=DTYPE_NAMES[dt_dtype], dtb="float32", D="float32", D_per_dim=False, cu="int32", sq="int32",
-            softplus=True, lo=0.0, hi=math.inf, has_dtb=True, has_D=True, intermediate=intermediate,
+            H=heads, G=groups, P=dim, N=dstate, L=chunk_size, io=io, state=state, init=state, D="float32",
+            D_per_dim=False, cu="int32", sq="int32", has_D=True, intermediate=intermediate,
         )  # fmt: skip
         specs += [base, _with_prefetch(base)]
     for use_fsi in (False, True):
-        specs.append(dt_spec(specs[0], last="int32", fsi="int32", use_fsi=use_fsi))
+        dt = DTYPE_NAMES[dt_dtype]
+        specs.append(dt_spec(specs[0], dt=dt, **VLLM_DT, last="int32", fsi="int32", use_fsi=use_fsi))
     return specs
 
 
