@@ -88,18 +88,23 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
     )
 
 
+def mate_args(w, L) -> tuple[tuple, dict]:
+    """(args, kwargs) of MATE's call on window ``w``: ``ssd_combined_fwd_varlen(*args, **kwargs)``, or
+    ``plan_ssd_combined_fwd_varlen(*args, **kwargs)`` for the kernels it runs."""
+    m = w["meta"]
+    args = (w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
+            m.seq_idx, w["out"], w["D"], None, w["dt_bias"])  # fmt: skip
+    return args, dict(dt_softplus=True, initial_states=w["init"], state_dtype=torch.float32)
+
+
 def mate_fn(w, L):
     """MATE's call on window ``w`` (the kernels its planner picks for the call)."""
     from ..mamba import ssd_combined_fwd_varlen
 
-    m = w["meta"]
+    args, kwargs = mate_args(w, L)
 
     def fn():
-        return ssd_combined_fwd_varlen(
-            w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
-            m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True, initial_states=w["init"],
-            state_dtype=torch.float32, backend="tilelang",
-        )  # fmt: skip
+        return ssd_combined_fwd_varlen(*args, **kwargs, backend="tilelang")
 
     return fn
 
