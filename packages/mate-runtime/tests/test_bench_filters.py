@@ -20,7 +20,8 @@ bench_ssu = pytest.importorskip("mate.bench.ssu")
         pytest.param(["--batches", "3x1000"], "--batches", id="unknown-batch"),
         pytest.param(["--impls", "mate-lean"], "--impls", id="deleted-design"),
         pytest.param(["--impls", "mate-lean+overlap,vllm"], "--impls", id="deleted-option"),
-        pytest.param(["--impls", ""], "--impls", id="empty-impls"),
+        pytest.param(["--impls", "mate,triton"], "--impls", id="unknown-peer"),
+        pytest.param(["--impls", ","], "--impls", id="empty-impls"),
     ],
 )
 def test_ssd_rejects_unknown_names_in_one_line(capsys, argv, names):
