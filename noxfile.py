@@ -7,8 +7,8 @@
     nox -s build      wheel + sdist of every package into dist/, installed into a fresh venv and imported
     nox -s demo       `mate demo`: a Mamba2 layer's prefill + decode + MTP, checked against a recurrence
 
-torch is always pinned and installed first: an unpinned `torch` from PyPI is a multi-GB CUDA build, and a
-package installed before it could pull one in as a dependency.
+torch is always pinned and installed first (with numpy, which torch warns without): an unpinned `torch` from
+PyPI is a multi-GB CUDA build, and a package installed before it could pull one in as a dependency.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ TORCH = "torch==2.13.0"
 TILELANG = "tilelang==0.1.15"
 RUFF = "ruff==0.17.6"
 PYTEST = "pytest>=8"
+NUMPY = "numpy"  # beside torch wherever torch is installed: torch warns at import without it
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
@@ -51,7 +52,8 @@ def constraints(session: nox.Session) -> str:
 
 
 def install_torch(session: nox.Session) -> None:
-    session.install(TORCH)
+    """The pinned torch, and numpy with it (torch prints a NumPy warning at import without it)."""
+    session.install(TORCH, NUMPY)
 
 
 def install_packages(session: nox.Session) -> None:
@@ -81,7 +83,7 @@ def cuda_env() -> dict[str, str]:
 def tests(session: nox.Session) -> None:
     """CPU tests of every package, one pytest run per package (tests sit with the package they test)."""
     install_torch(session)
-    session.install("-c", constraints(session), PYTEST, "numpy")  # numpy: torch warns without it
+    session.install("-c", constraints(session), PYTEST)
     install_packages(session)
     if any(os.path.exists(a) for a in session.posargs):  # explicit test paths: one run over exactly those
         session.run("pytest", "-m", "not gpu", *session.posargs)
@@ -145,7 +147,7 @@ def build(session: nox.Session) -> None:
     shutil.rmtree(venv, ignore_errors=True)
     session.run("python", "-m", "venv", str(venv))
     py = str(venv / "bin" / "python")
-    session.run(py, "-m", "pip", "install", "-q", TORCH, external=True)
+    session.run(py, "-m", "pip", "install", "-q", TORCH, NUMPY, external=True)
     session.run(py, "-m", "pip", "install", "-q", "-c", constraints(session), *map(str, wheels), external=True)
 
     modules = ["mate", "mate.mamba", "mate.cli"]

@@ -1,8 +1,10 @@
-"""The ``mate`` command line: info, the CPU demo (and that it fails when the numbers are wrong), and the
-wiring of the subcommands that hand their arguments to other modules."""
+"""The ``mate`` command line: --version, info (with the settings table), the CPU demo (and that it fails when
+the numbers are wrong), help text for every option, and the wiring of the subcommands that hand their arguments
+to other modules."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import pathlib
@@ -38,15 +40,54 @@ def test_info_reports_versions_device_backends_and_cache(capsys):
         assert "not usable: no CUDA or MUSA device" in out
 
 
-def test_info_lists_the_mate_settings_in_force(capsys, monkeypatch):
+def test_info_prints_the_settings_table(capsys, monkeypatch):
+    from mate import settings
+
     for k in [k for k in os.environ if k.startswith("MATE_")]:
         monkeypatch.delenv(k)
     assert cli.main(["info"]) == 0
-    assert "defaults (no MATE_* variable set)" in capsys.readouterr().out
-    monkeypatch.setenv("MATE_SSD_KERNEL", "lean")
-    monkeypatch.setenv("MATE_SSD_BLOCK_L", "64")
+    out = capsys.readouterr().out
+    assert "settings (environment variables" in out
+    for name, setting in settings.SETTINGS.items():
+        assert f"{name}={setting.default} (default)" in out
+    assert " ".join(settings.SETTINGS["MATE_SSU_PDL"].help.split()) in " ".join(out.split())
+    assert "not a MATE setting" not in out
+    monkeypatch.setenv("MATE_SSU_PDL", "auto")
+    monkeypatch.setenv("MATE_SSD_KERNEL", "lean")  # an option MATE no longer reads
     assert cli.main(["info"]) == 0
-    assert "MATE_SSD_BLOCK_L=64, MATE_SSD_KERNEL=lean" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "MATE_SSU_PDL=auto (set)" in out
+    assert "MATE_SSD_KERNEL=lean: not a MATE setting, ignored" in out
+
+
+def test_info_reports_a_malformed_setting_without_failing(capsys, monkeypatch):
+    monkeypatch.setenv("MATE_FLASHINFER_COMPAT", "sometimes")
+    assert cli.main(["info"]) == 0
+    assert "MATE_FLASHINFER_COMPAT=invalid (" in capsys.readouterr().out
+
+
+def test_version(capsys):
+    import mate
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mate {mate.__version__}"
+
+
+def test_every_option_has_help_text():
+    parser = cli.build_parser()
+    parsers = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            parsers += list(action.choices.values())
+            assert {a.dest for a in action._choices_actions} == set(action.choices)
+            assert all(a.help for a in action._choices_actions)
+    for p in parsers:
+        for action in p._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                assert action.help, (p.prog, action.option_strings or action.dest)
+        assert "``" not in p.format_help()
 
 
 def test_info_reports_missing_tilelang_cleanly(capsys, monkeypatch):
@@ -181,5 +222,7 @@ def test_console_script_and_python_m():
     assert scripts.strip() == 'mate = "mate.cli:main"'
     proc = subprocess.run([sys.executable, "-m", "mate", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for command in ("info", "demo", "bench", "prewarm"):
+    for command in ("info", "demo", "bench", "prewarm", "--version"):
         assert command in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "mate", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("mate "), proc.stderr

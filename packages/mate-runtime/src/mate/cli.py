@@ -1,6 +1,8 @@
 """The ``mate`` command line.
 
-- ``mate info``: versions (MATE, torch, TileLang), the device, which backends are usable, the kernel cache.
+- ``mate --version``: the MATE version.
+- ``mate info``: versions (MATE, torch, TileLang), the device, which backends are usable, the kernel cache, and
+  every setting (``mate.settings``) with its value in force.
 - ``mate demo``: one Mamba2 layer's worth of work on a Nemotron-like shape (prefill of a ragged batch through
   ``ssd_combined_fwd_varlen``, decode steps and one MTP step through ``selective_state_update``), checked
   against a plain token-by-token recurrence written here, independently of the reference backend.
@@ -20,6 +22,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -118,14 +121,30 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("backend tilelang", f"usable on {device} (target {tilelang_target(device)})"))
     rows.append(("backend auto", "tilelang" if not reasons else "torch"))
     rows.append(("kernel cache", cache_dir()))
-    # the kernel designs and tuning options in force (docs/ssd-kernels.md says what each was measured at)
-    settings = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MATE_")]
-    rows.append(("settings", ", ".join(settings) if settings else "defaults (no MATE_* variable set)"))
 
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    print()
+    print(settings_table())
     return 0
+
+
+def settings_table(environ=None) -> str:
+    """Every setting of :mod:`mate.settings` with the value in force and what it does, then any other
+    ``MATE_*`` variable of the environment (MATE does not read it: a misspelling, or an option since removed)."""
+    from . import settings
+
+    environ = os.environ if environ is None else environ
+    lines = ["settings (environment variables, read once per process; mate.settings):"]
+    for name, value, text in settings.describe():
+        origin = "set" if (environ.get(name) or "").strip() else "default"
+        lines.append(f"  {name}={value} ({origin})")
+        lines += textwrap.wrap(text, 108, initial_indent="      ", subsequent_indent="      ")
+    unknown = sorted(k for k in environ if k.startswith("MATE_") and k not in settings.SETTINGS)
+    for name in unknown:
+        lines.append(f"  {name}={environ[name]}: not a MATE setting, ignored")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------- demo
@@ -467,10 +486,18 @@ def run_module_main(module: str, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="mate", description="MATE: Mamba2 state-space kernels in TileLang.")
+    p.add_argument("--version", action="version", version=f"mate {__version__}", help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    info = sub.add_parser("info", help="versions, device, usable backends, kernel cache location")
+    info = sub.add_parser(
+        "info",
+        help="versions, device, usable backends, kernel cache location and the settings in force",
+        description="Versions of MATE, torch and TileLang, the device, which backends are usable, the kernel "
+        "cache location, and every MATE_* setting with its value and what it does.",
+    )
     info.set_defaults(func=cmd_info)
 
     demo = sub.add_parser(
@@ -482,25 +509,34 @@ def build_parser() -> argparse.ArgumentParser:
         "an error is above tolerance.",
     )
     demo.add_argument("--device", default="auto", help="auto (a CUDA/MUSA device when visible, else cpu), cpu, cuda")
-    demo.add_argument("--backend", default="auto", choices=("auto", "tilelang", "torch"))
+    demo.add_argument(
+        "--backend", default="auto", choices=("auto", "tilelang", "torch"),
+        help="auto (TileLang kernels where usable, else the PyTorch reference), tilelang, torch (default auto)",
+    )  # fmt: skip
     demo.add_argument("--heads", type=int, default=None, help="default 128 on a GPU, 16 on cpu")
     demo.add_argument("--groups", type=int, default=None, help="default 8 on a GPU, 2 on cpu")
     demo.add_argument("--dim", type=int, default=64, help="head dim P (default 64)")
     demo.add_argument("--dstate", type=int, default=128, help="state size N (default 128)")
-    demo.add_argument("--chunk-size", type=int, default=128, choices=(16, 32, 64, 128, 256))
+    demo.add_argument(
+        "--chunk-size", type=int, default=128, choices=(16, 32, 64, 128, 256), help="prefill chunk size (default 128)"
+    )
     demo.add_argument(
         "--seqlens", default=None, help="prefill lengths, e.g. 137,300,1,64 (default: 137,4000,1,900,3000 on a GPU)"
     )
-    demo.add_argument("--decode-steps", type=int, default=4)
+    demo.add_argument("--decode-steps", type=int, default=4, help="one-token decode steps (default 4)")
     demo.add_argument("--mtp-tokens", type=int, default=6, help="tokens per sequence in the MTP step (default 6)")
     demo.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="x/B/C/z dtype (state is fp32)")
     demo.add_argument("--reps", type=int, default=None, help="timed repeats per call (default 20 on a GPU, 3 on cpu)")
     demo.add_argument("--tol", type=float, default=None, help="max error relative to max |want| (3e-2, fp32 5e-3)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: mate bench ssu|ssd [options of mate.bench.ssu|ssd]")
-    bench.add_argument("kernel", choices=("ssu", "ssd"))
+    bench.add_argument(
+        "kernel", choices=("ssu", "ssd"),
+        help="ssu: selective_state_update (decode), ssd: ssd_combined_fwd_varlen (prefill); "
+        "mate bench ssu --help lists its options",
+    )  # fmt: skip
     sub.add_parser("prewarm", help="compile a model configuration's kernels: mate prewarm [options]")
     return p
 

@@ -4,7 +4,7 @@ Both run in the same process on the same inputs, each call captured in a CUDA gr
 disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per
 shape and chunk size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak
 ~790 TFLOP/s; the device copy bandwidth measured in the same run), MATE's speed-up over vLLM, and each
-implementation's eager host time per call.
+implementation's eager host time per call. MATE runs the kernels its planner picks for each call.
 
 FLOP count (the algorithm's useful work, identical for both implementations; L = chunk size):
 ``T * (2 G L N  [C B^T]  +  H (L P  [causal intra-chunk scan]  +  4 P N  [chunk state + C·state]))``.
@@ -88,64 +88,25 @@ def make_window(s: SSDShape, seqlens, L, seed, dev):
     )
 
 
-def mate_fn(w, L, kind: str | None = None):
-    """MATE's call on window ``w``; ``kind`` pins the prefill kernel design (``lean`` / ``prepass`` /
-    ``fused``), with ``+`` options of the lean design (:data:`LEAN_OPTIONS`): ``overlap`` / ``sync``
-    (``MATE_SSD_OVERLAP=1`` / ``0``), ``dt8`` / ``dt1`` (``MATE_SSD_DT_HEADS``), ``hpc8``
-    (``MATE_SSD_HEADS_PER_CTA=8``), ``preload`` / ``nopreload`` (``MATE_SSD_PRELOAD=1`` / ``0``), ``dtruns`` /
-    ``nodtruns`` (``MATE_SSD_RUNS_IN_DT=1`` / ``0``), ``spcN`` (``MATE_SSD_SEQS_PER_CTA=N``),
-    ``prefetch`` / ``noprefetch`` (``MATE_SSD_PREFETCH=1`` / ``0``), ``defer`` / ``nodefer``
-    (``MATE_SSD_DEFERRED_STORE=1`` / ``0``), e.g.
-    ``lean+nodtruns`` (the sixth session's defaults)."""
-    import contextlib
+def mate_args(w, L) -> tuple[tuple, dict]:
+    """(args, kwargs) of MATE's call on window ``w``: ``ssd_combined_fwd_varlen(*args, **kwargs)``, or
+    ``plan_ssd_combined_fwd_varlen(*args, **kwargs)`` for the kernels it runs."""
+    m = w["meta"]
+    args = (w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
+            m.seq_idx, w["out"], w["D"], None, w["dt_bias"])  # fmt: skip
+    return args, dict(dt_softplus=True, initial_states=w["init"], state_dtype=torch.float32)
 
-    from .._tilelang import ssd as tl_ssd
+
+def mate_fn(w, L):
+    """MATE's call on window ``w`` (the kernels its planner picks for the call)."""
     from ..mamba import ssd_combined_fwd_varlen
 
-    m = w["meta"]
-    design, opts = parse_kind(kind)
+    args, kwargs = mate_args(w, L)
 
     def fn():
-        with contextlib.ExitStack() as stack:
-            if design:
-                stack.enter_context(tl_ssd.using(design))
-            if opts:
-                stack.enter_context(tl_ssd.options(**opts))
-            return ssd_combined_fwd_varlen(
-                w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens,
-                m.last_chunk_indices, m.seq_idx, w["out"], w["D"], None, w["dt_bias"], dt_softplus=True,
-                initial_states=w["init"], state_dtype=torch.float32, backend="tilelang",
-            )  # fmt: skip
+        return ssd_combined_fwd_varlen(*args, **kwargs, backend="tilelang")
 
     return fn
-
-
-LEAN_OPTIONS = {
-    "overlap": ("overlap", True), "sync": ("overlap", False), "dt8": ("dt_heads", 8), "dt1": ("dt_heads", 1),
-    "hpc8": ("heads_per_cta", 8), "preload": ("preload", True), "nopreload": ("preload", False),
-    "dtruns": ("runs_in_dt", True), "nodtruns": ("runs_in_dt", False),
-    "spc1": ("seqs_per_cta", 1), "spc2": ("seqs_per_cta", 2), "spc4": ("seqs_per_cta", 4),
-    "spc8": ("seqs_per_cta", 8), "prefetch": ("prefetch", True), "noprefetch": ("prefetch", False),
-    "defer": ("deferred_store", True), "nodefer": ("deferred_store", False),
-}  # fmt: skip
-
-
-def parse_kind(kind: str | None) -> tuple[str | None, dict]:
-    """``lean+overlap+dt8`` -> (``lean``, {overlap: True, dt_heads: 8}); ValueError on an unknown option or an
-    option on another design than lean."""
-    if not kind:
-        return None, {}
-    design, *names = kind.split("+")
-    bad = [n for n in names if n not in LEAN_OPTIONS]
-    if bad or (names and design != "lean"):
-        raise ValueError(f"mate-{kind}: options {', '.join(LEAN_OPTIONS)} apply to the lean design only")
-    return design, dict(LEAN_OPTIONS[n] for n in names)
-
-
-def mate_kind(impl: str) -> str | None:
-    """``mate`` -> the design in force; ``mate-lean`` / ``mate-prepass`` / ``mate-fused`` -> that design, with
-    ``+`` options of the lean design (``mate-lean+overlap``)."""
-    return impl.split("-", 1)[1] if impl.startswith("mate-") else None
 
 
 def vllm_fn(w, L):
@@ -163,10 +124,10 @@ def vllm_fn(w, L):
     return fn
 
 
-def check_agreement(s, seqlens, L, dev, kind: str | None = None) -> float:
+def check_agreement(s, seqlens, L, dev) -> float:
     """Relative difference of MATE's and vLLM's outputs and final states on one window."""
     w = make_window(s, seqlens, L, 1234, dev)
-    st_m = mate_fn(w, L, kind)()
+    st_m = mate_fn(w, L)()
     out_m = w["out"].float().clone()
     st_v = vllm_fn(w, L)()
     out_v = w["out"].float()
@@ -175,7 +136,7 @@ def check_agreement(s, seqlens, L, dev, kind: str | None = None) -> float:
     return max(e_out, e_st)
 
 
-def plot_bars(rows, path: str) -> str | None:
+def plot_bars(rows, path: str, device: str = "") -> str | None:
     """Grouped bars of M tokens/s per batch and implementation, one panel per (shape, chunk)."""
     try:
         import matplotlib
@@ -202,57 +163,69 @@ def plot_bars(rows, path: str) -> str | None:
         ax.set_ylabel("M tokens/s")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("SSD varlen prefill throughput (graph-replayed, H200)")
+    fig.suptitle("SSD varlen prefill throughput (graph-replayed" + (f", {device})" if device else ")"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+IMPLS = ("mate", "vllm")
+
+
+def _names(text: str, known, what: str) -> list[str]:
+    """A comma list of names of ``known``; argparse.ArgumentTypeError naming the choices otherwise."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in known for n in names):
+        raise argparse.ArgumentTypeError(f"expected a comma list of {what} of {', '.join(known)}; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+DESCRIPTION = (
+    "Benchmark ssd_combined_fwd_varlen (varlen SSD prefill): MATE against vLLM 0.33's Triton "
+    "mamba_chunk_scan_combined_varlen on the same inputs, each call captured in a CUDA graph over disjoint input "
+    "windows (each replay reads cold HBM) and replayed. Reports µs, M tokens/s, TFLOP/s and TB/s per shape, "
+    "batch and chunk size, MATE's speed-up over vLLM and the eager host time per call; writes NAME.json, NAME.md "
+    "and NAME.png under --out (after every case, so a time limit keeps the results so far). Needs a CUDA device."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mate bench ssd", description=DESCRIPTION)
+    ap.add_argument(
+        "--out", default=os.path.join("docs", "benchmarks"), metavar="DIR",
+        help="directory the report is written to (default: %(default)s)",
+    )  # fmt: skip
+    ap.add_argument("--name", default="ssd", help="file name of the report, without suffix (default: %(default)s)")
+    ap.add_argument(
+        "--impls", type=lambda v: _names(v, IMPLS, "implementations"), default=list(IMPLS), metavar="LIST",
+        help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(IMPLS)})",
+    )  # fmt: skip
+    ap.add_argument(
+        "--quick", action="store_true", help="the headline shape (Nemotron-H 8B) at 1x8192 and 32x512 tokens only"
+    )
+    ap.add_argument(
+        "--shapes", type=lambda v: _names(v, SSD_SHAPES, "shapes"), default=[], metavar="LIST",
+        help=f"comma list of model shapes, of {', '.join(SSD_SHAPES)}: only those (default: every shape)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--batches", type=lambda v: _names(v, BATCHES, "batches"), default=[], metavar="LIST",
+        help=f"comma list of batches (sequences x tokens), of {', '.join(BATCHES)}: only those, of any shape "
+        "(default: every batch of the plan)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--replays", type=int, default=10, metavar="N", help="graph replays per timed sample (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=5, metavar="N",
+        help="timed samples per implementation and case; the median is reported (default: %(default)s)",
+    )  # fmt: skip
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mate bench ssd", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssd.{json,md,png}")
-    ap.add_argument("--name", default="ssd")
-    ap.add_argument(
-        "--impls",
-        default="mate,vllm",
-        help="mate (the design in force), mate-lean[+overlap|+sync][+dt8|+dt1][+hpc8][+preload|+nopreload]"
-        "[+dtruns|+nodtruns][+spc1|+spc2|+spc4|+spc8][+prefetch|+noprefetch], "
-        "mate-prepass, mate-fused, vllm",
-    )
-    ap.add_argument("--quick", action="store_true", help="the headline shape at two batches only")
-    ap.add_argument(
-        "--batches", default="", help="comma list of batch names (e.g. 8x2048,32x512): only those, of any shape"
-    )
-    ap.add_argument("--shapes", default="", help="comma list of shape names (e.g. nemotron-h-8b): only those")
-    ap.add_argument("--replays", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args(argv)
-    impls = [i for i in args.impls.split(",") if i]
-    only = [b for b in args.batches.split(",") if b]
-    if any(b not in BATCHES for b in only):
-        raise ValueError(f"--batches: expected a comma list of {', '.join(BATCHES)}; got {args.batches!r}")
-    only_shapes = [n for n in args.shapes.split(",") if n]
-    if any(n not in SSD_SHAPES for n in only_shapes):
-        raise ValueError(f"--shapes: expected a comma list of {', '.join(SSD_SHAPES)}; got {args.shapes!r}")
-    from .._tilelang.ssd import VARIANTS
-
-    known = {"mate", "vllm", *(f"mate-{v}" for v in VARIANTS)}
-
-    def ok(impl: str) -> bool:
-        if impl in ("mate", "vllm"):
-            return True
-        try:
-            return impl.startswith("mate-") and parse_kind(mate_kind(impl))[0] in VARIANTS
-        except ValueError:  # an option that is not one, or on another design than lean
-            return False
-
-    bad = [i for i in impls if not ok(i)]
-    if bad or not impls:
-        raise ValueError(
-            f"--impls: expected a comma list of {', '.join(sorted(known))} (mate-lean may carry the options "
-            f"+{' +'.join(LEAN_OPTIONS)}); got {args.impls!r}"
-        )
+    args = build_parser().parse_args(argv)  # bad names exit 2 with one line, before any device is needed
+    impls, only, only_shapes = args.impls, args.batches, args.shapes
     if not torch.cuda.is_available():
         print("mate bench ssd: needs a CUDA device", file=sys.stderr)
         return 2
@@ -276,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "best of 3 loops of 20 calls)."
         )
         paths = write_report(args.name, rows, args.out, meta=meta, columns=cols, preface=preface)
-        png = plot_bars(rows, os.path.join(args.out, f"{args.name}.png"))
+        png = plot_bars(rows, os.path.join(args.out, f"{args.name}.png"), meta["device"])
         if png:
             paths["png"] = png
         return paths
@@ -298,17 +271,14 @@ def main(argv: list[str] | None = None) -> int:
                 base = {}
                 agree = {}
                 for impl in impls:
-                    if "vllm" in impls and impl.startswith("mate"):
+                    if "vllm" in impls and impl == "mate":
                         try:
-                            agree[impl] = check_agreement(s, seqlens, L, dev, mate_kind(impl))
+                            agree[impl] = check_agreement(s, seqlens, L, dev)
                         except Exception as exc:  # report, keep measuring
                             print(f"{impl} agreement check failed: {type(exc).__name__}: {exc}", flush=True)
                 for impl in impls:
-                    if impl.startswith("mate"):
-                        fns = [mate_fn(w, L, mate_kind(impl)) for w in wins]
-                    else:
-                        fns = [vllm_fn(w, L) for w in wins]
                     try:
+                        fns = [(mate_fn if impl == "mate" else vllm_fn)(w, L) for w in wins]
                         us = graph_time_us(fns, replays=args.replays, repeats=args.repeats, device=dev)
                     except Exception as exc:
                         print(f"{impl} {shape_name} {bname} chunk{L}: {type(exc).__name__}: {exc}", flush=True)
@@ -331,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(row, flush=True)
                 if "vllm" in base:
                     for r in rows[-len(base) :]:
-                        if r["impl"].startswith("mate"):
+                        if r["impl"] == "mate":
                             r["speedup_vs_vllm"] = round(base["vllm"] / base[r["impl"]], 2)
                 del wins
                 torch.cuda.empty_cache()

@@ -1,11 +1,12 @@
-"""``mate bench ssu``: selective_state_update, MATE against vLLM's Triton kernel and FlashInfer in one run.
+"""``mate bench ssu``: selective_state_update, MATE against vLLM 0.33's Triton kernel and FlashInfer 0.7.2 in one run.
 
 Every implementation gets the same tensors (the production forms: x/B/C as row views of one conv-output
 buffer, dt/A/D/dt_bias fp32 tied per head, ``dt_softplus``, no z, int32 slot tables) and is timed by
 CUDA-graph replay over disjoint slot windows (``mate.bench.timing``), so each call reads cold HBM. Bandwidth
 counts state bytes only: read once + written once (MTP: read once + written once per token). The copy
 ceiling is measured in the same run; peers are skipped when they cannot be imported. Before timing, each
-peer's ``y`` on the first window is compared with MATE's (reported as ``y_err``).
+peer's ``y`` on the first window is compared with MATE's (reported as ``y_err``). ``--pdl`` adds MATE's
+kernels with programmatic dependent launch as a column of their own.
 """
 
 from __future__ import annotations
@@ -113,54 +114,25 @@ def _mate(st: Setup, w: Window):
     )  # fmt: skip
 
 
-def _mate_with_options(spec: str):
-    """MATE with the kernel options of ``spec`` ("MATE_SSU_BF16_PACK=1,MATE_SSU_BF16_MIN_BLOCKS=8", or the fp32
-    state's "MATE_SSU_F32_PACKED_MIN_BLOCKS=6"): each call plans its kernel under those options (the eager fast
-    path is off for it, so the time includes no host-side difference that matters under graph replay; no host
-    time is reported for it)."""
-    import mate.mamba.ssu as mssu
-    from mate._tilelang import ssu as tl_ssu
+# The ``--pdl`` column: MATE's kernels built with programmatic dependent launch, beside the ``mate`` column
+# (the environment's MATE_SSU_PDL, off by default), under ``mate.settings.override``. The eager fast path
+# replays launch recipes keyed on call metadata, and both columns call with the same tensors, so its memory is
+# cleared on entering and leaving the override: each column's calls are planned under its own setting. (Only
+# the warm-up and capture calls pay that: a graph replay holds the kernels alone; the column reports no host
+# time.)
+PDL_IMPL = "mate+pdl"
 
-    names = tl_ssu.BF16_ENV + (tl_ssu.SMALL_GRID_ENV,) + tl_ssu.F32_ENV + (tl_ssu.REDUCE_ENV, tl_ssu.PDL_ENV)
-    env = {}
-    for item in spec.replace(" ", ",").split(","):
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        if not sep or name not in names:
-            raise ValueError(f"--env {spec!r}: expected NAME=VALUE items with NAME in {names}")
-        env[name] = value
-    opts = tl_ssu.parse_bf16_options(env)
-    f32_opts = tl_ssu.parse_f32_options(env)
-    # the runtime's settings read once at import, as module attributes: each set for the call, then restored
-    settings = {
-        "_SMALL_GRID": tl_ssu.parse_small_grid(env),
-        "_TRANSPOSED": tl_ssu.parse_transposed_reduce(env),
-        "_PDL": tl_ssu.parse_pdl(env),
-    }
 
-    def call(st: Setup, w: Window):
-        fast, mssu.FAST_PATH = mssu.FAST_PATH, False
-        prev = tl_ssu.set_bf16_options(opts)
-        prev_f32 = tl_ssu.set_f32_options(f32_opts)
-        saved = {name: getattr(tl_ssu, name) for name in settings}
-        for name, value in settings.items():
-            setattr(tl_ssu, name, value)
-        try:
+def _mate_pdl(st: Setup, w: Window):
+    from mate import settings
+    from mate.mamba.ssu import clear_fast_path_cache
+
+    clear_fast_path_cache()
+    try:
+        with settings.override(MATE_SSU_PDL="1"):
             return _mate(st, w)
-        finally:
-            tl_ssu._TAG_2B, tl_ssu._TAG_F32 = prev, prev_f32
-            for name, value in saved.items():
-                setattr(tl_ssu, name, value)
-            mssu.FAST_PATH = fast
-
-    return call
-
-
-def variant_name(spec: str) -> str:
-    """The implementation name of a ``--env`` variant: mate[PACK=1,MIN_BLOCKS=8], mate[F32_PACKED_MIN_BLOCKS=6]."""
-    items = [i for i in spec.replace(" ", ",").split(",") if i]
-    return "mate[" + ",".join(i.replace("MATE_SSU_BF16_", "").replace("MATE_SSU_", "") for i in items) + "]"
+    finally:
+        clear_fast_path_cache()
 
 
 def _load_vllm():
@@ -193,9 +165,20 @@ def _load_flashinfer():
     return call
 
 
-def load_impls(names: list[str], variants: tuple = ()) -> tuple[dict, dict]:
-    """({name: call}, {name: why skipped}); ``variants``: ``--env`` specs, each one more MATE implementation
-    (placed right after "mate")."""
+IMPLS = ("mate", "vllm", "flashinfer")
+PEERS = ("vllm", "flashinfer")
+
+
+def parse_impls(text: str) -> list[str]:
+    """The ``--impls`` list: names of :data:`IMPLS`, comma-separated (argparse reports a bad one in one line)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in IMPLS for n in names):
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(IMPLS)}; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def load_impls(names: list[str], pdl: bool = False) -> tuple[dict, dict]:
+    """({name: call}, {name: why skipped}); ``pdl``: the ``mate+pdl`` column too, right after ``mate``."""
     impls, skipped = {}, {}
     for name in names:
         try:
@@ -209,9 +192,8 @@ def load_impls(names: list[str], variants: tuple = ()) -> tuple[dict, dict]:
                 raise ValueError(f"unknown implementation {name!r}")
         except Exception as exc:  # a peer that is not importable is reported, not fatal
             skipped[name] = f"{type(exc).__name__}: {exc}"
-        if name == "mate":
-            for spec in variants:
-                impls[variant_name(spec)] = _mate_with_options(spec)  # a malformed spec raises
+        if name == "mate" and pdl:
+            impls[PDL_IMPL] = _mate_pdl
     return impls, skipped
 
 
@@ -272,9 +254,12 @@ def warm(args) -> int:
     """Build every implementation's kernels for the selected cases on a one-window setup (fills the peers'
     JIT caches; several of these processes can run in parallel, one per ``--case``)."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    impls, _ = load_impls(args.impls.split(","), tuple(args.env))
+    impls, _ = load_impls(args.impls, args.pdl)
     sel = warm_cases(args.quick, args.state)
     if args.case is not None:
+        if not 0 <= args.case < len(sel):
+            print(f"mate bench ssu: --case: expected 0..{len(sel) - 1}; got {args.case}", file=sys.stderr)
+            return 2
         sel = [sel[args.case]]
     for case in sel:
         st = Setup(case, dev, windows=1)
@@ -285,7 +270,7 @@ def warm(args) -> int:
 
 def run(args) -> tuple[list[dict], dict]:
     dev = torch.device("cuda", torch.cuda.current_device())
-    impls, skipped = load_impls(args.impls.split(","), tuple(args.env))
+    impls, skipped = load_impls(args.impls, args.pdl)
     for name, why in skipped.items():
         print(f"[skip] {name}: {why}", flush=True)
     ceiling = copy_ceiling_tbps(dev)
@@ -304,7 +289,7 @@ def run(args) -> tuple[list[dict], dict]:
         times = graph_times_us(graphs, replays=args.replays, repeats=args.repeats)
         host = {}
         if case.batch in (1, 8) and case.shape.name == "nemotron-h-8b":
-            timed = [n for n in ok if not n.startswith("mate[") and not isinstance(times[n], Exception)]
+            timed = [n for n in ok if n != PDL_IMPL and not isinstance(times[n], Exception)]
             try:
                 host = host_times_us({n: (lambda fn=ok[n], st=st: fn(st, st.windows[0])) for n in timed})
             except Exception as exc:  # the device times stand; the case reports no host time
@@ -369,10 +354,8 @@ def pivot(rows: list[dict]) -> list[dict]:
     res = []
     for line in out.values():
         mate = line.pop("_mate", None)
-        # peers only: MATE's --env variants (and the --after-producer kernel) are columns of their own, never the
-        # "best peer"
-        own = ("_mate", f"_{PRODUCER}")
-        peers = [v for k, v in list(line.items()) if k.startswith("_") and not k.startswith(own) and v is not None]
+        # the peers only: the mate+pdl column and the --after-producer kernel are never the "best peer"
+        peers = [line[f"_{p}"] for p in PEERS if line.get(f"_{p}") is not None]
         for k in [k for k in line if k.startswith("_")]:
             line.pop(k)
         line["best peer / MATE"] = round(min(peers) / mate, 2) if mate and peers else None
@@ -380,56 +363,100 @@ def pivot(rows: list[dict]) -> list[dict]:
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mate bench ssu", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for ssu.{json,md,png}")
-    ap.add_argument("--name", default="ssu")
-    ap.add_argument("--impls", default="mate,vllm,flashinfer")
-    ap.add_argument("--quick", action="store_true", help="the headline shape at a few batch sizes only")
-    ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warm-only", action="store_true", help="only build every implementation's kernels")
-    ap.add_argument("--case", type=int, default=None, help="with --warm-only: one case index")
-    ap.add_argument("--state", choices=("bf16", "fp32"), default=None, help="only the cases of this state dtype")
+def _batch_list(text: str) -> tuple[int, ...]:
+    try:
+        batches = tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError:
+        batches = ()
+    if not batches or min(batches) < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive batch sizes, e.g. 1,8; got {text!r}")
+    return batches
+
+
+DESCRIPTION = (
+    "Benchmark selective_state_update: MATE against vLLM 0.33's Triton kernel and FlashInfer 0.7.2 on the same "
+    "tensors, timed by CUDA-graph replay over disjoint slot windows (each replay reads cold HBM), the "
+    "implementations of a case in interleaved rounds. Writes NAME.json, NAME.md and NAME.png under --out. Needs "
+    "a CUDA device; a peer that cannot be imported is skipped and named in the report."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mate bench ssu", description=DESCRIPTION)
     ap.add_argument(
-        "--batches",
-        type=lambda v: tuple(int(b) for b in v.split(",") if b),
-        default=(),
-        help="comma list of batch sizes (e.g. 1,8): only those cases",
+        "--out", default=os.path.join("docs", "benchmarks"), metavar="DIR",
+        help="directory the report is written to (default: %(default)s)",
+    )  # fmt: skip
+    ap.add_argument("--name", default="ssu", help="file name of the report, without suffix (default: %(default)s)")
+    ap.add_argument(
+        "--impls", type=parse_impls, default=list(IMPLS), metavar="LIST",
+        help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(IMPLS)})",
+    )  # fmt: skip
+    ap.add_argument(
+        "--pdl", action="store_true",
+        help="one more MATE column, mate+pdl: the kernels with programmatic dependent launch (run under "
+        "MATE_SSU_PDL=1; the mate column keeps the environment's setting)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the headline shape (Nemotron-H 8B) only: one token at batch 1, 8 and 64, MTP 6 at 8 and 64",
     )
     ap.add_argument(
-        "--env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
-        help="one more MATE column with these kernel options (MATE_SSU_BF16_PACK, _MIN_BLOCKS, _CHUNKS, _SMALL_GRID, "
-        "_PACKED_MIN_BLOCKS for 2-byte states; MATE_SSU_F32_PACKED_MIN_BLOCKS for fp32; MATE_SSU_TRANSPOSED_REDUCE; "
-        "MATE_SSU_PDL; "
-        "docs/ssu-kernels.md), "
-        "beside the default kernels; repeatable",
+        "--state", choices=("bf16", "fp32"), default=None, help="only the cases of this state dtype (default: both)"
+    )
+    ap.add_argument(
+        "--batches", type=_batch_list, default=(), metavar="LIST",
+        help="comma list of batch sizes, e.g. 1,8: only the cases of those sizes (default: every case)",
     )  # fmt: skip
     ap.add_argument(
         "--after-producer", action="store_true",
-        help="time each call after a kernel that rewrites its inputs (a conv1d's place), and that kernel alone",
+        help="time each call after a kernel that rewrites its inputs (the place of a conv1d in a decode step), "
+        "and that kernel alone in the same rounds",
     )  # fmt: skip
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--replays", type=int, default=20, metavar="N", help="graph replays per timed sample (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=5, metavar="N",
+        help="timed samples per implementation and case; the median is reported (default: %(default)s)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--warm-only", action="store_true",
+        help="only compile every implementation's kernels for the selected cases (fills the JIT caches) and exit",
+    )  # fmt: skip
+    ap.add_argument(
+        "--case", type=int, default=None, metavar="I",
+        help="with --warm-only: only the I-th distinct kernel configuration (one process per case can run in "
+        "parallel)",
+    )  # fmt: skip
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # bad values exit 2 with one line, before any device is needed
     if not torch.cuda.is_available():
         print("mate bench ssu: needs a CUDA device", file=sys.stderr)
         return 2
     if args.warm_only:
         return warm(args)
-    from mate._tilelang import ssu as tl_ssu
+    from mate import settings
 
     rows, meta = run(args)
     table = pivot(rows)
-    cols = ["op", "shape", "state", "batch", "mate", *map(variant_name, args.env), "vllm", "flashinfer"]
+    cols = ["op", "shape", "state", "batch", "mate", *([PDL_IMPL] if args.pdl else []), *PEERS]
     cols += [PRODUCER] if args.after_producer else []
     cols += ["best peer / MATE"]
     cols += sorted({k for r in table for k in r if k.startswith("host ")})
+    pdl_env = settings.get("MATE_SSU_PDL")
+    meta["mate_ssu_pdl"] = pdl_env
     preface = (
         f"# selective_state_update on {meta['device']}\n\n"
         f"µs per call (TB/s of state traffic); {meta['method']}. Copy ceiling measured in the same run: "
         f"{meta['copy_ceiling_tbps']:.2f} TB/s. `best peer / MATE` > 1 means MATE is faster. "
         "x bf16 as row views of one conv buffer; dt/A/D/dt_bias fp32 tied per head; dt_softplus; no z. The `mate` "
-        f"column under {tl_ssu.PDL_ENV}={os.environ.get(tl_ssu.PDL_ENV, '0')} (programmatic dependent launch: 0 "
-        "off, the default; 1 / auto on).\n"
+        f"column under MATE_SSU_PDL={pdl_env} (programmatic dependent launch: 0 off, the default; 1 / auto on)"
+        + (f"; `{PDL_IMPL}`: under MATE_SSU_PDL=1.\n" if args.pdl else ".\n")
     )
     if args.after_producer:
         preface += (

@@ -1,12 +1,13 @@
-"""Static SASS of the SSD prefill kernel per design, on a machine without a GPU (nvcc + nvdisasm only):
-``python packages/mate-runtime/tests/gpu/ssd_sass.py [--shape nemotron-h-8b] [--chunk 256] [--out DIR]``.
+"""Static SASS of MATE's SSD prefill kernels, on a machine without a GPU (TileLang, nvcc and nvdisasm only):
 
-Nsight Compute showed the fused kernel bound by its per-tile instruction stream (~20 K warp instructions per
-128-token tile); the SASS says where those instructions are. For each design this prints the registers /
-spills (ptxas), the static instruction count, the opcodes that matter (branches, global and shared loads,
-stores, multiplies, MUFU) and every straight-line segment of more than 100 instructions between GEMMs,
-barriers and branches, so a change can be judged before it reaches a GPU. nvdisasm comes from the CUDA
-toolkit or the ``nvidia-cuda-nvdisasm`` wheel (``NVDISASM`` names it explicitly).
+    python tools/gpu/ssd_sass.py [--shape nemotron-h-8b] [--batch 1x8192] [--chunk 256] [--out DIR]
+
+For each kernel the planner picks for the benchmark's call at one shape (the dt pre-pass and the chunk scan,
+see ``ssd_ptxas.py``) this prints the registers / spills (ptxas), the static instruction count, the opcodes
+that matter (branches, global and shared loads, stores, multiplies, MUFU) and every straight-line segment of
+more than 100 instructions between GEMMs, barriers and branches, so a change can be judged before it reaches a
+GPU. nvdisasm comes from the CUDA toolkit or the ``nvidia-cuda-nvdisasm`` wheel (``NVDISASM`` names it
+explicitly).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-
-import torch
 
 OPCODES = ("BRA", "BSSY", "LDG", "STG", "LDS", "STS", "STSM", "IMAD", "FMUL", "FFMA", "MUFU", "HGMMA", "UTMASTG")
 MARKERS = ("HGMMA", "BAR.SYNC", "EXIT", "UTMA", "WARPGROUP.ARRIVE", "DEPBAR")
@@ -54,38 +53,31 @@ def segments(ins, min_len: int = 100):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="nemotron-h-8b")
-    ap.add_argument("--chunk", type=int, default=256)
-    ap.add_argument("--out", default="ssd-sass")
-    args = ap.parse_args(argv)
-    from mate._tilelang import ssd as tl_ssd
-    from mate._tilelang.cache import compile_prim_func
-    from mate.bench.ssd import SSD_SHAPES
-    from ssd_ptxas import ptxas_info
+    from ssd_ptxas import kernel_source, planned_specs, ptxas_info
 
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="nemotron-h-8b", help="a shape of mate bench ssd (default nemotron-h-8b)")
+    ap.add_argument("--batch", default="1x8192", help="a batch of mate bench ssd (default 1x8192)")
+    ap.add_argument("--chunk", type=int, default=256, help="chunk size (default 256)")
+    ap.add_argument("--out", default="ssd-sass", help="directory for the .cu / .cubin / .sass files (default ssd-sass)")
+    args = ap.parse_args(argv)
     dis = nvdisasm()
     if dis is None:
         print("nvdisasm not found (CUDA toolkit, the nvidia-cuda-nvdisasm wheel, or NVDISASM=...)", file=sys.stderr)
         return 2
-    s = SSD_SHAPES[args.shape]
     os.makedirs(args.out, exist_ok=True)
-    for kind in tl_ssd.VARIANTS:
-        fkeys, _ = tl_ssd.prewarm_keys(heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate,
-                                       chunk_size=args.chunk, io_dtype=torch.bfloat16, state_dtype=torch.float32,
-                                       dt_dtype=torch.float32, kind=kind)  # fmt: skip
-        key = fkeys[0]  # final states, the benchmark's configuration
-        kern = compile_prim_func(tl_ssd.builder_for(key)(), target={"kind": "cuda", "arch": "sm_90a"})
-        cu = os.path.join(args.out, f"{kind}.cu")
+    for spec in planned_specs(args.shape, args.batch, args.chunk):
+        cu = os.path.join(args.out, f"{spec.factory}.cu")
         with open(cu, "w") as f:
-            f.write(kern.get_kernel_source())
+            f.write(kernel_source(spec))
         regs = ptxas_info(cu)
         sass = subprocess.run([dis, "-c", cu[:-3] + ".cubin"], capture_output=True, text=True).stdout
         with open(cu[:-3] + ".sass", "w") as f:
             f.write(sass)
         ins = instructions(sass)
         counts = Counter(op.split(".")[0] for op, _ in ins)
-        print(f"== {kind} ({args.shape}, chunk {args.chunk}): {len(ins)} instructions; {regs}")
+        print(f"== {spec.factory} ({args.shape}, {args.batch}, chunk {args.chunk}): {len(ins)} instructions; {regs}")
+        print(f"   {spec}")
         print("   " + ", ".join(f"{k} {counts[k]}" for k in OPCODES))
         for start, n, top, end in segments(ins):
             print(f"   [{start:5d}] {n:4d}: {top}  -> {end}")
@@ -93,5 +85,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(__file__))
     sys.exit(main())
