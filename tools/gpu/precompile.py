@@ -85,7 +85,7 @@ def ssd_specs() -> list:
 
     t = _test_module("test_ssd_kernels")
     specs = []
-    several = {p.values[0] for p in t.SPC_CASES}  # (cases planned with several sequences per CTA: the prefetch)
+    several = [p.values[0] for p in t.SPC_CASES]  # (cases planned with several sequences per CTA: the prefetch)
     for c in _cases(t):
         kw = t.build(c, dev="cpu")
         if c.pool:
