@@ -121,7 +121,8 @@ def ssd_fused_kernel(
     sequence ``s + 1`` (one ``prefetch.global.L2`` per 128-byte line, spread over the consumer threads), which the
     same CTA opens next when it walks several sequences, and the CTA of the next sequence and the same head
     otherwise; that state's load then waits on L2 instead of DRAM. A hint: a ``seq_idx`` that opens sequences out
-    of order only makes it useless. Same arithmetic.
+    of order only makes it useless. Same arithmetic. A launch-time choice: the launcher builds both variants and
+    picks one per launch.
 
     Arguments in order: ``x [T, H, P]``, ``B, C [T, G, N]``, ``cu_chunk_seqlens [nchunks + 1]``,
     ``seq_idx [nchunks]``, ``bounds [batch + 1]``, ``dest [nchunks]`` (the runs table), ``D [H]`` or ``[H, P]``,
