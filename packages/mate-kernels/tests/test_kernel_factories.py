@@ -1,10 +1,12 @@
 """mate-kernels on its own: the package imports without TileLang, the tiling and shared-memory planners obey
-the rules the kernels rely on, and (where TileLang is installed) every factory returns a ``T.prim_func`` with
-the argument list its launcher passes. Compiling for sm_90a is the runtime's compile check (`nox -s compile`)."""
+the rules the kernels rely on, the factories check their arguments before any toolchain is needed, and (where
+TileLang is installed) every factory returns a ``T.prim_func`` with the argument list its launcher passes.
+Compiling for sm_90a is the runtime's compile check (`nox -s compile`); test_generated_code.py pins the CUDA."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import subprocess
 import sys
 
@@ -12,12 +14,43 @@ import pytest
 from mate_kernels import ssd, ssu
 
 HAS_TILELANG = importlib.util.find_spec("tilelang") is not None
+needs_tilelang = pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
+
+
+def _names(f):
+    return [p.name.removesuffix("_handle") for p in f.params]
 
 
 def test_import_does_not_need_tilelang():
     code = "import sys, mate_kernels.ssu, mate_kernels.ssd; print('tilelang' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# The factories' parameters are the fields of the runtime's kernel specs (one spec field per parameter): a
+# parameter added or removed here is a change of that contract.
+FACTORY_PARAMETERS = {
+    ssu.ssu_kernel: (
+        "dim dstate heads_per_group state_dtype io_dtype dt_dtype d_dtype dt_bias_dtype src_dtype dst_dtype "
+        "meta_dtype ibuf_dtype tied one_token vector_state vector_io tiling pack_early min_blocks pdl"
+    ),
+    ssd.ssd_fused_kernel: (
+        "heads groups dim dstate chunk_size io_dtype state_dtype init_dtype D_dtype cu_dtype seq_idx_dtype has_D "
+        "D_per_dim intermediate block_P block_L num_stages scores_in_shared narrow_p prefetch"
+    ),
+    ssd.ssd_dt_kernel: (
+        "heads chunk_size block_L dt_dtype dt_bias_dtype cu_dtype seq_idx_dtype has_dt_bias dt_softplus dt_min "
+        "dt_max heads_per_cta last_dtype fsi_dtype use_final_indices"
+    ),
+    ssd.fused_smem_bytes: "dim_block dstate block_L io_bytes num_stages scores_in_shared narrow_p",
+}
+
+
+@pytest.mark.parametrize("factory", list(FACTORY_PARAMETERS), ids=lambda f: f.__name__)
+def test_factory_parameters_are_the_spec_fields_and_keyword_only(factory):
+    params = inspect.signature(factory).parameters
+    assert list(params) == FACTORY_PARAMETERS[factory].split()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
 
 
 @pytest.mark.parametrize(
@@ -44,9 +77,18 @@ def test_ssu_tiling_covers_the_state_row_with_16_byte_chunks(dim, dstate, state_
         assert dim % t.rows_per_pass == 0 or t.rows_per_pass == 1
 
 
-def test_ssu_tiling_rejects_unknown_state_dtype():
+def test_ssu_tiling_rejects_unknown_state_dtype_and_chunk_counts():
     with pytest.raises(ValueError, match="state_dtype"):
         ssu.choose_tiling(64, 128, "int16")
+    with pytest.raises(ValueError, match="per_thread"):
+        ssu.choose_tiling(64, 128, "bfloat16", per_thread=3)
+
+
+@pytest.mark.parametrize("per_thread", [1, 2, 4, 8])
+def test_ssu_tiling_per_thread_sets_the_state_chunks_a_thread_holds(per_thread):
+    t = ssu.choose_tiling(64, 128, "bfloat16", per_thread)  # 8 values per chunk, 16 lanes, one chunk per lane
+    assert (t.vecs, t.lanes) == (1, 16)
+    assert t.rows_per_thread * t.vecs == per_thread
 
 
 @pytest.mark.parametrize("block_L", [64, 128])
@@ -57,41 +99,84 @@ def test_ssd_shared_memory_plan_grows_with_the_tile(block_L, dstate):
     assert two > small > block_L * (64 + 2 * dstate) * 2
 
 
-@pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
+def test_ssd_shared_memory_plan_counts_each_buffer():
+    kw = dict(dim_block=64, dstate=128, block_L=128, io_bytes=2)
+    one, two = ssd.fused_smem_bytes(**kw, num_stages=1), ssd.fused_smem_bytes(**kw, num_stages=2)
+    # per stage: the x, B, C tiles, the pre-pass's four fp32 rows and its 128-byte tile record
+    assert two - one == 128 * (64 + 2 * 128) * 2 + ssd.DT_ROWS * 128 * 4 + ssd.META_WIDTH * 4
+    # once: the state (as a GEMM operand) and the output tile
+    assert 2 * one - two == (128 + 128) * 64 * 2
+    # scores in shared memory: one bf16 [block_L, block_L] tile per stage
+    assert ssd.fused_smem_bytes(**kw, num_stages=2, scores_in_shared=True) - two == 2 * 128 * 128 * 2
+    # narrow P: the transposed x tile, once
+    assert ssd.fused_smem_bytes(**kw, num_stages=2, narrow_p=True) - two == 128 * 64 * 2
+    assert ssd.META_WIDTH * 4 == 128  # a TMA destination per stage stays 128-byte aligned
+
+
+SSD_SHAPE = dict(heads=8, groups=2, dim=64, dstate=128, chunk_size=128)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        pytest.param(dict(heads=6, groups=4), "groups", id="heads-groups"),
+        pytest.param(dict(block_P=48), "divide dim", id="block_P-divides-dim"),
+        pytest.param(dict(block_L=96), "block_L", id="block_L-divides-chunk"),
+        pytest.param(dict(dim=40, block_P=40, narrow_p=True), "multiple of 16", id="block_P-16"),
+        pytest.param(dict(dim=80, block_P=80), "narrow_p", id="narrow-needs-flag"),
+    ],
+)
+def test_ssd_fused_kernel_checks_its_tile_before_importing_tilelang(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ssd.ssd_fused_kernel(**{**SSD_SHAPE, **bad})
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        pytest.param(dict(heads=8, chunk_size=64, block_L=128), "block_L", id="block_L-divides-chunk"),
+        pytest.param(dict(heads=6, chunk_size=128, heads_per_cta=4), "heads_per_cta", id="heads-divide"),
+        pytest.param(dict(heads=8, chunk_size=128, heads_per_cta=0), "heads_per_cta", id="heads-positive"),
+    ],
+)
+def test_ssd_dt_kernel_checks_before_importing_tilelang(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ssd.ssd_dt_kernel(**kw)
+
+
+@needs_tilelang
 @pytest.mark.parametrize("one_token", [True, False], ids=["one-token", "packed"])
 def test_ssu_factory_returns_a_prim_func_with_the_documented_arguments(one_token):
     f = ssu.ssu_kernel(dim=64, dstate=128, heads_per_group=16, state_dtype="bfloat16", io_dtype="bfloat16",
                        one_token=one_token)  # fmt: skip
-    names = [p.name.removesuffix("_handle") for p in f.params]
     head = ["state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out", "src", "dst"]
-    assert names[: len(head)] == head
-    assert ("cache_steps" in names) == (not one_token)
+    packed = ["cu", "acc_tok", "ibuf", "iidx", "parent"]
+    scalars = ["nseq", "seqlen", "src_sb", "src_st", "dst_sb", "dst_st", "pad", "flags", "mode"]
+    assert _names(f) == (head + scalars if one_token else head + packed + scalars + ["cache_steps"])
 
 
-def test_ssd_prepass_plan_trades_the_scan_buffers_for_per_stage_records():
-    kw = dict(dim_block=64, dstate=128, block_L=128, io_bytes=2, num_stages=2)
-    plain, pre = ssd.fused_smem_bytes(**kw), ssd.fused_smem_bytes(**kw, precomputed_dt=True)
-    # per stage: + cumsum (block_L fp32) + the 128-byte tile record; fixed: - two scan buffers of 256 fp32
-    assert pre - plain == 2 * (128 * 4 + ssd.META_WIDTH * 4) - 2 * 256 * 4
-    assert ssd.META_WIDTH * 4 == 128  # a TMA destination per stage stays 128-byte aligned
+@needs_tilelang
+@pytest.mark.parametrize("narrow_p", [False, True], ids=["P64", "narrow-P80"])
+def test_ssd_fused_factory_arguments_and_the_prepass_layout_it_reads(narrow_p):
+    P = 80 if narrow_p else 64
+    f = ssd.ssd_fused_kernel(**{**SSD_SHAPE, "dim": P}, block_P=P, block_L=64, narrow_p=narrow_p)
+    assert _names(f) == [
+        "x", "B", "C", "cu_chunk_seqlens", "seq_idx", "bounds", "dest", "D", "z", "initial_states", "out",
+        "states_out", "dtA", "tmeta", "flags",
+    ]  # fmt: skip
+    dt = ssd.ssd_dt_kernel(heads=8, chunk_size=128, block_L=64)
+    scan_bufs = {b.name: [str(d) for d in b.shape[1:]] for b in f.buffer_map.values()}
+    dt_bufs = {b.name: [str(d) for d in b.shape[1:]] for b in dt.buffer_map.values()}
+    # the scan reads what the pre-pass writes: [tiles, H, DT_ROWS, block_L] rows, [tiles, META_WIDTH] records
+    assert scan_bufs["dtA"] == dt_bufs["dtA"] == ["8", str(ssd.DT_ROWS), "64"]
+    assert scan_bufs["tmeta"] == dt_bufs["tmeta"] == [str(ssd.META_WIDTH)]
 
 
-@pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
-@pytest.mark.parametrize(
-    "precomputed_dt, lean", [(False, False), (True, False), (True, True)], ids=["fused", "prepass", "lean"]
-)
-def test_ssd_fused_factory_takes_the_prepass_buffers_before_flags(precomputed_dt, lean):
-    f = ssd.ssd_fused_kernel(
-        heads=8, groups=2, dim=64, dstate=128, chunk_size=128, precomputed_dt=precomputed_dt, lean=lean
-    )
-    names = [p.name.removesuffix("_handle") for p in f.params]
-    assert names[-3:] == ["dtA", "tmeta", "flags"]
-
-
-@pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
-def test_ssd_dt_kernel_arguments_and_tile_check():
-    f = ssd.ssd_dt_kernel(heads=8, chunk_size=256, block_L=128)
-    names = [p.name.removesuffix("_handle") for p in f.params]
-    assert names == ["dt", "A", "dt_bias", "cu_chunk_seqlens", "seq_idx", "dtA", "tmeta"]
-    with pytest.raises(ValueError, match="block_L"):
-        ssd.ssd_dt_kernel(heads=8, chunk_size=64, block_L=128)
+@needs_tilelang
+@pytest.mark.parametrize("heads_per_cta", [1, 8])
+def test_ssd_dt_kernel_arguments_include_the_runs_table(heads_per_cta):
+    f = ssd.ssd_dt_kernel(heads=8, chunk_size=256, block_L=128, heads_per_cta=heads_per_cta)
+    assert _names(f) == [
+        "dt", "A", "dt_bias", "cu_chunk_seqlens", "seq_idx", "dtA", "tmeta", "last_chunk_indices",
+        "final_state_indices", "bounds", "dest",
+    ]  # fmt: skip

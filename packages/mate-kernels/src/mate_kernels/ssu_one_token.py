@@ -1,0 +1,144 @@
+"""The one-token SSU kernel: one token per sequence (rows = sequences), as in a plain decode step.
+
+CTA ``(pb, h, b)`` owns ``block_p`` state rows of head ``h`` for sequence ``b``: it reads the state from slot
+``src(b, 0)`` (or ``b``; the sentinel ``pad`` means no state: zeros, nothing written), updates it once,
+``s = s exp(A dt) + dt x B``, writes ``y = s . C (+ D x) (* silu(z))`` and stores the state once, to ``dst(b, 0)``
+(else the read slot) unless ``mode`` is ``MODE_NONE``. Every input load is issued before the first use of any of
+them (branch-free: absent inputs are read at index 0 of their dummy and masked arithmetically), so the loads'
+latencies overlap. The row reduction of ``y`` is the plain one (every row on its own; lane 0 writes every row's
+``y``): the transposed one measured no faster here (slower with bf16 states, level with fp32; 2026-12-01 at 7390f7b
+on the H200).
+
+``pack_early`` (2-byte states): each updated state value is converted back to the stored dtype right after its
+recurrence step (into the registers it was loaded into), so no fp32 copy of the whole state stays live across the
+row reduction, the ``y`` write and the store. Same arithmetic, same rounding; fewer registers per thread (96 -> 64
+for Nemotron-H bf16, so 8 instead of 5 CTAs per SM).
+"""
+
+from .ssu_common import FLAG_DST, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, MODE_NONE
+
+
+def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied, vector_state, vector_io,
+                     pack_early, min_blocks, pdl):  # fmt: skip
+    """The ``T.prim_func`` (``ops``: :func:`.ssu_parts.row_ops`, ``ty``: :func:`.ssu_parts.tensor_types`)."""
+    ratio = heads_per_group
+    VEC, NV, L, R, TH, NB, NS, NA = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.NB, ops.NS, ops.NA
+    prow, bit, aligned, dt_value = ops.prow, ops.bit, ops.aligned, ops.dt_value
+    load_A, load_D, fetch_state, convert_state = ops.load_A, ops.load_D, ops.fetch_state, ops.convert_state
+    apply_softplus, recur_and_reduce, write_y = ops.apply_softplus, ops.recur_and_reduce, ops.write_y
+    store_raw, store_state = ops.store_raw, ops.store_state
+    H = ty.H
+    state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
+    z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
+    f32 = "float32"
+    i64 = "int64"
+
+    @T.prim_func
+    def ssu_one_token(
+        state: state_t,
+        x: x_t,
+        dt: dt_t,
+        A: A_t,
+        B: B_t,
+        C: C_t,
+        D: D_t,
+        z: z_t,
+        dt_bias: dtb_t,
+        out: out_t,
+        src: src_t,
+        dst: dst_t,
+        nseq: T.int32,
+        seqlen: T.int32,
+        src_sb: T.int64,
+        src_st: T.int64,
+        dst_sb: T.int64,
+        dst_st: T.int64,
+        pad: T.int64,
+        flags: T.int32,
+        mode: T.int32,
+    ):
+        pool = aligned(state, vector_state)
+        Bv = aligned(B, vector_io)
+        Cv = aligned(C, vector_io)
+        with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
+            if min_blocks > 0:
+                T.annotate_min_blocks_per_sm(min_blocks)
+            if pdl:
+                T.pdl_trigger()
+                T.pdl_sync()
+            tx = T.get_thread_binding()
+            s = T.alloc_local((NS,), f32)
+            raw = T.alloc_local((NS,), state_dtype)
+            Av = T.alloc_local((NA,), f32)
+            buf = T.alloc_local((VEC,), state_dtype)
+            rb = T.alloc_local((NV * VEC,), io_dtype)
+            rc = T.alloc_local((NV * VEC,), io_dtype)
+            bv = T.alloc_local((NV * VEC,), f32)
+            cv = T.alloc_local((NV * VEC,), f32)
+            xv = T.alloc_local((R,), f32)
+            dv = T.alloc_local((R,), f32)
+            zv = T.alloc_local((R,), f32)
+            dtv = T.alloc_local((max(R, 2),), f32)
+            acc = T.alloc_local((R,), f32)
+            slot = T.alloc_var(i64)
+            wslot = T.alloc_var(i64)
+            g = h // ratio
+            lane = tx % L
+            rg = tx // L
+            b64 = T.cast(b, i64)
+            # every load is issued before the first use of any of them (branch-free, dummies at index 0)
+            hs = T.cast(bit(flags, FLAG_SRC), i64)
+            src_val = T.cast(src[b64 * src_sb * hs], i64)
+            hz = bit(flags, FLAG_Z)
+            hb = bit(flags, FLAG_DT_BIAS)
+            load_A(Av, A, h, pb, tx)
+            load_D(dv, D, h, pb, tx, flags)
+            for r in T.unroll(R):
+                p = prow(pb, r, rg)
+                xv[r] = T.cast(x[b, h, p], f32)
+                zv[r] = T.cast(z[b * hz, h * hz, p * hz], f32)
+                if not tied:
+                    dtv[r] = dt_value(dt[b, h, p], T.cast(dt_bias[h * hb, p * hb], f32) * T.cast(hb, f32))
+            if tied:
+                dtv[0] = dt_value(dt[b, h, 0], T.cast(dt_bias[h * hb, 0], f32) * T.cast(hb, f32))
+            for v in T.unroll(NV):
+                n0 = (v * L + lane) * VEC
+                if vector_io:
+                    for i in T.vectorized(VEC):
+                        rb[v * VEC + i] = Bv[b, g, n0 + i]
+                    for i in T.vectorized(VEC):
+                        rc[v * VEC + i] = Cv[b, g, n0 + i]
+                else:
+                    for i in T.unroll(VEC):
+                        rb[v * VEC + i] = Bv[b, g, n0 + i]
+                    for i in T.unroll(VEC):
+                        rc[v * VEC + i] = Cv[b, g, n0 + i]
+            slot = T.if_then_else(hs != 0, src_val, b64)
+            if slot != pad:
+                fetch_state(raw, pool, slot, h, pb, tx)
+            if pack_early:
+                if slot == pad:
+                    for k in T.unroll(NS):
+                        raw[k] = T.cast(T.float32(0), state_dtype)
+            apply_softplus(dtv, 1 if tied else R, flags)
+            if not pack_early:
+                convert_state(s, raw, slot != pad)
+            for k in T.unroll(NV * VEC):
+                bv[k] = T.cast(rb[k], f32)
+                cv[k] = T.cast(rc[k], f32)
+            if pack_early:
+                recur_and_reduce(raw, Av, acc, xv, dtv, bv, cv, tx, True)
+            else:
+                recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
+            write_y(acc, xv, dv, zv, out, b, h, pb, tx, flags)
+            if mode != MODE_NONE and slot != pad:
+                wslot = slot
+                if (flags & FLAG_DST) != 0:
+                    wslot = T.cast(dst[b64 * dst_sb], i64)
+                if wslot != pad:
+                    if pack_early:
+                        store_raw(raw, pool, wslot, h, pb, tx)
+                    else:
+                        store_state(s, buf, pool, wslot, h, pb, tx)
+
+    return ssu_one_token

@@ -1,0 +1,292 @@
+"""The parts both SSU kernels (:mod:`.ssu_one_token`, :mod:`.ssu_packed`) are built from: their tensor argument
+types (:func:`tensor_types`) and the per-thread helpers (:func:`row_ops`: where a thread's state rows, A, D and the
+row reduction live under an :class:`.ssu_common.SSUTiling`), as TileLang macros (inlined where called) and plain
+functions that build TIR expressions.
+
+A thread holds ``rows_per_thread`` rows (``R``) of ``vecs * vec`` state values each, in registers: value ``k`` of
+the thread's ``NS = R * vecs * vec`` is row ``r = k // (vecs * vec)``, chunk ``v``, element ``i``, i.e. state entry
+``[p, (v * lanes + lane) * vec + i]`` of row ``p = pb * block_p + r * rows_per_pass + tx // lanes``.
+"""
+
+from types import SimpleNamespace
+
+from .ssu_common import FLAG_D, FLAG_SOFTPLUS, FLAG_Z
+
+
+def tensor_types(T, *, dim, dstate, state_dtype, io_dtype, dt_dtype, d_dtype, dt_bias_dtype, src_dtype, dst_dtype,
+                 meta_dtype, ibuf_dtype):  # fmt: skip
+    """The tensor argument types of both kernels, and the heads count ``H`` (a ``T.dynamic`` the grid uses).
+    Every extent and outer stride but P and N is a runtime value: pool slots and strides, rows, heads, groups,
+    table lengths; absent optional tensors are passed as small dummies (D, z, dt_bias, the tables)."""
+    P, N = int(dim), int(dstate)
+    f32 = "float32"
+    i64 = "int64"
+
+    S, H, G, R_, K, HI = T.dynamic("S, H, G, R, K, HI")
+    s_s0, s_s1, s_i0, s_i1 = T.dynamic("s_s0, s_s1, s_i0, s_i1", i64)
+    sx0, sx1, sx2, sd0, sd1, sd2 = T.dynamic("sx0, sx1, sx2, sd0, sd1, sd2")
+    sb0, sb1, sc0, sc1, so0, so1, so2 = T.dynamic("sb0, sb1, sc0, sc1, so0, so1, so2")
+    sa0, sa1, sa2 = T.dynamic("sa0, sa1, sa2")
+    HD, PD, sD0, sD1, HB, PB, sB0, sB1 = T.dynamic("HD, PD, sD0, sD1, HB, PB, sB0, sB1")
+    RZ, HZ, PZ, sz0, sz1, sz2 = T.dynamic("RZ, HZ, PZ, sz0, sz1, sz2")
+    LS, LD, LC, LA, LI, NPAR, TPAR, sp0, sp1 = T.dynamic("LS, LD, LC, LA, LI, NPAR, TPAR, sp0, sp1")
+
+    return SimpleNamespace(
+        H=H,
+        state=T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype),
+        x=T.StridedTensor((R_, H, P), (sx0, sx1, sx2), io_dtype),
+        dt=T.StridedTensor((R_, H, P), (sd0, sd1, sd2), dt_dtype),
+        A=T.StridedTensor((H, P, N), (sa0, sa1, sa2), f32),
+        B=T.StridedTensor((R_, G, N), (sb0, sb1, 1), io_dtype),
+        C=T.StridedTensor((R_, G, N), (sc0, sc1, 1), io_dtype),
+        D=T.StridedTensor((HD, PD), (sD0, sD1), d_dtype),
+        z=T.StridedTensor((RZ, HZ, PZ), (sz0, sz1, sz2), io_dtype),
+        dt_bias=T.StridedTensor((HB, PB), (sB0, sB1), dt_bias_dtype),
+        out=T.StridedTensor((R_, H, P), (so0, so1, so2), io_dtype),
+        src=T.Tensor((LS,), src_dtype),
+        dst=T.Tensor((LD,), dst_dtype),
+        cu=T.Tensor((LC,), meta_dtype),
+        acc=T.Tensor((LA,), meta_dtype),
+        ibuf=T.StridedTensor((K, HI, P, N), (s_i0, s_i1, N, 1), ibuf_dtype),  # HI: heads, or 1 for the dummy
+        iidx=T.Tensor((LI,), meta_dtype),
+        parent=T.StridedTensor((NPAR, TPAR), (sp0, sp1), meta_dtype),
+    )
+
+
+def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state, transposed):
+    """The helpers for one build, with the derived compile-time sizes, as one namespace. ``transposed``: the
+    transposed row reduction (see ``reduce_rows``) where the thread's rows fit its row's lanes (so far always:
+    R <= 4 rows, L >= 4 lanes for N >= 32)."""
+    P, N, tl = int(dim), int(dstate), tiling
+    VEC, NV, L, R, TH, BP = tl.vec, tl.vecs, tl.lanes, tl.rows_per_thread, tl.threads, tl.block_p
+    RP = tl.rows_per_pass
+    guard_p = P % BP != 0
+    NS = R * NV * VEC  # state values per thread
+    f32 = "float32"
+    LOG_L = L.bit_length() - 1
+    transposed = bool(transposed) and R <= L
+    TR = R.bit_length() - 1 if transposed else 0
+
+    def prow(pb, r, rg):
+        """State row of unrolled row ``r`` (clamped into range for loads when P is not a multiple of block_p)."""
+        p = pb * BP + r * RP + rg
+        return T.min(p, P - 1) if guard_p else p
+
+    def softplus(d):
+        return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
+
+    def bit(flags, flag):
+        """1 when ``flag`` is set, else 0 (int32): absent inputs are read at index 0 of their dummy and
+        masked arithmetically, so every input load is issued without a branch."""
+        return T.shift_right(flags, flag.bit_length() - 1) & 1
+
+    def aligned(buf, vector):
+        """A view of ``buf`` whose dynamic outer strides are written as multiples of ``vec``: the caller
+        guarantees that they are (``vector_*``), which lets TileLang prove 16-byte vector accesses."""
+        if not vector:
+            return buf
+        last = len(buf.strides) - 1
+        strides = [st if i == last else T.floordiv(st, VEC) * VEC for i, st in enumerate(buf.strides)]
+        return T.view(buf, strides=strides)
+
+    def pick(arr, sel):
+        """``arr[sel]`` for a runtime ``sel`` < R as a chain of selects (registers cannot be indexed at runtime)."""
+        v = arr[0]
+        for r in range(1, R):
+            v = T.if_then_else(sel == r, arr[r], v)
+        return v
+
+    # ---- state: fetched raw (in the stored dtype) so other loads can be issued before it is used
+    @T.macro
+    def fetch_state(raw, pool, slot, h, pb, tx):
+        lane = tx % L
+        rg = tx // L
+        for r in T.unroll(R):
+            p = prow(pb, r, rg)
+            for v in T.unroll(NV):
+                n0 = (v * L + lane) * VEC
+                k0 = (r * NV + v) * VEC
+                if vector_state:
+                    for i in T.vectorized(VEC):
+                        raw[k0 + i] = pool[slot, h, p, n0 + i]
+                else:
+                    for i in T.unroll(VEC):
+                        raw[k0 + i] = pool[slot, h, p, n0 + i]
+
+    @T.macro
+    def convert_state(s, raw, live):
+        for k in T.unroll(NS):
+            s[k] = T.if_then_else(live, T.cast(raw[k], f32), T.float32(0))
+
+    @T.macro
+    def store_state(s, buf, pool, slot, h, pb, tx):
+        lane = tx % L
+        rg = tx // L
+        for r in T.unroll(R):
+            p = pb * BP + r * RP + rg
+            for v in T.unroll(NV):
+                n0 = (v * L + lane) * VEC
+                for i in T.unroll(VEC):
+                    buf[i] = T.cast(s[(r * NV + v) * VEC + i], pool.dtype)
+                if guard_p:
+                    if p < P:
+                        for i in T.unroll(VEC):
+                            pool[slot, h, p, n0 + i] = buf[i]
+                elif vector_state:
+                    for i in T.vectorized(VEC):
+                        pool[slot, h, p, n0 + i] = buf[i]
+                else:
+                    for i in T.unroll(VEC):
+                        pool[slot, h, p, n0 + i] = buf[i]
+
+    @T.macro
+    def reload_state(s, buf, pool, slot, h, pb, tx):
+        """s = pool[slot] (the parent reload of the packed kernel)."""
+        lane = tx % L
+        rg = tx // L
+        for r in T.unroll(R):
+            p = prow(pb, r, rg)
+            for v in T.unroll(NV):
+                n0 = (v * L + lane) * VEC
+                if vector_state:
+                    for i in T.vectorized(VEC):
+                        buf[i] = pool[slot, h, p, n0 + i]
+                else:
+                    for i in T.unroll(VEC):
+                        buf[i] = pool[slot, h, p, n0 + i]
+                for i in T.unroll(VEC):
+                    s[(r * NV + v) * VEC + i] = T.cast(buf[i], f32)
+
+    @T.macro
+    def load_A(Av, A, h, pb, tx):
+        if tied:
+            Av[0] = A[h, 0, 0]
+        else:
+            lane = tx % L
+            rg = tx // L
+            for r in T.unroll(R):
+                p = prow(pb, r, rg)
+                for v in T.unroll(NV):
+                    for i in T.unroll(VEC):
+                        Av[(r * NV + v) * VEC + i] = A[h, p, (v * L + lane) * VEC + i]
+
+    @T.macro
+    def load_D(dv, D, h, pb, tx, flags):
+        rg = tx // L
+        hd = bit(flags, FLAG_D)
+        for r in T.unroll(R):
+            dv[r] = T.cast(D[h * hd, prow(pb, r, rg) * hd], f32) * T.cast(hd, f32)
+
+    @T.macro
+    def reduce_rows(acc, tx):
+        """Sum each of the thread's ``R`` row partials over the row's ``L`` lanes. Transposed (``R <= L``): each
+        of the first log2(R) butterfly steps halves the values a lane holds (it keeps one half of its rows, sends
+        the other half to its partner, which keeps the opposite half), so R rows take R - 1 + log2(L / R)
+        shuffles in all (6 instead of 20 for 4 rows over 32 lanes) and every lane ends with one row's total in
+        ``acc[0]``: row ``lane // (L / R)`` (see ``write_y``). Otherwise every row is reduced on its own and every
+        lane ends with every row's total."""
+        if transposed:
+            lane = tx % L
+            for j in T.unroll(TR):
+                hi = (lane & (L >> (j + 1))) != 0  # this lane keeps the upper half of its rows
+                for k in T.unroll(R // 2):
+                    if k < (R >> (j + 1)):
+                        send = T.if_then_else(hi, acc[k], acc[k + (R >> (j + 1))])
+                        keep = T.if_then_else(hi, acc[k + (R >> (j + 1))], acc[k])
+                        acc[k] = keep + T.shfl_xor(send, L >> (j + 1))
+            for j in T.unroll(LOG_L - TR):
+                acc[0] = acc[0] + T.shfl_xor(acc[0], (L >> TR) >> (j + 1))
+        else:
+            for j in T.unroll(LOG_L):
+                for r in T.unroll(R):
+                    acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
+
+    @T.macro
+    def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx, packed=False):
+        """s = s * exp(A dt) + dt x B ; acc = the rows' sums of s * C (where they end: see ``reduce_rows``).
+        ``packed``: ``s`` holds the raw (stored-dtype) registers; each value is widened, updated, added into the
+        row's dot product and narrowed back into ``s`` at once (``pack_early``)."""
+        if tied:
+            dtv[1] = T.exp(Av[0] * dtv[0])
+        for r in T.unroll(R):
+            acc[r] = 0.0
+            for v in T.unroll(NV):
+                for i in T.unroll(VEC):
+                    k = (r * NV + v) * VEC + i
+                    s0 = T.cast(s[k], f32) if packed else s[k]  # packed: zeros were put in ``raw`` for a sentinel
+                    if tied:
+                        s1 = s0 * dtv[1] + (dtv[0] * xv[r]) * bv[v * VEC + i]
+                    else:
+                        s1 = s0 * T.exp(Av[k] * dtv[r]) + (dtv[r] * xv[r]) * bv[v * VEC + i]
+                    acc[r] = acc[r] + s1 * cv[v * VEC + i]
+                    s[k] = T.cast(s1, state_dtype) if packed else s1
+        reduce_rows(acc, tx)
+
+    @T.macro
+    def store_raw(raw, pool, slot, h, pb, tx):
+        """Store the stored-dtype registers ``raw`` (``pack_early``)."""
+        lane = tx % L
+        rg = tx // L
+        for r in T.unroll(R):
+            p = pb * BP + r * RP + rg
+            for v in T.unroll(NV):
+                n0 = (v * L + lane) * VEC
+                k0 = (r * NV + v) * VEC
+                if guard_p:
+                    if p < P:
+                        for i in T.unroll(VEC):
+                            pool[slot, h, p, n0 + i] = raw[k0 + i]
+                elif vector_state:
+                    for i in T.vectorized(VEC):
+                        pool[slot, h, p, n0 + i] = raw[k0 + i]
+                else:
+                    for i in T.unroll(VEC):
+                        pool[slot, h, p, n0 + i] = raw[k0 + i]
+
+    @T.macro
+    def write_y(acc, xv, dv, zv, out, row, h, pb, tx, flags):
+        lane = tx % L
+        rg = tx // L
+        if transposed:
+            # after the transposed reduction lane ``lane`` holds the total of row ``lane // (L / R)``: the first
+            # lane of each such group writes that row (R lanes write one value each)
+            sel = lane // (L // R)
+            if lane % (L // R) == 0:
+                p = pb * BP + sel * RP + rg
+                acc[0] = acc[0] + pick(dv, sel) * pick(xv, sel)  # dv is 0 without D
+                if (flags & FLAG_Z) != 0:
+                    acc[0] = acc[0] * pick(zv, sel) / (1.0 + T.exp(-pick(zv, sel)))
+                if guard_p:
+                    if p < P:
+                        out[row, h, p] = T.cast(acc[0], io_dtype)
+                else:
+                    out[row, h, p] = T.cast(acc[0], io_dtype)
+        elif lane == 0:
+            for r in T.unroll(R):
+                p = pb * BP + r * RP + rg
+                acc[r] = acc[r] + dv[r] * xv[r]  # dv is 0 without D
+                if (flags & FLAG_Z) != 0:
+                    acc[r] = acc[r] * zv[r] / (1.0 + T.exp(-zv[r]))
+                if guard_p:
+                    if p < P:
+                        out[row, h, p] = T.cast(acc[r], io_dtype)
+                else:
+                    out[row, h, p] = T.cast(acc[r], io_dtype)
+
+    def dt_value(raw, bias):
+        """dt + dt_bias (softplus is applied later by ``apply_softplus``, once every load is in flight)."""
+        return T.cast(raw, f32) + bias
+
+    @T.macro
+    def apply_softplus(vals, n, flags):
+        if (flags & FLAG_SOFTPLUS) != 0:
+            for k in T.unroll(n):
+                vals[k] = softplus(vals[k])
+
+    return SimpleNamespace(
+        P=P, N=N, VEC=VEC, NV=NV, L=L, R=R, TH=TH, BP=BP, RP=RP, NB=(P + BP - 1) // BP, guard_p=guard_p, NS=NS,
+        NA=1 if tied else NS, transposed=transposed, prow=prow, bit=bit, aligned=aligned, dt_value=dt_value,
+        fetch_state=fetch_state, convert_state=convert_state, store_state=store_state, reload_state=reload_state,
+        load_A=load_A, load_D=load_D, recur_and_reduce=recur_and_reduce, store_raw=store_raw, write_y=write_y,
+        apply_softplus=apply_softplus,
+    )  # fmt: skip
