@@ -107,8 +107,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def compile(session: nox.Session) -> None:
-    """Every kernel configuration of the prewarm grid lowered and compiled for sm_90a (nvcc, no GPU); then the
-    generated-code checks of the SSD kernels (tests/test_ssd_generated_code.py: hazards of TileLang's warp
+    """Every kernel spec of the compile grid lowered and compiled for sm_90a (nvcc, no GPU), each generating the
+    CUDA recorded in tests/data/generated_sources.json; then the generated-code checks of the SSD kernels (tests/test_ssd_generated_code.py: hazards of TileLang's warp
     specialisation that compiling alone does not show; they need TileLang and nvcc, so they run here)."""
     install_torch(session)
     # Only the two packages the compile check uses, through their `cuda` extra (which pins TileLang).
@@ -122,7 +122,9 @@ def compile(session: nox.Session) -> None:
     env["TILELANG_CACHE_DIR"] = str(cache)
     if shutil.which("nvcc", path=env.get("PATH")) is None:
         session.error("nvcc not found: set CUDA_HOME or put CUDA 13's bin/ on PATH")
-    session.run("python", "-m", "mate._tilelang.compile_check", *session.posargs, env=env)
+    # every compile-grid spec must generate the recorded CUDA (tests/data/README.md says where the hashes come from)
+    sources = runtime / "tests" / "data" / "generated_sources.json"
+    session.run("python", "-m", "mate._tilelang.compile_check", "--sources", str(sources), *session.posargs, env=env)
     if not session.posargs:  # (a filtered compile check, e.g. --only ssu, skips them)
         generated = runtime / "tests" / "test_ssd_generated_code.py"
         session.run("pytest", "-q", "-p", "no:cacheprovider", str(generated.relative_to(ROOT)), env=env)
