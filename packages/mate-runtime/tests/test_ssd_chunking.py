@@ -1,4 +1,5 @@
-"""``mate.mamba.chunking.chunk_metadata`` (vLLM-style chunk metadata) and the workspace cache, on the CPU."""
+"""``mate.mamba.chunking`` (vLLM-style chunk metadata: hand-listed cases, a count made token by token, the
+rejections) and the workspace cache, on the CPU."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ from mate.mamba.chunking import chunk_boundaries, chunk_metadata
         pytest.param([6, 2], 4, [3, 0], [0, 1, 5, 6, 8], [0, 0, 0, 1], [2, 3], id="continuing-short-first"),
         pytest.param([3], 4, [8], [0, 3], [0], [0], id="history-on-a-boundary"),
         pytest.param([2], 4, [1], [0, 2], [0], [0], id="inside-one-chunk"),
+        pytest.param(
+            [5, 16, 37, 20],
+            16,
+            [0, 0, 0, 10],
+            [0, 5, 21, 37, 53, 58, 64, 78],
+            [0, 1, 2, 2, 2, 3, 3],
+            [0, 1, 4, 6],
+            id="short-equal-long-continuing",
+        ),
     ],
 )
 def test_chunk_boundaries(seqlens, chunk, history, cu_chunks, seq_idx, last):
@@ -44,18 +54,59 @@ def test_chunk_metadata_tensors():
     assert m.seq_idx.tolist() == [0, 1, 1] and m.last_chunk_indices.tolist() == [0, 2] and m.nchunks == 3
 
 
+def chunks_token_by_token(seqlens, chunk_size, history):
+    """The chunk boundaries counted one token at a time (independently of ``chunk_boundaries``' arithmetic): a
+    chunk closes after a token whose position in its sequence's history (counted from 1) is a multiple of
+    ``chunk_size``, and after a sequence's last token."""
+    cu_chunks, seq_idx, last, tok = [0], [], [], 0
+    for b, n in enumerate(seqlens):
+        for i in range(n):
+            tok += 1
+            if (history[b] + i + 1) % chunk_size == 0 or i == n - 1:
+                cu_chunks.append(tok)
+                seq_idx.append(b)
+        last.append(len(seq_idx) - 1)
+    return cu_chunks, seq_idx, last
+
+
 @pytest.mark.parametrize(
-    "kw, name",
+    "seqlens,chunk_size,history",
     [
-        pytest.param(dict(seqlens=[], chunk_size=4), "seqlens", id="empty"),
-        pytest.param(dict(seqlens=[3, 0], chunk_size=4), "seqlens", id="zero-length"),
-        pytest.param(dict(seqlens=[3], chunk_size=0), "chunk_size", id="chunk-0"),
-        pytest.param(dict(seqlens=[3], chunk_size=4, history=[1, 2]), "history", id="history-length"),
+        pytest.param([5, 16, 37], 16, None, id="no-history"),
+        pytest.param([20, 5, 40], 16, [10, 3, 17], id="short-first-chunks"),
+        pytest.param([16, 8, 1], 16, [16, 8, 15], id="boundaries"),
+        pytest.param([300, 1], 128, [200, 0], id="cs128"),
+        pytest.param([1], 256, [255], id="one-token-closing-a-chunk"),
     ],
 )
-def test_chunk_metadata_rejects(kw, name):
-    with pytest.raises(ValueError, match=name):
-        chunk_boundaries(**kw)
+def test_chunk_metadata_matches_a_token_by_token_count(seqlens, chunk_size, history):
+    m = chunk_metadata(seqlens, chunk_size, history=history)
+    cu_chunks, seq_idx, last = chunks_token_by_token(seqlens, chunk_size, history or [0] * len(seqlens))
+    expected = dict(
+        cu_seqlens=[0, *torch.tensor(seqlens).cumsum(0).tolist()],
+        cu_chunk_seqlens=cu_chunks,
+        seq_idx=seq_idx,
+        last_chunk_indices=last,
+    )
+    for name, values in expected.items():
+        got = getattr(m, name)
+        assert got.dtype == torch.int32 and got.tolist() == values, name
+
+
+@pytest.mark.parametrize(
+    "args,name",
+    [
+        pytest.param(([], 16), "seqlens", id="empty"),
+        pytest.param(([3, 0], 16), "seqlens", id="zero-length"),
+        pytest.param(([3], 0), "chunk_size", id="chunk-size-0"),
+        pytest.param(([3], 16.0), "chunk_size", id="chunk-size-float"),
+        pytest.param(([3, 4], 16, [1]), "history", id="history-length"),
+        pytest.param(([3], 16, [-1]), "history", id="history-negative"),
+    ],
+)
+def test_chunk_metadata_rejections(args, name):
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        chunk_metadata(*args)
 
 
 def test_workspace_grows_and_reuses():

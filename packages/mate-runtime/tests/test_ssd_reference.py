@@ -1,5 +1,6 @@
-"""``ssd_combined_fwd_varlen(..., backend="torch")`` (the chunked five-stage reference) against the plain
-token-by-token recurrence of ``ssm_recurrence``, with chunk metadata built by the test's own helper.
+"""``ssd_combined_fwd_varlen(..., backend="torch")`` (the chunked five-stage reference) against the float64
+token-by-token oracle ``mate.testing.ssd_recurrence``, with the chunk metadata of ``mate.mamba.chunking``
+(itself checked in ``test_ssd_chunking.py``).
 
 Ragged batches (sequences shorter than, equal to and longer than a chunk), continuing sequences whose first
 chunk is short, initial states, half + half prefill equal to the whole, every chunk-end state, state dtypes,
@@ -14,7 +15,8 @@ import math
 import pytest
 import torch
 from mate.mamba import ssd_combined_fwd_varlen
-from ssm_recurrence import chunk_metadata, ssd_recurrence
+from mate.mamba.chunking import chunk_metadata
+from mate.testing import ssd_recurrence
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 TOL = {F32: (1e-4, 1e-4), BF16: (1.5e-2, 1.5e-2), F16: (3e-3, 3e-3)}
@@ -89,19 +91,6 @@ def run_rec(inp, seqlens, meta=None, **kw):
 def close(actual, expected, dtype):
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol)
-
-
-# ------------------------------------------------------------------------------------ metadata helper
-
-
-def test_chunk_metadata_helper():
-    """The test's own metadata builder (chunk ends on absolute multiples of chunk_size)."""
-    m = chunk_metadata([5, 16, 37, 20], 16, history=[0, 0, 0, 10])
-    assert m.cu_seqlens.tolist() == [0, 5, 21, 58, 78]
-    # seq 0: 5 | seq 1: 16 | seq 2: 16 16 5 | seq 3 (history 10): 6 14
-    assert m.cu_chunk_seqlens.tolist() == [0, 5, 21, 37, 53, 58, 64, 78]
-    assert m.seq_idx.tolist() == [0, 1, 2, 2, 2, 3, 3]
-    assert m.last_chunk_indices.tolist() == [0, 1, 4, 6]
 
 
 # --------------------------------------------------------------------------------------- ragged batch
@@ -396,7 +385,9 @@ def _random_ssd(seed):
 @pytest.mark.parametrize("seed", [pytest.param(s, id=f"combo{s}") for s in range(24)])
 def test_random_combinations(seed):
     cs, seqlens, history, inp, kw, sd = _random_ssd(seed)
-    meta = chunk_metadata(seqlens, cs, history=history, dtype=torch.int64 if seed % 2 else torch.int32)
+    meta = chunk_metadata(seqlens, cs, history=history)
+    if seed % 2:  # the index tensors may be int64 as well
+        meta = dataclasses.replace(meta, **{f.name: getattr(meta, f.name).long() for f in dataclasses.fields(meta)})
     exp = run_rec(inp, seqlens, meta, **kw)
     out = torch.empty_like(inp["x"])
     states = run_ref(inp, meta, cs, out=out, return_intermediate_states=True, state_dtype=sd, **kw)
@@ -406,44 +397,3 @@ def test_random_combinations(seed):
     close(states, exp.chunk_end, expected_dtype)
     final = run_ref(inp, meta, cs, state_dtype=sd, **kw)
     close(final, exp.final, expected_dtype)
-
-
-# ------------------------------------------------------------------- the public chunk metadata helper
-
-
-@pytest.mark.parametrize(
-    "seqlens,chunk_size,history",
-    [
-        pytest.param([5, 16, 37], 16, None, id="no_history"),
-        pytest.param([20, 5, 40], 16, [10, 3, 17], id="short_first_chunks"),
-        pytest.param([16, 8, 1], 16, [16, 8, 15], id="boundaries"),
-        pytest.param([300, 1], 128, [200, 0], id="cs128"),
-        pytest.param([1], 256, [255], id="one_token_closing_a_chunk"),
-    ],
-)
-def test_public_chunk_metadata_matches_independent_helper(seqlens, chunk_size, history):
-    from mate.mamba.chunking import chunk_metadata as public
-
-    mine = chunk_metadata(seqlens, chunk_size, history=history)
-    theirs = public(seqlens, chunk_size, history=history)
-    for f in ("cu_seqlens", "cu_chunk_seqlens", "seq_idx", "last_chunk_indices"):
-        a, b = getattr(theirs, f), getattr(mine, f)
-        assert a.dtype == torch.int32 and torch.equal(a, b), f
-
-
-@pytest.mark.parametrize(
-    "args,name",
-    [
-        pytest.param(([], 16), "seqlens", id="empty"),
-        pytest.param(([3, 0], 16), "seqlens", id="zero_length"),
-        pytest.param(([3], 0), "chunk_size", id="chunk_size_0"),
-        pytest.param(([3], 16.0), "chunk_size", id="chunk_size_float"),
-        pytest.param(([3, 4], 16, [1]), "history", id="history_length"),
-        pytest.param(([3], 16, [-1]), "history", id="history_negative"),
-    ],
-)
-def test_public_chunk_metadata_rejections(args, name):
-    from mate.mamba.chunking import chunk_metadata as public
-
-    with pytest.raises(ValueError, match=f"^{name}:"):
-        public(*args)

@@ -1,10 +1,11 @@
-"""``selective_state_update(..., backend="torch")`` against the plain recurrence of ``ssm_recurrence``.
+"""``selective_state_update(..., backend="torch")`` against the float64 token-by-token oracle
+``mate.testing.ssu_recurrence``.
 
-Every form of ``contracts.md`` §2-3 the normaliser accepts: dtypes, head/group ratios, odd P and N, tied and
-untied dt/A/D/dt_bias, the 3-D state, every slot table form, the sentinels, MTP with accepted counts,
-zero-length sequences, the dense 4-D form, destination tables, the intermediate buffer, strided pools and
-row views, ``disable_state_update`` and ``out``. Pool slots (and page bytes) a call does not name must come
-back bit-identical.
+Every form of the decode call (``docs/mamba.md``) the normaliser accepts: dtypes, head/group ratios, odd P
+and N, tied and untied dt/A/D/dt_bias, the 3-D state, every slot table form, the sentinels, MTP with accepted
+counts, zero-length sequences, the dense 4-D form, destination tables, the intermediate buffer, strided pools
+and row views, ``disable_state_update`` and ``out``. Pool slots (and page bytes) a call does not name must
+come back bit-identical.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from mate.mamba import selective_state_update
 from mate.mamba._ssu_call import normalize_ssu
 from mate.mamba.ssu import run_ssu
-from ssm_recurrence import ssu_recurrence
+from mate.testing import ssu_recurrence
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 DTYPE_ID = {F32: "f32", BF16: "bf16", F16: "f16"}
