@@ -380,8 +380,6 @@ def test_torch_compile_fullgraph_over_the_vllm_decode_call():
 
 @pytest.mark.gpu
 def test_gpu_vllm_spec_decode_matches_cpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     cu = torch.tensor([0, 3, 3, 5, 8], dtype=torch.int32)
     src = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 0, 0]], dtype=torch.int32)
     dst = torch.tensor([[11, 12, 13], [14, 15, 16], [17, 0, 19], [20, 21, 22]], dtype=torch.int32)

@@ -5,16 +5,12 @@ Compiling for sm_90a is the runtime's compile check (`nox -s compile`); test_gen
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import subprocess
 import sys
 
 import pytest
 from mate_kernels import ssd, ssu
-
-HAS_TILELANG = importlib.util.find_spec("tilelang") is not None
-needs_tilelang = pytest.mark.skipif(not HAS_TILELANG, reason="TileLang is not installed")
 
 
 def _names(f):
@@ -144,7 +140,7 @@ def test_ssd_dt_kernel_checks_before_importing_tilelang(kw, match):
         ssd.ssd_dt_kernel(**kw)
 
 
-@needs_tilelang
+@pytest.mark.tilelang
 @pytest.mark.parametrize("one_token", [True, False], ids=["one-token", "packed"])
 def test_ssu_factory_returns_a_prim_func_with_the_documented_arguments(one_token):
     f = ssu.ssu_kernel(dim=64, dstate=128, heads_per_group=16, state_dtype="bfloat16", io_dtype="bfloat16",
@@ -155,7 +151,7 @@ def test_ssu_factory_returns_a_prim_func_with_the_documented_arguments(one_token
     assert _names(f) == (head + scalars if one_token else head + packed + scalars + ["cache_steps"])
 
 
-@needs_tilelang
+@pytest.mark.tilelang
 @pytest.mark.parametrize("narrow_p", [False, True], ids=["P64", "narrow-P80"])
 def test_ssd_fused_factory_arguments_and_the_prepass_layout_it_reads(narrow_p):
     P = 80 if narrow_p else 64
@@ -172,7 +168,7 @@ def test_ssd_fused_factory_arguments_and_the_prepass_layout_it_reads(narrow_p):
     assert scan_bufs["tmeta"] == dt_bufs["tmeta"] == [str(ssd.META_WIDTH)]
 
 
-@needs_tilelang
+@pytest.mark.tilelang
 @pytest.mark.parametrize("heads_per_cta", [1, 8])
 def test_ssd_dt_kernel_arguments_include_the_runs_table(heads_per_cta):
     f = ssd.ssd_dt_kernel(heads=8, chunk_size=256, block_L=128, heads_per_cta=heads_per_cta)

@@ -203,8 +203,6 @@ def test_compiled_decode_on_a_strided_pool_view():
 
 @pytest.mark.gpu
 def test_gpu_compiled_decode_and_prefill_equal_eager():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(5)
     S, H, P, N, b = 8, 8, 64, 128, 4

@@ -14,18 +14,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 import torch
 
-cuda_ok = torch.cuda.is_available()
-try:
-    import tilelang  # noqa: F401
-
-    tl_ok = True
-except Exception:  # pragma: no cover - depends on the machine
-    tl_ok = False
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (cuda_ok and tl_ok), reason="needs a CUDA device and TileLang"),
-]
+pytestmark = pytest.mark.gpu  # skipped without a device or TileLang (tests/conftest.py)
 
 from mate._tilelang import ssd as tl_ssd  # noqa: E402
 from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402

@@ -10,18 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-cuda_ok = torch.cuda.is_available()
-try:
-    import tilelang  # noqa: F401
-
-    tl_ok = True
-except Exception:  # pragma: no cover - depends on the machine
-    tl_ok = False
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (cuda_ok and tl_ok), reason="needs a CUDA device and TileLang"),
-]
+pytestmark = pytest.mark.gpu  # skipped without a device or TileLang (tests/conftest.py)
 
 H, P, N, G = 8, 64, 128, 2
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
