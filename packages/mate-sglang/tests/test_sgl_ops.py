@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mate.testing import consumer_tensors, run_sequence
+from mate.testing import consumer_tensors, discretize_dt, run_sequence, step
 from mate_sglang import ops
 
 ATOL = dict(atol=2e-5, rtol=2e-5)
@@ -62,11 +62,10 @@ def test_single_head_forms():
     ops.selective_state_update(state, x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True, state_batch_indices=src,
                                out=out)  # fmt: skip
     for i in range(b):
-        s = pool0[int(src[i])].double()
-        d = torch.nn.functional.softplus((dt[i] + dt_bias).double())
-        s = s * torch.exp(A.double() * d[:, None]) + (d * x[i].double())[:, None] * B[i].double()[None, :]
-        torch.testing.assert_close(out[i].double(), s @ C[i].double() + D.double() * x[i].double(), **ATOL)
-        torch.testing.assert_close(state[int(src[i])].double(), s, **ATOL)
+        d = discretize_dt(dt[i], dt_bias, dt_softplus=True)  # [P]
+        s, y = step(pool0[int(src[i])][None], x[i][None], d[None], A[None], B[i][None], C[i][None], D[None])
+        torch.testing.assert_close(out[i].double(), y[0], **ATOL)  # (as one head)
+        torch.testing.assert_close(state[int(src[i])].double(), s[0], **ATOL)
 
 
 def test_disable_state_update_leaves_the_pool_bit_identical():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mate.testing import consumer_tensors, run_sequence
+from mate.testing import consumer_tensors, discretize_dt, run_sequence, step
 from mate_vllm import ops
 
 ATOL = dict(atol=2e-5, rtol=2e-5)
@@ -144,13 +144,12 @@ def test_untied_mamba1_forms():
     ops.selective_state_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus=True, state_batch_indices=src, out=out)
     for i in range(b):
         read = int(src[i])
-        s = torch.zeros(P, N, dtype=torch.float64) if read == 0 else pool0[read].double()
-        d = torch.nn.functional.softplus((dt[i] + dt_bias).double())  # [P]
-        s = s * torch.exp(A.double() * d[:, None]) + (d * x[i].double())[:, None] * B[i].double()[None, :]
-        y = s @ C[i].double() + D.double() * x[i].double()
-        torch.testing.assert_close(out[i].double(), y, **ATOL)
+        s0 = torch.zeros(P, N) if read == 0 else pool0[read]
+        d = discretize_dt(dt[i], dt_bias, dt_softplus=True)  # [P]
+        s, y = step(s0[None], x[i][None], d[None], A[None], B[i][None], C[i][None], D[None])  # as one head
+        torch.testing.assert_close(out[i].double(), y[0], **ATOL)
         if read != 0:
-            torch.testing.assert_close(state[read].double(), s, **ATOL)
+            torch.testing.assert_close(state[read].double(), s[0], **ATOL)
     assert torch.equal(state[0], pool0[0])
 
 
