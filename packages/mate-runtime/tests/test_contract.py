@@ -73,7 +73,7 @@ SEED_PREWARM_SSU = [
     ("dt_dim", None, KO),
 ]
 
-# contracts.md §5: everything after dt_bias is keyword-only in mate.mamba.
+# Everything after dt_bias is keyword-only in mate.mamba (docs/mamba.md: vLLM and the seed order them differently).
 SEED_SSD = [
     ("x", REQ, PK),
     ("dt", REQ, PK),
