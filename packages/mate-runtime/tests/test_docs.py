@@ -229,21 +229,12 @@ def test_int16_state_is_not_implemented():
         run_ssu(state=torch.int16)
 
 
-def _gpu_tilelang() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    from mate._backends import tilelang_installed
-
-    return tilelang_installed()
-
-
 def gpu_limit(name: str) -> int:
     row = next(lim for lim in documented_limits() if limit_key(lim) == ("tilelang", name, "sequences"))
     return int(re.fullmatch(r"at most (\d+)", row["accepted"]).group(1))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_tilelang(), reason="needs a CUDA device and TileLang")
+@pytest.mark.gpu  # skipped without a device or TileLang (tests/conftest.py)
 def test_sequence_limit_on_gpu():
     from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
     from mate.mamba.chunking import chunk_metadata
