@@ -108,8 +108,9 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def compile(session: nox.Session) -> None:
     """Every kernel spec of the compile grid lowered and compiled for sm_90a (nvcc, no GPU), each generating the
-    CUDA recorded in tests/data/generated_sources.json; then the generated-code checks of the SSD kernels (tests/test_ssd_generated_code.py: hazards of TileLang's warp
-    specialisation that compiling alone does not show; they need TileLang and nvcc, so they run here)."""
+    CUDA recorded in tests/data/generated_sources.json; then the generated-code checks of the SSD kernels
+    (tests/test_ssd_generated_code.py: hazards of TileLang's warp specialisation that compiling alone does not
+    show; they need TileLang and nvcc, so they run here)."""
     install_torch(session)
     # Only the two packages the compile check uses, through their `cuda` extra (which pins TileLang).
     kernels, runtime = ROOT / "packages" / "mate-kernels", ROOT / "packages" / "mate-runtime"
