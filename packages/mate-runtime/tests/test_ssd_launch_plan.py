@@ -125,6 +125,13 @@ def test_specs_follow_the_call():
     assert math.isinf(dt.dt_max) and (dt.has_dt_bias, dt.dt_softplus) == (True, True)
 
 
+def test_a_call_without_d_runs_the_scan_with_d():
+    """(the scan without D releases x_s under an asynchronous wgmma: tests/test_ssd_generated_code.py)"""
+    with_d, _ = specs(_call(D=torch.zeros(4)))
+    without, _ = specs(_call())
+    assert without == with_d and without.has_D
+
+
 def test_dt_spec_mirrors_the_scan():
     scan, dt = specs(_call(dt_bias=torch.zeros(4), dt_softplus=True, dt_limit=(0.01, 0.2)))
     for field in ("heads", "chunk_size", "block_L", "cu_dtype", "seq_idx_dtype"):

@@ -18,7 +18,11 @@ What the planner decides, and why (docs/ssd-kernels.md; the alternatives measure
   scan kernel reads ``bounds[::k]`` at run time, so every k is the same compiled kernel;
 * the L2 prefetch of the next entering state (:func:`wants_prefetch`): where a CTA walks several sequences;
 * the pre-pass's heads per CTA: the largest power of two up to 8 dividing the heads (one 32-byte dt sector per
-  token).
+  token);
+* a call without D runs the kernel with D, fed zeros (the launcher's D stand-in): in the scan without D, the
+  epilogue reads x_s nowhere after the S x wgmma's wait, so TileLang's pipeline releases x_s to the producer while
+  that asynchronous wgmma may still read it (tests/test_ssd_generated_code.py shows it); with D the epilogue's
+  ``D * x`` read keeps the release after the wait. One fused multiply-add per element, the same schedule.
 """
 
 from __future__ import annotations
@@ -199,7 +203,7 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
             H=call.heads, G=call.groups, P=call.dim, N=call.dstate, L=call.chunk_size, io=n[call.x.dtype],
             state=n[state_dt], init=n[init_dt], D=n[call.D.dtype] if call.D is not None else "float32",
             D_per_dim=not call.D_tied, cu=n[call.cu_chunk_seqlens.dtype], sq=n[call.seq_idx.dtype],
-            has_D=call.D is not None, intermediate=call.return_intermediate_states,
+            has_D=True, intermediate=call.return_intermediate_states,
         )  # fmt: skip
         dt = dt_spec(
             base, dt=n[call.dt.dtype], dtb=n[call.dt_bias.dtype] if call.dt_bias is not None else "float32",
