@@ -167,33 +167,22 @@ def rel_err(got, want) -> float:
     return float((got - want).abs().max()) / max(scale, 1e-12) if want.numel() else 0.0
 
 
-def softplus64(v):
-    import torch
-
-    return torch.where(v > 20.0, v, torch.log1p(torch.exp(v.clamp(max=20.0))))
-
-
 class Recurrence:
-    """The Mamba2 recurrence one token at a time, in float64: the demo's independent oracle.
-
-    Per token and head h (group g = h // (H // G)): ``dt' = softplus(dt + dt_bias)``, ``s = s * exp(A dt') +
-    dt' * x (x) B[g]``, ``y = s . C[g] + D x``, ``y *= silu(z)``.
-    """
+    """The demo's independent oracle: :func:`mate.testing.step`, the float64 token-by-token recurrence, with the
+    layer's A, D and dt_bias (``dt' = softplus(dt + dt_bias)``, one value per head)."""
 
     def __init__(self, A, D, dt_bias, groups: int):
-        self.A, self.D, self.dt_bias = A.double(), D.double(), dt_bias.double()
-        self.rep = A.shape[0] // groups
+        self.A, self.D, self.dt_bias = A, D, dt_bias
 
     def step(self, s, x, dt, B, C, z):
         """s [H, P, N] float64 (updated in place), x/z [H, P], dt [H] raw, B/C [G, N]; returns y [H, P]."""
-        d = softplus64(dt.double() + self.dt_bias)  # [H]
-        Bh = B.double().repeat_interleave(self.rep, dim=0)  # [H, N]
-        Ch = C.double().repeat_interleave(self.rep, dim=0)
-        x64 = x.double()
-        s.mul_(self.A.mul(d).exp()[:, None, None]).add_((d[:, None] * x64)[:, :, None] * Bh[:, None, :])
-        y = (s * Ch[:, None, :]).sum(-1) + self.D[:, None] * x64
-        z64 = z.double()
-        return y * z64 * z64.sigmoid()
+        from .testing import discretize_dt, step
+
+        H, P, N = s.shape
+        d = discretize_dt(dt, self.dt_bias, dt_softplus=True)[:, None].expand(H, P)
+        s_new, y = step(s, x, d, self.A.view(H, 1, 1).expand(H, P, N), B, C, self.D[:, None].expand(H, P), z)
+        s.copy_(s_new)
+        return y
 
 
 def _sync(device):
