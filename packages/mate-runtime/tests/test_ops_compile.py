@@ -3,10 +3,16 @@ compiled result equals eager (state, out and returned tensors); bad calls are re
 
 from __future__ import annotations
 
-import mate._ops  # noqa: F401  (registers the ops)
+import inspect
+
+import mate.mamba.ssd as api_ssd
+import mate.mamba.ssu as api_ssu
 import pytest
 import torch
+from mate._ops import REQUIRED, SSD_PARAMS, SSU_PARAMS
 from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
+from mate.mamba._ssd_call import normalize_ssd
+from mate.mamba._ssu_call import normalize_ssu
 
 
 def _ssu_inputs(seed=0):
@@ -158,6 +164,50 @@ def test_unsupported_capability_is_rejected_while_tracing():
 
     with pytest.raises(Exception, match="rand_seed"):
         torch.compile(f, fullgraph=True, backend="aot_eager")(a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"])
+
+
+@pytest.mark.parametrize(
+    ("public", "table", "normaliser"),
+    [(selective_state_update, SSU_PARAMS, normalize_ssu), (ssd_combined_fwd_varlen, SSD_PARAMS, normalize_ssd)],
+)
+def test_public_signature_and_normaliser_follow_the_op_table(public, table, normaliser):
+    """The parameter table is the one list; the public signature repeats it (its positional parameters are the
+    table's other rows in order, its keyword-only ones the keyword rows; same defaults) and the normaliser takes
+    it in table order, all but the trailing ``backend``."""
+    params = inspect.signature(public).parameters.values()
+    positional = [(p.name, p.default) for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keyword = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert positional == [(p.name, p.default) for p in table if not p.keyword]
+    assert keyword == {p.name: p.default for p in table if p.keyword}
+    assert len(positional) + len(keyword) == len(params)
+    norm = inspect.signature(normaliser).parameters
+    assert list(norm) == [p.name for p in table[:-1]] and table[-1].name == "backend"
+    assert all(norm[p.name].default == p.default for p in table[:-1] if p.default is not REQUIRED)
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in norm.values())
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+@pytest.mark.parametrize("op", ["ssu", "ssd"])
+def test_public_functions_forward_every_argument_in_table_order(monkeypatch, op, compiling):
+    table, public, module = {
+        "ssu": (SSU_PARAMS, selective_state_update, api_ssu),
+        "ssd": (SSD_PARAMS, ssd_combined_fwd_varlen, api_ssd),
+    }[op]
+    seen = []
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    if op == "ssu":
+        monkeypatch.setattr(module, "trace_ssu" if compiling else "eager_ssu", seen.append)
+    elif compiling:
+        monkeypatch.setattr(module, "trace_ssd", seen.append)
+    else:
+        monkeypatch.setattr(module, "normalize_ssd", lambda *a: seen.append((*a, "<backend>")))
+        monkeypatch.setattr(module, "run_ssd", lambda call, backend: seen.append(backend))
+    sentinels = {p.name: object() for p in table}
+    if not compiling and op == "ssd":
+        sentinels["backend"] = "<backend>"
+    positional = [sentinels[p.name] for p in table if not p.keyword]
+    public(*positional, **{p.name: sentinels[p.name] for p in table if p.keyword})
+    assert seen[0] == tuple(sentinels[p.name] for p in table)
 
 
 def test_ops_are_registered_with_declared_mutations():
