@@ -4,6 +4,7 @@ compiled result equals eager (state, out and returned tensors); bad calls are re
 from __future__ import annotations
 
 import inspect
+import linecache
 
 import mate.mamba.ssd as api_ssd
 import mate.mamba.ssu as api_ssu
@@ -189,22 +190,16 @@ def test_public_signature_and_normaliser_follow_the_op_table(public, table, norm
 @pytest.mark.parametrize("compiling", [False, True])
 @pytest.mark.parametrize("op", ["ssu", "ssd"])
 def test_public_functions_forward_every_argument_in_table_order(monkeypatch, op, compiling):
+    """Each public function passes every argument to its eager or traced entry in table order."""
     table, public, module = {
         "ssu": (SSU_PARAMS, selective_state_update, api_ssu),
         "ssd": (SSD_PARAMS, ssd_combined_fwd_varlen, api_ssd),
     }[op]
     seen = []
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
-    if op == "ssu":
-        monkeypatch.setattr(module, "trace_ssu" if compiling else "eager_ssu", seen.append)
-    elif compiling:
-        monkeypatch.setattr(module, "trace_ssd", seen.append)
-    else:
-        monkeypatch.setattr(module, "normalize_ssd", lambda *a: seen.append((*a, "<backend>")))
-        monkeypatch.setattr(module, "run_ssd", lambda call, backend: seen.append(backend))
+    entry = ("trace_" if compiling else "eager_") + op
+    monkeypatch.setattr(module, entry, lambda *a: seen.append(a))
     sentinels = {p.name: object() for p in table}
-    if not compiling and op == "ssd":
-        sentinels["backend"] = "<backend>"
     positional = [sentinels[p.name] for p in table if not p.keyword]
     public(*positional, **{p.name: sentinels[p.name] for p in table if p.keyword})
     assert seen[0] == tuple(sentinels[p.name] for p in table)
@@ -283,3 +278,25 @@ def test_gpu_compiled_decode_and_prefill_equal_eager():
     out = torch.empty_like(a["x"])
     st = torch.compile(_prefill, fullgraph=True, backend="aot_eager")(**a, out=out)
     assert torch.equal(out, out_ref) and torch.equal(st, st_ref)
+
+
+def test_generated_entries_split_and_forward_in_table_order():
+    """The eager SSU entry (generated from the table) hands on the keyed tensors and either the scalar options
+    (from which join() rebuilds every argument) or, when a scalar is not exactly its row's class or an
+    unimplemented option is given, every argument."""
+    from mate._ops import SSU
+
+    got = []
+    entry = SSU.entry("probe", lambda *a: got.append(a), split=True)
+    args = {p.name: (p.default if p.default is not REQUIRED else object()) for p in SSU_PARAMS}
+    args.update(x=object(), out=object())
+    entry(*args.values())
+    tensors, scalars, everything = got[-1]
+    assert tensors == tuple(args[n] for n in SSU.tensor_names) and "state_scale" not in SSU.tensor_names
+    assert scalars == tuple(args[n] for n in SSU.scalar_names) and SSU.scalar_names[-1] == "backend"
+    assert everything is None and SSU.join(tensors, scalars) == tuple(args.values())
+    for change in ({"dt_softplus": 1}, {"rand_seed": object()}, {"backend": None}, {"pad_slot_id": True}):
+        changed = {**args, **change}
+        entry(*changed.values())
+        assert got[-1] == (tuple(changed[n] for n in SSU.tensor_names), None, tuple(changed.values())), change
+    assert "def probe(state, x, dt" in "".join(linecache.getlines("<mate._ops probe>"))

@@ -30,7 +30,7 @@ ORDER = tuple(p.name for p in SSU_PARAMS)
 
 def eager(kw: dict):
     full = {**DEFAULTS, **kw}
-    return api.eager_ssu(tuple(full[n] for n in ORDER))
+    return api.eager_ssu(*(full[n] for n in ORDER))
 
 
 def slow_plan(kw: dict):

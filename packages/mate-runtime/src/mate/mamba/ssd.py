@@ -12,7 +12,7 @@ import torch
 
 from .._backends import run_ssd
 from .._errors import bad_arg
-from .._ops import trace_ssd
+from .._ops import SSD, trace_ssd
 from ._ssd_call import SSD_CHUNK_SIZES, normalize_ssd
 from ._ssu_call import IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
 
@@ -65,14 +65,19 @@ def ssd_combined_fwd_varlen(
     N]`` and ``final_state_indices [batch]`` the final states are written into the pool and None is
     returned. ``checkpoint_*`` raise ``NotImplementedError``.
     """
-    args = (
+    entry = trace_ssd if torch.compiler.is_compiling() else eager_ssd  # traced: the custom op
+    return entry(  # every parameter, in mate._ops.SSD_PARAMS order
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus, dt_limit, initial_states, return_intermediate_states, state_dtype, checkpoint_token_indices,
         checkpoint_state_slots, checkpoint_states, final_states_out, final_state_indices, backend,
     )  # fmt: skip
-    if torch.compiler.is_compiling():  # traced: the mate::ssd_combined_fwd_varlen custom op
-        return trace_ssd(args)
-    return run_ssd(normalize_ssd(*args[:-1]), backend)
+
+
+def _eager(args: tuple) -> torch.Tensor | None:
+    return run_ssd(normalize_ssd(*args[:-1]), args[-1])
+
+
+eager_ssd = SSD.entry("eager_ssd", _eager)  # the eager call: normalise, run on a backend
 
 
 def prewarm_ssd_combined_fwd_varlen(

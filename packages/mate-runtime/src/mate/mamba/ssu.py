@@ -7,8 +7,6 @@ whose parameter table this signature matches).
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from .._backends import resolve_backend, run_ssu
@@ -89,15 +87,13 @@ def selective_state_update(
 
     Returns ``out`` (or a new tensor shaped like ``x``).
     """
-    args = (
+    entry = trace_ssu if torch.compiler.is_compiling() else eager_ssu  # traced: the custom op
+    return entry(  # every parameter, in mate._ops.SSU_PARAMS order
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
         disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
         rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
         retrieve_parent_token, final_write_to_dst, accepted_writes_per_token, backend,
     )  # fmt: skip
-    if torch.compiler.is_compiling():  # traced: the mate::selective_state_update custom op
-        return trace_ssu(args)
-    return eager_ssu(args)
 
 
 # ------------------------------------------------------------------------------------- the eager fast path
@@ -108,16 +104,12 @@ def selective_state_update(
 # (``mate._tilelang.ssu.make_recipe``, derived from the slow path's own result) with the new tensors; the only
 # per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on every call. The
 # reference backend keeps its full validation (it also checks index data): its metadata is remembered as
-# slow so the key is not analysed twice. The positions below come from the op's parameter table
-# (``mate._ops.SSU_PARAMS``), in whose order ``eager_ssu`` receives its arguments.
+# slow so the key is not analysed twice. ``eager_ssu`` takes the arguments in the order of the op's parameter
+# table (``mate._ops.SSU_PARAMS``) and hands ``_eager`` the keyed tensors, the scalar options (None unless every
+# scalar has its exact class and every unimplemented option is None: then the normaliser decides, e.g. a truthy
+# int is valid but not keyed, an unimplemented option raises) and the whole argument tuple.
 
 FAST_TENSOR_ARGS = SSU.tensor_names  # the tensors a call is keyed on, in the order the key and the recipes see
-_tensors_of = operator.itemgetter(*SSU.positions(FAST_TENSOR_ARGS))
-_scalars_of = operator.itemgetter(*SSU.positions(SSU.scalar_names))  # the scalar options, part of the key
-# a call is keyed only when every scalar has its exact class and every unimplemented option is None (else the
-# normaliser decides: a truthy int is valid but not keyed; an unimplemented option raises there)
-_guarded_of = operator.itemgetter(*SSU.positions(SSU.guard_names))
-_GUARD_TYPES = SSU.guard_types
 FAST_PATH = True  # False: every call normalises (the pre-fast-path behaviour; benchmarks compare both)
 FAST_CACHE_SIZE = 1024  # metadata keys remembered (oldest dropped first): batch sizes x call forms
 _SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, non-replayable launch)
@@ -163,24 +155,26 @@ def _remember(key, value) -> None:
     _fast[key] = value
 
 
-def eager_ssu(args: tuple) -> torch.Tensor:
-    """The eager call (``args`` in ``mate._ops.SSU_PARAMS`` order): a remembered call metadata replays its
-    launch recipe, anything else is normalised, dispatched and then remembered."""
+def _eager(tensors: tuple, scalars: tuple | None, args: tuple | None) -> torch.Tensor:
+    """The eager call: a remembered call metadata replays its launch recipe, anything else is normalised,
+    dispatched and then remembered. ``scalars`` is None for a call that cannot be keyed, else ``args`` is None
+    (rebuilt here on a miss: a hit does not need it)."""
     global _last
-    tensors = _tensors_of(args)
     key = None
-    if FAST_PATH and tuple(map(type, _guarded_of(args))) == _GUARD_TYPES:
-        key = fast_key(tensors, _scalars_of(args))
-        if key is not None:
-            last = _last
-            if key == last[0]:  # an equality test is half the cost of hashing the key for the lookup
-                return last[1].launch(tensors)
-            recipe = _fast.get(key)
-            if recipe is not None:
-                if recipe is not _SLOW:
-                    _last = (key, recipe)
-                    return recipe.launch(tensors)
-                key = None
+    if scalars is not None:
+        if FAST_PATH:
+            key = fast_key(tensors, scalars)
+            if key is not None:
+                last = _last
+                if key == last[0]:  # an equality test is half the cost of hashing the key for the lookup
+                    return last[1].launch(tensors)
+                recipe = _fast.get(key)
+                if recipe is not None:
+                    if recipe is not _SLOW:
+                        _last = (key, recipe)
+                        return recipe.launch(tensors)
+                    key = None
+        args = SSU.join(tensors, scalars)
     call = normalize_ssu(*args[:-1])
     chosen = resolve_backend(args[-1], call.state.device)
     if chosen == "torch":
@@ -197,6 +191,9 @@ def eager_ssu(args: tuple) -> torch.Tensor:
         recipe = tl_ssu.make_recipe(call, dict(zip(FAST_TENSOR_ARGS, tensors, strict=True)), FAST_TENSOR_ARGS)
         _remember(key, _SLOW if recipe is None else recipe)
     return result
+
+
+eager_ssu = SSU.entry("eager_ssu", _eager, split=True)
 
 
 def prewarm_selective_state_update(
