@@ -104,10 +104,11 @@ def selective_state_update(
 # (``mate._tilelang.ssu.make_recipe``, derived from the slow path's own result) with the new tensors; the only
 # per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on every call. The
 # reference backend keeps its full validation (it also checks index data): its metadata is remembered as
-# slow so the key is not analysed twice. ``eager_ssu`` takes the arguments in the order of the op's parameter
-# table (``mate._ops.SSU_PARAMS``) and hands ``_eager`` the keyed tensors, the scalar options (None unless every
-# scalar has its exact class and every unimplemented option is None: then the normaliser decides, e.g. a truthy
-# int is valid but not keyed, an unimplemented option raises) and the whole argument tuple.
+# slow so the key is not analysed twice. ``eager_ssu`` (generated from the op's parameter table,
+# ``mate._ops.SSU_PARAMS``, whose order it takes) hands ``_eager`` the keyed tensors and either the scalar options
+# (every scalar of its exact class, every unimplemented option None) or, for a call that cannot be keyed, the
+# whole argument tuple: the normaliser then decides (a truthy int is valid but not keyed; an unimplemented
+# option raises).
 
 FAST_TENSOR_ARGS = SSU.tensor_names  # the tensors a call is keyed on, in the order the key and the recipes see
 FAST_PATH = True  # False: every call normalises (the pre-fast-path behaviour; benchmarks compare both)
