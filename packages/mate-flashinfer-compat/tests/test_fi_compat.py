@@ -442,3 +442,26 @@ def test_sglang_flashinfer_backend_verify_call():
         if read != -1:
             torch.testing.assert_close(buf[int(idx[b])].double(), torch.stack(states), **ATOL)
     assert buf[2].abs().sum() == 0
+
+
+@pytest.mark.parametrize("value", ["force", "off", "bogus"])
+def test_pth_line_reads_the_switch_through_mate_settings_without_importing_torch(value):
+    """A set switch is parsed by ``mate.settings`` (stdlib only) at start-up; a malformed one installs the finder,
+    which raises the ValueError naming the variable at the first ``flashinfer`` import."""
+    line = (SRC / "mate_flashinfer_compat.pth").read_text().strip()
+    code = f"""
+        import sys
+        {line}
+        assert "torch" not in sys.modules and "mate.settings" in sys.modules, sorted(sys.modules)
+        import mate_flashinfer_compat._alias as alias
+        print("INSTALLED", alias._FINDER in sys.meta_path)
+        try:
+            import flashinfer.mamba
+        except (ValueError, ImportError) as e:  # off: no flashinfer at all
+            print("ERR", e)
+    """
+    r = _run(code, {"MATE_FLASHINFER_COMPAT": value}, [SRC, RUNTIME_SRC, KERNELS_SRC])
+    assert r.returncode == 0, r.stderr
+    assert f"INSTALLED {value != 'off'}" in r.stdout
+    if value == "bogus":
+        assert "ERR MATE_FLASHINFER_COMPAT='bogus': expected one of auto, force, off" in r.stdout

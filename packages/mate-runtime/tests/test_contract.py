@@ -99,6 +99,8 @@ SEED_SSD = [
     ("checkpoint_states", None, KO),
 ]
 SSD_EXTENSIONS = {"final_states_out": None, "final_state_indices": None, "backend": "auto"}
+# the engines' extensions the adapters pass (documented in selective_state_update's docstring)
+SSU_EXTENSIONS = {"retrieve_parent_token": None, "final_write_to_dst": False, "accepted_writes_per_token": True}
 
 SEED_PREWARM_SSD = [
     ("heads", REQ, PK),
@@ -120,7 +122,7 @@ def _params(fn):
 @pytest.mark.parametrize(
     "fn,seed,extensions",
     [
-        pytest.param(selective_state_update, SEED_SSU, {}, id="selective_state_update"),
+        pytest.param(selective_state_update, SEED_SSU, SSU_EXTENSIONS, id="selective_state_update"),
         pytest.param(prewarm_selective_state_update, SEED_PREWARM_SSU, {}, id="prewarm_selective_state_update"),
         pytest.param(ssd_combined_fwd_varlen, SEED_SSD, SSD_EXTENSIONS, id="ssd_combined_fwd_varlen"),
         pytest.param(prewarm_ssd_combined_fwd_varlen, SEED_PREWARM_SSD, {}, id="prewarm_ssd_combined_fwd_varlen"),

@@ -73,17 +73,6 @@ def test_patches_restore_registry_entries_and_rebound_functions(monkeypatch):
     assert "owner-p" not in [getattr(f, "owner", None) for f in sys.meta_path]
 
 
-def test_env_names(monkeypatch):
-    env_names = _import_hooks.env_names
-
-    monkeypatch.delenv("MATE_TEST_NAMES", raising=False)
-    assert env_names("MATE_TEST_NAMES", "triton,flashinfer") == ["triton", "flashinfer"]
-    for raw, expected in ((" Triton , ,FlashInfer ", ["triton", "flashinfer"]), ("none", []), ("OFF", []),
-                          ("0", []), ("", []), ("mate", ["mate"])):  # fmt: skip
-        monkeypatch.setenv("MATE_TEST_NAMES", raw)
-        assert env_names("MATE_TEST_NAMES", "triton") == expected, raw
-
-
 def test_ledger_is_one_per_owner():
     from mate._import_hooks import Patches, ledger
 

@@ -3,10 +3,17 @@ compiled result equals eager (state, out and returned tensors); bad calls are re
 
 from __future__ import annotations
 
-import mate._ops  # noqa: F401  (registers the ops)
+import inspect
+import linecache
+
+import mate.mamba.ssd as api_ssd
+import mate.mamba.ssu as api_ssu
 import pytest
 import torch
+from mate._ops import REQUIRED, SSD_PARAMS, SSU_PARAMS
 from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
+from mate.mamba._ssd_call import normalize_ssd
+from mate.mamba._ssu_call import normalize_ssu
 
 
 def _ssu_inputs(seed=0):
@@ -160,6 +167,44 @@ def test_unsupported_capability_is_rejected_while_tracing():
         torch.compile(f, fullgraph=True, backend="aot_eager")(a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"])
 
 
+@pytest.mark.parametrize(
+    ("public", "table", "normaliser"),
+    [(selective_state_update, SSU_PARAMS, normalize_ssu), (ssd_combined_fwd_varlen, SSD_PARAMS, normalize_ssd)],
+)
+def test_public_signature_and_normaliser_follow_the_op_table(public, table, normaliser):
+    """The parameter table is the one list; the public signature repeats it (its positional parameters are the
+    table's other rows in order, its keyword-only ones the keyword rows; same defaults) and the normaliser takes
+    it in table order, all but the trailing ``backend``."""
+    params = inspect.signature(public).parameters.values()
+    positional = [(p.name, p.default) for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keyword = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert positional == [(p.name, p.default) for p in table if not p.keyword]
+    assert keyword == {p.name: p.default for p in table if p.keyword}
+    assert len(positional) + len(keyword) == len(params)
+    norm = inspect.signature(normaliser).parameters
+    assert list(norm) == [p.name for p in table[:-1]] and table[-1].name == "backend"
+    assert all(norm[p.name].default == p.default for p in table[:-1] if p.default is not REQUIRED)
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in norm.values())
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+@pytest.mark.parametrize("op", ["ssu", "ssd"])
+def test_public_functions_forward_every_argument_in_table_order(monkeypatch, op, compiling):
+    """Each public function passes every argument to its eager or traced entry in table order."""
+    table, public, module = {
+        "ssu": (SSU_PARAMS, selective_state_update, api_ssu),
+        "ssd": (SSD_PARAMS, ssd_combined_fwd_varlen, api_ssd),
+    }[op]
+    seen = []
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    entry = ("trace_" if compiling else "eager_") + op
+    monkeypatch.setattr(module, entry, lambda *a: seen.append(a))
+    sentinels = {p.name: object() for p in table}
+    positional = [sentinels[p.name] for p in table if not p.keyword]
+    public(*positional, **{p.name: sentinels[p.name] for p in table if p.keyword})
+    assert seen[0] == tuple(sentinels[p.name] for p in table)
+
+
 def test_ops_are_registered_with_declared_mutations():
     schema = str(torch.ops.mate.selective_state_update.default._schema)
     assert "Tensor(a0!) state" in schema and "Tensor(a13!) out" in schema
@@ -231,3 +276,25 @@ def test_gpu_compiled_decode_and_prefill_equal_eager():
     out = torch.empty_like(a["x"])
     st = torch.compile(_prefill, fullgraph=True, backend="aot_eager")(**a, out=out)
     assert torch.equal(out, out_ref) and torch.equal(st, st_ref)
+
+
+def test_generated_entries_split_and_forward_in_table_order():
+    """The eager SSU entry (generated from the table) hands on the keyed tensors and either the scalar options
+    (from which join() rebuilds every argument) or, when a scalar is not exactly its row's class or an
+    unimplemented option is given, every argument."""
+    from mate._ops import SSU
+
+    got = []
+    entry = SSU.entry("probe", lambda *a: got.append(a), split=True)
+    args = {p.name: (p.default if p.default is not REQUIRED else object()) for p in SSU_PARAMS}
+    args.update(x=object(), out=object())
+    entry(*args.values())
+    tensors, scalars, everything = got[-1]
+    assert tensors == tuple(args[n] for n in SSU.tensor_names) and "state_scale" not in SSU.tensor_names
+    assert scalars == tuple(args[n] for n in SSU.scalar_names) and SSU.scalar_names[-1] == "backend"
+    assert everything is None and SSU.join(tensors, scalars) == tuple(args.values())
+    for change in ({"dt_softplus": 1}, {"rand_seed": object()}, {"backend": None}, {"pad_slot_id": True}):
+        changed = {**args, **change}
+        entry(*changed.values())
+        assert got[-1] == (tuple(changed[n] for n in SSU.tensor_names), None, tuple(changed.values())), change
+    assert "def probe(state, x, dt" in "".join(linecache.getlines("<mate._ops probe>"))

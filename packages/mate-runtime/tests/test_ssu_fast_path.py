@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 import torch
+from mate._ops import REQUIRED, SSU_PARAMS
 from mate._tilelang import ssu as tl_ssu
 from mate.mamba import ssu as api
 from mate.mamba._ssu_call import normalize_ssu
@@ -22,14 +23,9 @@ from mate.mamba._ssu_call import normalize_ssu
 BF16, F16, F32, I32, I64 = torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64
 H, P, N, G = 8, 16, 32, 2
 
-DEFAULTS = dict(
-    D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None, pad_slot_id=-1, state_scale=None,
-    out=None, disable_state_update=False, intermediate_states_buffer=None, intermediate_state_indices=None,
-    intermediate_state_scales=None, rand_seed=None, philox_rounds=10, cache_steps=0, algorithm="auto",
-    dst_state_batch_indices=None, cu_seqlens=None, num_accepted_tokens=None, retrieve_parent_token=None,
-    final_write_to_dst=False, accepted_writes_per_token=True, backend="auto",
-)  # fmt: skip
-ORDER = ("state", "x", "dt", "A", "B", "C") + tuple(DEFAULTS)
+DEFAULTS = {p.name: p.default for p in SSU_PARAMS if p.default is not REQUIRED}
+DEFAULTS["D"] = None
+ORDER = tuple(p.name for p in SSU_PARAMS)
 
 
 def eager(kw: dict):

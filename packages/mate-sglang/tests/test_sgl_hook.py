@@ -167,3 +167,23 @@ def test_imports_cleanly_without_sglang():
     """
     r = run(code, {"MATE_SGLANG_ENABLE": "1"})
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_pth_line_reads_the_switch_through_mate_settings_without_importing_torch():
+    r = run("import sys\nassert 'torch' not in sys.modules and 'mate.settings' in sys.modules\nprint('ok')",
+            {"MATE_SGLANG_ENABLE": "1"})  # fmt: skip
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_malformed_switch_warns_at_start_up_and_arms_nothing(tmp_path):
+    fake = write_fake(tmp_path, FAKE)
+    code = """
+        from sglang.srt.layers.attention.mamba.ops import ssu_dispatch as sd
+        print("REGISTRY", sorted(sd._BACKEND_REGISTRY))
+    """
+    r = run(code, {"MATE_SGLANG_ENABLE": "yes please"}, [fake])
+    assert r.returncode == 0, r.stderr
+    assert "REGISTRY ['flashinfer', 'triton']" in r.stdout
+    assert "the SGLang hook is not armed: MATE_SGLANG_ENABLE='yes please': expected one of" in r.stderr
+    r = run("import mate_sglang.hook as h\nh.enable()", {"MATE_SGLANG_PREFILL": "maybe"}, [fake])
+    assert r.returncode != 0 and "ValueError: MATE_SGLANG_PREFILL='maybe'" in r.stderr

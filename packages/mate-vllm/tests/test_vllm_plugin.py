@@ -226,3 +226,20 @@ def test_enable_flag_values(tmp_path, value):
     """
     r = run(code, {"MATE_VLLM_ENABLE": value}, [fake])
     assert "MateSSUBackend" not in r.stdout and r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("env", [{"MATE_VLLM_ENABLE": "ture"}, {"MATE_VLLM_ENABLE": "1", "MATE_VLLM_PREFILL": "2"}])
+def test_malformed_switch_raises_naming_the_variable(tmp_path, env):
+    fake = write_fake(tmp_path, FAKE)
+    code = """
+        import sys, mate_vllm.plugin as plugin
+        try:
+            plugin.register()
+        except ValueError as e:
+            print("ERR", e)
+        assert "torch" not in sys.modules
+    """
+    r = run(code, env, [fake])
+    assert r.returncode == 0, r.stderr
+    name = "MATE_VLLM_PREFILL" if "MATE_VLLM_PREFILL" in env else "MATE_VLLM_ENABLE"
+    assert f"ERR {name}={env[name]!r}: expected one of" in r.stdout

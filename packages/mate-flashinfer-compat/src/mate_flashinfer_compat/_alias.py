@@ -25,16 +25,17 @@ import types
 import warnings
 
 ENV = "MATE_FLASHINFER_COMPAT"
-MODES = ("auto", "force", "off")
 _TARGET = "mate_flashinfer_compat.mamba"
 _warned = False
 
 
 def _mode() -> str:
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"{ENV}={mode!r}: expected one of {MODES}")
-    return mode
+    """``MATE_FLASHINFER_COMPAT``, parsed by ``mate.settings`` (a malformed value: ``ValueError`` naming it)."""
+    try:
+        from mate import settings  # stdlib only
+    except Exception:  # noqa: BLE001  (no usable MATE runtime: alias, so the first call says what is wrong)
+        return "auto"
+    return settings.get(ENV)
 
 
 def real_flashinfer_spec():
@@ -121,9 +122,18 @@ def uninstall() -> None:
 
 
 def install_from_env() -> None:
-    """What the ``.pth`` line runs: install unless ``MATE_FLASHINFER_COMPAT=off`` (an invalid value installs
-    nothing and raises on the first ``flashinfer`` import instead of at start-up)."""
-    if os.environ.get(ENV, "auto").strip().lower() != "off":
+    """What the ``.pth`` line runs: install unless ``MATE_FLASHINFER_COMPAT=off`` (a malformed value installs
+    the finder, which raises the ``ValueError`` on the first ``flashinfer`` import instead of at start-up)."""
+    if not os.environ.get(ENV):
+        # unset: the setting's default (auto), decided without importing anything, since this line runs at
+        # the start of every interpreter of the environment
+        install()
+        return
+    try:
+        mode = _mode()
+    except ValueError:
+        mode = None
+    if mode != "off":
         install()
 
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-_OPS = None
+_MAMBA = None
 
 
-def mate_ops():
-    """``mate._ops`` (the dual eager/traced entries), imported on the first call and cached."""
-    global _OPS
-    if _OPS is not None:
-        return _OPS
+def mate_mamba():
+    """``mate.mamba`` (the public entry points, eager and traced), imported on the first call and cached."""
+    global _MAMBA
+    if _MAMBA is not None:
+        return _MAMBA
     try:
         import mate
-        from mate import _ops
+        import mate.mamba
     except ModuleNotFoundError as e:
         if e.name is not None and (e.name == "mate" or e.name.startswith("mate.")):
             raise ImportError(
@@ -27,5 +27,5 @@ def mate_ops():
         raise ImportError(
             f"mate-flashinfer-compat 0.1.0 needs mate-runtime 0.1.0, found {version!r} at {mate.__file__}"
         )
-    _OPS = _ops
-    return _ops
+    _MAMBA = mate.mamba
+    return _MAMBA

@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from ._runtime import mate_ops
+from ._runtime import mate_mamba
 
 ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
 _BACKENDS = {"auto": "auto", "flashinfer": "auto", "cake": "auto", "tilelang": "tilelang", "torch": "torch"}
@@ -87,7 +87,7 @@ def selective_state_update(
 ) -> torch.Tensor:
     """FlashInfer 0.7.2's ``flashinfer.mamba.selective_state_update``, served by MATE (see the module docstring
     for the semantics). Returns ``out`` (or a new tensor shaped like FlashInfer's normalised ``x``)."""
-    ops = mate_ops()
+    mamba = mate_mamba()
     if algorithm == "async_horizontal":  # FlashInfer's backward-compatible alias
         algorithm = "simple"
     if algorithm not in ALGORITHMS:
@@ -148,7 +148,7 @@ def selective_state_update(
             )
         # num_accepted_tokens: FlashInfer's one-token kernel never reads it (the read slot is src[b, 0]); a
         # consumer that passes it on this path gets exactly that, so it is not forwarded.
-        ops.selective_state_update(
+        mamba.selective_state_update(
             state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
             state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, state_scale=state_scale, out=output,
             disable_state_update=disable_state_update, intermediate_state_scales=intermediate_state_scales,
@@ -169,7 +169,7 @@ def selective_state_update(
     dst = _per_token_table(dst_state_batch_indices, tokens)
     if intermediate_states_buffer is not None or dst is not None:
         disable_state_update = False  # FlashInfer gates only the final write on it
-    ops.selective_state_update(
+    mamba.selective_state_update(
         state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, state_batch_indices=src,
         pad_slot_id=pad_slot_id, state_scale=state_scale, out=output, disable_state_update=disable_state_update,
         intermediate_states_buffer=intermediate_states_buffer, intermediate_state_indices=intermediate_state_indices,
@@ -209,7 +209,7 @@ def ssd_combined_fwd_varlen(
     backend: str = "auto",
 ) -> torch.Tensor | None:
     """The packed SSD prefill under the seed's name and order (= ``mate.mamba.ssd_combined_fwd_varlen``)."""
-    return mate_ops().ssd_combined_fwd_varlen(
+    return mate_mamba().ssd_combined_fwd_varlen(
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
         return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
@@ -247,7 +247,7 @@ def mamba_chunk_scan_combined_varlen(
     end state with ``return_intermediate_states``, or None when they went into ``final_states_out``."""
     if out is None:
         _bad("out", out, "a preallocated [tokens, heads, dim] tensor (vLLM's prefill writes it in place)")
-    return mate_ops().ssd_combined_fwd_varlen(
+    return mate_mamba().ssd_combined_fwd_varlen(
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
         return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,

@@ -1,4 +1,8 @@
-"""Backend choice: ``"tilelang"`` on a CUDA/MUSA device where TileLang is installed, else ``"torch"``."""
+"""Dispatch: which backend serves a normalised call, and the call into it.
+
+``"tilelang"`` on a CUDA/MUSA device where TileLang is installed, else ``"torch"`` (the pure-PyTorch
+reference). The backends are imported on first use, so ``import mate.mamba`` never imports TileLang.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import torch
 
 from ._device import is_accelerator
 from ._errors import bad_arg
+from .mamba._ssd_call import SSDCall
+from .mamba._ssu_call import SSUCall
 
 BACKENDS = ("auto", "tilelang", "torch")
 
@@ -36,3 +42,26 @@ def resolve_backend(requested: str, device: torch.device) -> str:
             "backend='tilelang' needs TileLang: pip install 'mate-runtime[cuda]' (NVIDIA) or tilelang-musa (MUSA)"
         )
     return "tilelang"
+
+
+def run_ssu(call: SSUCall, backend: str = "auto") -> torch.Tensor:
+    """Run a normalised ``selective_state_update`` on the backend ``backend`` resolves to; returns ``y``."""
+    if resolve_backend(backend, call.state.device) == "torch":
+        from .mamba import naive_ssu
+
+        return naive_ssu.selective_state_update(call)
+    from ._tilelang import ssu as tl_ssu
+
+    return tl_ssu.selective_state_update(call)
+
+
+def run_ssd(call: SSDCall, backend: str = "auto") -> torch.Tensor | None:
+    """Run a normalised ``ssd_combined_fwd_varlen`` on the backend ``backend`` resolves to; returns the states
+    (None when they were written into ``final_states_out``)."""
+    if resolve_backend(backend, call.x.device) == "torch":
+        from .mamba import naive_ssd
+
+        return naive_ssd.ssd_combined_fwd_varlen(call)
+    from ._tilelang import ssd as tl_ssd
+
+    return tl_ssd.ssd_combined_fwd_varlen(call)

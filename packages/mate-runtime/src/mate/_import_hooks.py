@@ -8,7 +8,6 @@ can drop its pending hooks without touching another's. Standard library only.
 from __future__ import annotations
 
 import importlib.abc
-import os
 import sys
 
 
@@ -55,15 +54,6 @@ def when_imported(name: str, callback, owner: str) -> None:
         callback(sys.modules[name])
         return
     sys.meta_path.insert(0, _AfterImport(name, callback, owner))
-
-
-def env_names(var: str, default: str) -> list[str]:
-    """The comma-separated names in the environment variable ``var`` (``default`` when unset), lower-cased;
-    empty, "none", "off" or "0" mean none (which engine backends an adapter takes over)."""
-    raw = os.environ.get(var, default).strip().lower()
-    if raw in ("", "none", "off", "0"):
-        return []
-    return [n.strip() for n in raw.split(",") if n.strip()]
 
 
 def cancel(owner: str) -> None:

@@ -1,453 +1,290 @@
-"""``torch.library`` custom ops for the two entry points, so ``torch.compile(fullgraph=True)`` traces MATE.
+"""The ``torch.library`` custom ops behind ``mate.mamba``, so ``torch.compile(fullgraph=True)`` traces MATE.
+
+Each op's parameters are written once, in a table (:data:`SSU_PARAMS`, :data:`SSD_PARAMS`: name, schema type,
+default, and the flags below). From the table come the op's schema (inferred by ``torch.library`` from a
+signature built out of the table), the argument order the op's implementation passes to the normaliser, the
+traced entries (``trace_ssu`` / ``trace_ssd``) and the eager entries' argument split (:meth:`OpTable.entry`). The public
+functions in ``mate.mamba`` write the same parameters out once more, as their documented signature, and pass
+them on in table order; a test holds the two to the same names, order, defaults and keyword-only rows. Adding
+a parameter: one table row, the normaliser's parameter, the public signature (and its docstring).
 
 * ``mate::selective_state_update`` mutates ``state``, ``out`` and ``intermediate_states_buffer`` and returns
-  nothing (an op may not return an alias of an input: the caller allocates ``out`` and returns it).
+  nothing (an op may not return an alias of an input: the traced entry allocates ``out`` and returns it).
 * ``mate::ssd_combined_fwd_varlen`` mutates ``out`` and ``final_states_out`` and returns the state tensor
   (a new tensor; an empty one when the final states went into ``final_states_out``).
 
-Each op's real implementation is the eager path (normalise once, dispatch to a backend); its fake
-implementation runs the same normaliser on fake tensors, so a bad call is rejected while tracing with the
-same ``ValueError`` / ``NotImplementedError`` as in eager mode, and allocates the returned state tensor.
+Each op's real implementation normalises once and dispatches to a backend; its fake implementation runs the
+same normaliser on fake tensors, so a bad call is rejected while tracing with the same ``ValueError`` /
+``NotImplementedError`` as in eager mode, and allocates the returned state tensor.
 
-Eager calls do not go through the op: the dispatcher's argument boxing costs far more than the SSU's host
-budget. The public functions (and the adapters, through :func:`selective_state_update` /
-:func:`ssd_combined_fwd_varlen` here) call the implementation directly unless
-``torch.compiler.is_compiling()``, and only then emit the op.
+Eager calls do not go through the ops: the dispatcher's argument boxing costs far more than the SSU's host
+budget. The public functions call the eager path directly unless ``torch.compiler.is_compiling()``, and only
+then emit the op through the traced entry.
 """
 
 from __future__ import annotations
 
 import inspect
+import linecache
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from ._backends import run_ssd, run_ssu
 from .mamba._ssd_call import normalize_ssd
 from .mamba._ssu_call import normalize_ssu
+
+REQUIRED = inspect.Parameter.empty  # the default of a parameter the caller must pass
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op, in the order of the public signature.
+
+    ``type`` is the op schema's type (``out`` is a plain ``Tensor`` there: the traced entry allocates it when
+    the caller passes None). ``mutated``: the op writes it in place. ``keyword``: keyword-only in the public
+    signature (whose positional parameters are the other rows, in table order). ``implemented=False``:
+    accepted for signature compatibility only; anything but None raises ``NotImplementedError`` in the
+    normaliser (the eager fast path sends such calls to it).
+    """
+
+    name: str
+    type: object
+    default: object = REQUIRED
+    mutated: bool = False
+    keyword: bool = False
+    implemented: bool = True
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type in (torch.Tensor, torch.Tensor | None)
+
+
+T, OptT = torch.Tensor, torch.Tensor | None
+
+SSU_PARAMS = (
+    Param("state", T, mutated=True),
+    Param("x", T),
+    Param("dt", T),
+    Param("A", T),
+    Param("B", T),
+    Param("C", T),
+    Param("D", OptT),
+    Param("z", OptT, None),
+    Param("dt_bias", OptT, None),
+    Param("dt_softplus", bool, False),
+    Param("state_batch_indices", OptT, None),
+    Param("pad_slot_id", int, -1),
+    Param("state_scale", OptT, None, implemented=False),
+    Param("out", T, None, mutated=True),
+    Param("disable_state_update", bool, False),
+    Param("intermediate_states_buffer", OptT, None, mutated=True),
+    Param("intermediate_state_indices", OptT, None),
+    Param("intermediate_state_scales", OptT, None, implemented=False),
+    Param("rand_seed", OptT, None, implemented=False),
+    Param("philox_rounds", int, 10),
+    Param("cache_steps", int, 0),
+    Param("algorithm", str, "auto"),
+    Param("dst_state_batch_indices", OptT, None),
+    Param("cu_seqlens", OptT, None),
+    Param("num_accepted_tokens", OptT, None),
+    # the engines' extensions (keyword-only): SGLang's EAGLE trees, vLLM's one final write, FlashInfer's
+    # final-only write with num_accepted_tokens
+    Param("retrieve_parent_token", OptT, None, keyword=True),
+    Param("final_write_to_dst", bool, False, keyword=True),
+    Param("accepted_writes_per_token", bool, True, keyword=True),
+    # last in the table (the dispatch choice: the normaliser takes every row but this one); in the public
+    # signature it is the seed's last positional parameter, before the extensions
+    Param("backend", str, "auto"),
+)
+
+SSD_PARAMS = (
+    Param("x", T),
+    Param("dt", T),
+    Param("A", T),
+    Param("B", T),
+    Param("C", T),
+    Param("chunk_size", int),
+    Param("cu_seqlens", T),
+    Param("cu_chunk_seqlens", T),
+    Param("last_chunk_indices", T),
+    Param("seq_idx", T),
+    Param("out", T, None, mutated=True),
+    Param("D", OptT, None),
+    Param("z", OptT, None),
+    Param("dt_bias", OptT, None),
+    Param("dt_softplus", bool, False, keyword=True),
+    Param("dt_limit", Sequence[float], (0.0, math.inf), keyword=True),
+    Param("initial_states", OptT, None, keyword=True),
+    Param("return_intermediate_states", bool, False, keyword=True),
+    Param("state_dtype", torch.dtype | None, None, keyword=True),
+    Param("checkpoint_token_indices", OptT, None, keyword=True, implemented=False),
+    Param("checkpoint_state_slots", OptT, None, keyword=True, implemented=False),
+    Param("checkpoint_states", OptT, None, keyword=True, implemented=False),
+    Param("final_states_out", OptT, None, keyword=True, mutated=True),
+    Param("final_state_indices", OptT, None, keyword=True),
+    Param("backend", str, "auto", keyword=True),
+)
+
+# how the traced entry converts a scalar to its schema type (None: passed as it is)
+_COERCE = {
+    bool: bool,
+    int: None,
+    float: float,
+    str: None,
+    torch.dtype | None: None,
+    Sequence[float]: lambda v: [float(f) for f in v],
+}
+
+
+class OpTable:
+    """What one parameter table derives: names, positions, the op's signature and the traced argument list."""
+
+    def __init__(self, params: tuple[Param, ...]):
+        if params[-1].name != "backend":
+            raise ValueError("the backend parameter comes last (the normaliser takes all the others)")
+        self.params = params
+        self.names = tuple(p.name for p in params)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.mutated = tuple(p.name for p in params if p.mutated)
+        # the tensors a call is keyed on, the scalar options, and what the eager fast path requires of the
+        # rest: an exact Python class per scalar and None for what is not implemented
+        self.tensor_names = tuple(p.name for p in params if p.is_tensor and p.implemented)
+        self.scalar_names = tuple(p.name for p in params if not p.is_tensor)
+        self.exact = tuple((self.index[p.name], p.type) for p in params if not p.is_tensor) + tuple(
+            (self.index[p.name], None) for p in params if not p.implemented
+        )
+        self._tensor_pos = tuple(self.index[n] for n in self.tensor_names)
+        self._scalar_pos = tuple(self.index[n] for n in self.scalar_names)
+        self._coerce = tuple(None if p.is_tensor else _COERCE[p.type] for p in params)
+        self._out, self._x = self.index["out"], self.index["x"]
+
+    def signature(self, returns) -> inspect.Signature:
+        """The op's signature: every parameter positional (the traced entry passes them all), no defaults."""
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return inspect.Signature(
+            [inspect.Parameter(p.name, kind, annotation=p.type) for p in self.params], return_annotation=returns
+        )
+
+    def entry(self, name: str, target, *, split: bool = False):
+        """A function ``name`` taking the table's parameters, positionally in table order, that returns
+        ``target(args)`` (every argument in table order), or with ``split`` ``target(tensors, scalars, args)``:
+        the keyed tensors, then either the scalar options and None, when every scalar has exactly its row's
+        class and every unimplemented row is None (the call can be keyed; :meth:`join` rebuilds ``args`` from
+        the two), or None and ``args``.
+
+        Generated once from the table as Python source (kept in ``linecache``, so tracebacks show it): the
+        decode fast path runs it on every call, where building the same tuples by position from a packed
+        argument tuple costs about 0.3-0.5 us more (measured 2026-12-01 at de44131, 2-core CPU host)."""
+        params = ", ".join(self.names)
+        body = f"({params},)"
+        names = {"_target": target}
+        if split:
+            terms = []
+            for i, cls in self.exact:
+                if cls is None:
+                    terms.append(f"{self.names[i]} is None")
+                else:
+                    names[f"_{cls.__name__}"] = cls
+                    terms.append(f"{self.names[i]}.__class__ is _{cls.__name__}")
+            tensors = ", ".join(self.tensor_names)
+            scalars = ", ".join(self.scalar_names)
+            src = (
+                f"def {name}({params}):\n"
+                f"    if {' and '.join(terms)}:\n"
+                f"        return _target(({tensors},), ({scalars},), None)\n"
+                f"    return _target(({tensors},), None, {body})\n"
+            )
+        else:
+            src = f"def {name}({params}):\n    return _target({body})\n"
+        filename = f"<mate._ops {name}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        exec(compile(src, filename, "exec"), names)  # our own table's source, nothing from outside
+        fn = names[name]
+        fn.__module__ = getattr(target, "__module__", __name__)
+        return fn
+
+    def join(self, tensors: tuple, scalars: tuple) -> tuple:
+        """The argument tuple of a keyable call from its keyed tensors and scalar options (the unimplemented
+        rows are None)."""
+        args = [None] * len(self.names)
+        for i, v in zip(self._tensor_pos, tensors, strict=True):
+            args[i] = v
+        for i, v in zip(self._scalar_pos, scalars, strict=True):
+            args[i] = v
+        return tuple(args)
+
+    def ordered(self, args: tuple, kwargs: dict) -> tuple:
+        """The op's arguments in table order, however the dispatcher passed them."""
+        if not kwargs:
+            return args
+        full = list(args) + [None] * (len(self.names) - len(args))
+        for name, value in kwargs.items():
+            full[self.index[name]] = value
+        return tuple(full)
+
+    def op_args(self, args: tuple) -> list:
+        """The traced call's arguments: scalars in the schema's types, ``out`` allocated when None."""
+        vals = [v if c is None else c(v) for c, v in zip(self._coerce, args, strict=True)]
+        if vals[self._out] is None:
+            x = vals[self._x]
+            vals[self._out] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return vals
+
+
+SSU = OpTable(SSU_PARAMS)
+SSD = OpTable(SSD_PARAMS)
 
 # ------------------------------------------------------------------------------------------------ SSU
 
 
-def _ssu_normalize(
-    state,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    D,
-    z,
-    dt_bias,
-    dt_softplus,
-    state_batch_indices,
-    pad_slot_id,
-    state_scale,
-    out,
-    disable_state_update,
-    intermediate_states_buffer,
-    intermediate_state_indices,
-    intermediate_state_scales,
-    rand_seed,
-    philox_rounds,
-    cache_steps,
-    algorithm,
-    dst_state_batch_indices,
-    cu_seqlens,
-    num_accepted_tokens,
-    retrieve_parent_token,
-    final_write_to_dst,
-    accepted_writes_per_token,
-):
-    return normalize_ssu(
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        z=z,
-        dt_bias=dt_bias,
-        dt_softplus=dt_softplus,
-        state_batch_indices=state_batch_indices,
-        pad_slot_id=pad_slot_id,
-        state_scale=state_scale,
-        out=out,
-        disable_state_update=disable_state_update,
-        intermediate_states_buffer=intermediate_states_buffer,
-        intermediate_state_indices=intermediate_state_indices,
-        intermediate_state_scales=intermediate_state_scales,
-        rand_seed=rand_seed,
-        philox_rounds=philox_rounds,
-        cache_steps=cache_steps,
-        algorithm=algorithm,
-        dst_state_batch_indices=dst_state_batch_indices,
-        cu_seqlens=cu_seqlens,
-        num_accepted_tokens=num_accepted_tokens,
-        retrieve_parent_token=retrieve_parent_token,
-        final_write_to_dst=final_write_to_dst,
-        accepted_writes_per_token=accepted_writes_per_token,
-    )
+def _ssu_impl(*args, **kwargs) -> None:
+    args = SSU.ordered(args, kwargs)
+    run_ssu(normalize_ssu(*args[:-1]), args[-1])
 
 
-def _ssu_impl(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    dt_softplus: bool,
-    state_batch_indices: torch.Tensor | None,
-    pad_slot_id: int,
-    state_scale: torch.Tensor | None,
-    out: torch.Tensor,
-    disable_state_update: bool,
-    intermediate_states_buffer: torch.Tensor | None,
-    intermediate_state_indices: torch.Tensor | None,
-    intermediate_state_scales: torch.Tensor | None,
-    rand_seed: torch.Tensor | None,
-    philox_rounds: int,
-    cache_steps: int,
-    algorithm: str,
-    dst_state_batch_indices: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    num_accepted_tokens: torch.Tensor | None,
-    retrieve_parent_token: torch.Tensor | None,
-    final_write_to_dst: bool,
-    accepted_writes_per_token: bool,
-    backend: str,
-) -> None:
-    from .mamba.ssu import run_ssu
-
-    call = _ssu_normalize(
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        z,
-        dt_bias,
-        dt_softplus,
-        state_batch_indices,
-        pad_slot_id,
-        state_scale,
-        out,
-        disable_state_update,
-        intermediate_states_buffer,
-        intermediate_state_indices,
-        intermediate_state_scales,
-        rand_seed,
-        philox_rounds,
-        cache_steps,
-        algorithm,
-        dst_state_batch_indices,
-        cu_seqlens,
-        num_accepted_tokens,
-        retrieve_parent_token,
-        final_write_to_dst,
-        accepted_writes_per_token,
-    )
-    run_ssu(call, backend)
-
-
-_ssu_op = torch.library.custom_op(
-    "mate::selective_state_update", _ssu_impl, mutates_args=("state", "out", "intermediate_states_buffer")
-)
-
-
-def _ordered(op_fn, args, kwargs):
-    """The op's arguments in schema order, however the dispatcher passed them."""
-    if not kwargs:
-        return args
-    bound = inspect.signature(op_fn).bind(*args, **kwargs)
-    return tuple(bound.arguments.values())
+_ssu_impl.__signature__ = SSU.signature(None)
+_ssu_op = torch.library.custom_op("mate::selective_state_update", _ssu_impl, mutates_args=SSU.mutated)
 
 
 @_ssu_op.register_fake
 def _ssu_fake(*args, **kwargs) -> None:
     # Validation only (shapes, dtypes, forms, unsupported capabilities); nothing is allocated.
-    _ssu_normalize(*_ordered(_ssu_impl, args, kwargs)[:-1])
+    normalize_ssu(*SSU.ordered(args, kwargs)[:-1])
 
 
-def selective_state_update(
-    state,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    D=None,
-    z=None,
-    dt_bias=None,
-    dt_softplus=False,
-    state_batch_indices=None,
-    pad_slot_id=-1,
-    state_scale=None,
-    out=None,
-    disable_state_update=False,
-    intermediate_states_buffer=None,
-    intermediate_state_indices=None,
-    intermediate_state_scales=None,
-    rand_seed=None,
-    philox_rounds=10,
-    cache_steps=0,
-    algorithm="auto",
-    dst_state_batch_indices=None,
-    cu_seqlens=None,
-    num_accepted_tokens=None,
-    retrieve_parent_token=None,
-    final_write_to_dst=False,
-    accepted_writes_per_token=True,
-    backend="auto",
-) -> torch.Tensor:
-    """The SSU entry shared by ``mate.mamba`` and the adapters (which pass the adapter-only keywords).
-
-    Eager: normalise and run (no dispatcher). While ``torch.compile`` traces: allocate ``out`` when absent,
-    emit ``mate::selective_state_update`` and return ``out``.
-    """
-    if torch.compiler.is_compiling():
-        return ssu_compiled(
-            state,
-            x,
-            dt,
-            A,
-            B,
-            C,
-            D,
-            z,
-            dt_bias,
-            dt_softplus,
-            state_batch_indices,
-            pad_slot_id,
-            state_scale,
-            out,
-            disable_state_update,
-            intermediate_states_buffer,
-            intermediate_state_indices,
-            intermediate_state_scales,
-            rand_seed,
-            philox_rounds,
-            cache_steps,
-            algorithm,
-            dst_state_batch_indices,
-            cu_seqlens,
-            num_accepted_tokens,
-            retrieve_parent_token,
-            final_write_to_dst,
-            accepted_writes_per_token,
-            backend,
-        )
-    from .mamba.ssu import eager_ssu  # normalise + dispatch, or replay a remembered call's launch
-
-    return eager_ssu(
-        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
-        disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
-        rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
-        retrieve_parent_token, final_write_to_dst, accepted_writes_per_token, backend,
-    )  # fmt: skip
+def _trace_ssu(args: tuple) -> torch.Tensor:
+    vals = SSU.op_args(args)
+    torch.ops.mate.selective_state_update(*vals)
+    return vals[SSU.index["out"]]
 
 
-def ssu_compiled(
-    state,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    D=None,
-    z=None,
-    dt_bias=None,
-    dt_softplus=False,
-    state_batch_indices=None,
-    pad_slot_id=-1,
-    state_scale=None,
-    out=None,
-    disable_state_update=False,
-    intermediate_states_buffer=None,
-    intermediate_state_indices=None,
-    intermediate_state_scales=None,
-    rand_seed=None,
-    philox_rounds=10,
-    cache_steps=0,
-    algorithm="auto",
-    dst_state_batch_indices=None,
-    cu_seqlens=None,
-    num_accepted_tokens=None,
-    retrieve_parent_token=None,
-    final_write_to_dst=False,
-    accepted_writes_per_token=True,
-    backend="auto",
-) -> torch.Tensor:
-    """Emit ``mate::selective_state_update`` (the traced path); returns ``out``, allocated here when None."""
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    torch.ops.mate.selective_state_update(
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        z,
-        dt_bias,
-        bool(dt_softplus),
-        state_batch_indices,
-        pad_slot_id,
-        state_scale,
-        out,
-        bool(disable_state_update),
-        intermediate_states_buffer,
-        intermediate_state_indices,
-        intermediate_state_scales,
-        rand_seed,
-        philox_rounds,
-        cache_steps,
-        algorithm,
-        dst_state_batch_indices,
-        cu_seqlens,
-        num_accepted_tokens,
-        retrieve_parent_token,
-        bool(final_write_to_dst),
-        bool(accepted_writes_per_token),
-        backend,
-    )
-    return out
+# The traced selective_state_update (the table's parameters, positionally): emits the op, returns out (allocated
+# here when None).
+trace_ssu = SSU.entry("trace_ssu", _trace_ssu)
 
 
 # ------------------------------------------------------------------------------------------------ SSD
 
 
-def _ssd_normalize(
-    x,
-    dt,
-    A,
-    B,
-    C,
-    chunk_size,
-    cu_seqlens,
-    cu_chunk_seqlens,
-    last_chunk_indices,
-    seq_idx,
-    out,
-    D,
-    z,
-    dt_bias,
-    dt_softplus,
-    dt_limit_min,
-    dt_limit_max,
-    initial_states,
-    return_intermediate_states,
-    state_dtype,
-    checkpoint_token_indices,
-    checkpoint_state_slots,
-    checkpoint_states,
-    final_states_out,
-    final_state_indices,
-):
-    return normalize_ssd(
-        x,
-        dt,
-        A,
-        B,
-        C,
-        chunk_size,
-        cu_seqlens,
-        cu_chunk_seqlens,
-        last_chunk_indices,
-        seq_idx,
-        out,
-        D,
-        z,
-        dt_bias,
-        dt_softplus=dt_softplus,
-        dt_limit=(dt_limit_min, dt_limit_max),
-        initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states,
-        state_dtype=state_dtype,
-        checkpoint_token_indices=checkpoint_token_indices,
-        checkpoint_state_slots=checkpoint_state_slots,
-        checkpoint_states=checkpoint_states,
-        final_states_out=final_states_out,
-        final_state_indices=final_state_indices,
-    )
-
-
-def _ssd_impl(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    chunk_size: int,
-    cu_seqlens: torch.Tensor,
-    cu_chunk_seqlens: torch.Tensor,
-    last_chunk_indices: torch.Tensor,
-    seq_idx: torch.Tensor,
-    out: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    dt_softplus: bool,
-    dt_limit_min: float,
-    dt_limit_max: float,
-    initial_states: torch.Tensor | None,
-    return_intermediate_states: bool,
-    state_dtype: torch.dtype | None,
-    checkpoint_token_indices: torch.Tensor | None,
-    checkpoint_state_slots: torch.Tensor | None,
-    checkpoint_states: torch.Tensor | None,
-    final_states_out: torch.Tensor | None,
-    final_state_indices: torch.Tensor | None,
-    backend: str,
-) -> torch.Tensor:
-    from .mamba.ssd import run_ssd
-
-    call = _ssd_normalize(
-        x,
-        dt,
-        A,
-        B,
-        C,
-        chunk_size,
-        cu_seqlens,
-        cu_chunk_seqlens,
-        last_chunk_indices,
-        seq_idx,
-        out,
-        D,
-        z,
-        dt_bias,
-        dt_softplus,
-        dt_limit_min,
-        dt_limit_max,
-        initial_states,
-        return_intermediate_states,
-        state_dtype,
-        checkpoint_token_indices,
-        checkpoint_state_slots,
-        checkpoint_states,
-        final_states_out,
-        final_state_indices,
-    )
-    states = run_ssd(call, backend)
+def _ssd_impl(*args, **kwargs) -> torch.Tensor:
+    args = SSD.ordered(args, kwargs)
+    call = normalize_ssd(*args[:-1])
+    states = run_ssd(call, args[-1])
     if states is None:  # written into final_states_out
-        return torch.empty((0,), dtype=call.state_dtype, device=x.device)
+        return torch.empty((0,), dtype=call.state_dtype, device=call.x.device)
     return states
 
 
-_ssd_op = torch.library.custom_op("mate::ssd_combined_fwd_varlen", _ssd_impl, mutates_args=("out", "final_states_out"))
+_ssd_impl.__signature__ = SSD.signature(torch.Tensor)
+_ssd_op = torch.library.custom_op("mate::ssd_combined_fwd_varlen", _ssd_impl, mutates_args=SSD.mutated)
 
 
 @_ssd_op.register_fake
 def _ssd_fake(*args, **kwargs) -> torch.Tensor:
-    call = _ssd_normalize(*_ordered(_ssd_impl, args, kwargs)[:-1])
+    call = normalize_ssd(*SSD.ordered(args, kwargs)[:-1])
     if call.final_states_out is not None:
         shape = (0,)
     else:
@@ -456,156 +293,14 @@ def _ssd_fake(*args, **kwargs) -> torch.Tensor:
     return call.x.new_empty(shape, dtype=call.state_dtype)
 
 
-def ssd_combined_fwd_varlen(
-    x,
-    dt,
-    A,
-    B,
-    C,
-    chunk_size,
-    cu_seqlens,
-    cu_chunk_seqlens,
-    last_chunk_indices,
-    seq_idx,
-    out=None,
-    D=None,
-    z=None,
-    dt_bias=None,
-    *,
-    dt_softplus=False,
-    dt_limit=(0.0, math.inf),
-    initial_states=None,
-    return_intermediate_states=False,
-    state_dtype=None,
-    checkpoint_token_indices=None,
-    checkpoint_state_slots=None,
-    checkpoint_states=None,
-    final_states_out=None,
-    final_state_indices=None,
-    backend="auto",
-):
-    """The SSD entry shared by ``mate.mamba`` and the adapters: eager runs directly, tracing emits the op."""
-    if torch.compiler.is_compiling():
-        return ssd_compiled(
-            x,
-            dt,
-            A,
-            B,
-            C,
-            chunk_size,
-            cu_seqlens,
-            cu_chunk_seqlens,
-            last_chunk_indices,
-            seq_idx,
-            out,
-            D,
-            z,
-            dt_bias,
-            dt_softplus=dt_softplus,
-            dt_limit=dt_limit,
-            initial_states=initial_states,
-            return_intermediate_states=return_intermediate_states,
-            state_dtype=state_dtype,
-            checkpoint_token_indices=checkpoint_token_indices,
-            checkpoint_state_slots=checkpoint_state_slots,
-            checkpoint_states=checkpoint_states,
-            final_states_out=final_states_out,
-            final_state_indices=final_state_indices,
-            backend=backend,
-        )
-    from .mamba.ssd import run_ssd
-
-    call = normalize_ssd(
-        x,
-        dt,
-        A,
-        B,
-        C,
-        chunk_size,
-        cu_seqlens,
-        cu_chunk_seqlens,
-        last_chunk_indices,
-        seq_idx,
-        out,
-        D,
-        z,
-        dt_bias,
-        dt_softplus=dt_softplus,
-        dt_limit=dt_limit,
-        initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states,
-        state_dtype=state_dtype,
-        checkpoint_token_indices=checkpoint_token_indices,
-        checkpoint_state_slots=checkpoint_state_slots,
-        checkpoint_states=checkpoint_states,
-        final_states_out=final_states_out,
-        final_state_indices=final_state_indices,
-    )
-    return run_ssd(call, backend)
+def _trace_ssd(args: tuple) -> torch.Tensor | None:
+    states = torch.ops.mate.ssd_combined_fwd_varlen(*SSD.op_args(args))
+    return None if args[SSD.index["final_states_out"]] is not None else states
 
 
-def ssd_compiled(
-    x,
-    dt,
-    A,
-    B,
-    C,
-    chunk_size,
-    cu_seqlens,
-    cu_chunk_seqlens,
-    last_chunk_indices,
-    seq_idx,
-    out=None,
-    D=None,
-    z=None,
-    dt_bias=None,
-    *,
-    dt_softplus=False,
-    dt_limit=(0.0, math.inf),
-    initial_states=None,
-    return_intermediate_states=False,
-    state_dtype=None,
-    checkpoint_token_indices=None,
-    checkpoint_state_slots=None,
-    checkpoint_states=None,
-    final_states_out=None,
-    final_state_indices=None,
-    backend="auto",
-):
-    """Emit ``mate::ssd_combined_fwd_varlen`` (the traced path); returns the states, or None when they were
-    written into ``final_states_out``."""
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    lo, hi = dt_limit
-    states = torch.ops.mate.ssd_combined_fwd_varlen(
-        x,
-        dt,
-        A,
-        B,
-        C,
-        chunk_size,
-        cu_seqlens,
-        cu_chunk_seqlens,
-        last_chunk_indices,
-        seq_idx,
-        out,
-        D,
-        z,
-        dt_bias,
-        bool(dt_softplus),
-        float(lo),
-        float(hi),
-        initial_states,
-        bool(return_intermediate_states),
-        state_dtype,
-        checkpoint_token_indices,
-        checkpoint_state_slots,
-        checkpoint_states,
-        final_states_out,
-        final_state_indices,
-        backend,
-    )
-    return None if final_states_out is not None else states
+# The traced ssd_combined_fwd_varlen (the table's parameters, positionally): emits the op; returns the states, or
+# None when they were written into final_states_out.
+trace_ssd = SSD.entry("trace_ssd", _trace_ssd)
 
 
-__all__ = ["selective_state_update", "ssd_combined_fwd_varlen", "ssu_compiled", "ssd_compiled"]
+__all__ = ["SSD", "SSD_PARAMS", "SSU", "SSU_PARAMS", "OpTable", "Param", "trace_ssd", "trace_ssu"]

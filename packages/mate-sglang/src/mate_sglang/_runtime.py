@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-_OPS = None
+_MAMBA = None
 
 
-def mate_ops():
-    """``mate._ops`` (the dual eager/traced entries), imported on the first call and cached."""
-    global _OPS
-    if _OPS is not None:
-        return _OPS
+def mate_mamba():
+    """``mate.mamba`` (the public entry points, eager and traced), imported on the first call and cached."""
+    global _MAMBA
+    if _MAMBA is not None:
+        return _MAMBA
     try:
-        from mate import _ops
+        import mate.mamba
     except ModuleNotFoundError as e:
         if e.name is not None and (e.name == "mate" or e.name.startswith("mate.")):
             raise ImportError("mate-sglang: the MATE runtime is not installed; pip install mate-runtime==0.1.0") from e
         raise ImportError(f"mate-sglang: the MATE runtime is installed but broken: {e!r}") from e
     except Exception as e:  # noqa: BLE001  (a broken install can fail in any way)
         raise ImportError(f"mate-sglang: the MATE runtime is installed but broken: {e!r}") from e
-    _OPS = _ops
-    return _ops
+    _MAMBA = mate.mamba
+    return _MAMBA

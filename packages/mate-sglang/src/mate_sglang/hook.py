@@ -18,7 +18,6 @@ or signatures differ gets a warning naming what is missing and is left untouched
 
 from __future__ import annotations
 
-import inspect
 import os
 import warnings
 
@@ -114,13 +113,16 @@ def make_backend_class(base):
     return MateSSUBackend
 
 
-def _requested_names() -> list[str]:
-    from mate._import_hooks import env_names  # imported on use: module import stays stdlib-only
+def _setting(name: str):
+    """A MATE_* switch, parsed by ``mate.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
+    from mate import settings  # imported on use: the .pth line imports this module in every interpreter
 
-    return env_names(ENV_SSU, "triton,flashinfer")
+    return settings.get(name)
 
 
 def _patch_ssu_dispatch(sd) -> None:
+    import inspect  # (here, not at module import: the .pth line runs in every interpreter)
+
     registry = getattr(sd, "_BACKEND_REGISTRY", None)
     base = getattr(sd, "MambaSSUBackend", None)
     if not isinstance(registry, dict) or not inspect.isclass(base) or any(not isinstance(k, str) for k in registry):
@@ -137,7 +139,7 @@ def _patch_ssu_dispatch(sd) -> None:
         return
     cls = make_backend_class(base)
     names = []
-    for name in ["mate", *_requested_names()]:
+    for name in ["mate", *_setting(ENV_SSU)]:
         if name != "mate" and name not in registry:
             _warn(f"{ENV_SSU}: SGLang has no mamba backend named {name!r}; valid: {sorted(registry)}")
             continue
@@ -153,6 +155,8 @@ def _patch_ssu_dispatch(sd) -> None:
 
 
 def _patch_ssd_combined(mod) -> None:
+    import inspect
+
     from . import ops
 
     orig = getattr(mod, "mamba_chunk_scan_combined", None)
@@ -181,19 +185,28 @@ def _patch_ssd_combined(mod) -> None:
 
 
 def enable() -> None:
-    """Arm the registry and prefill patches in this interpreter (applied when SGLang imports the modules)."""
+    """Arm the registry and prefill patches in this interpreter (applied when SGLang imports the modules).
+
+    A malformed ``MATE_SGLANG_SSU_BACKENDS`` / ``MATE_SGLANG_PREFILL`` raises ``ValueError`` naming it."""
+    prefill = _setting(ENV_PREFILL)
+    _setting(ENV_SSU)  # a malformed value raises here, not later inside SGLang's imports
     _when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))
-    if os.environ.get(ENV_PREFILL, "1").strip().lower() not in ("0", "false", "no", "off"):
+    if prefill:
         _when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
 
 
 def enable_from_env() -> None:
-    """What the ``.pth`` line runs: :func:`enable` when ``MATE_SGLANG_ENABLE=1``; never raises."""
-    if (os.environ.get(ENV_ENABLE) or "").strip().lower() in ("1", "true", "yes", "on"):
-        try:
+    """What the ``.pth`` line runs: :func:`enable` when ``MATE_SGLANG_ENABLE=1``; never raises (a malformed
+    ``MATE_SGLANG_*`` value, or a failure to arm, is a warning naming it, and nothing is armed)."""
+    if not os.environ.get(ENV_ENABLE):
+        # unset: the setting's default (off), decided without importing anything, since this line runs at
+        # the start of every interpreter of the environment
+        return
+    try:
+        if _setting(ENV_ENABLE):
             enable()
-        except Exception as e:  # noqa: BLE001
-            _warn(f"enabling failed and was skipped: {e!r}")
+    except Exception as e:  # noqa: BLE001  (a start-up line must never break an interpreter)
+        _warn(f"the SGLang hook is not armed: {e}")
 
 
 def disable() -> None:

@@ -40,7 +40,7 @@ import math
 
 import torch
 
-from ._runtime import mate_ops
+from ._runtime import mate_mamba
 
 PAD_SLOT_ID = -1
 
@@ -119,7 +119,7 @@ def selective_state_update(
         canon = _to4d  # SGLang's dense [batch, T, H, P] form (the parent tree needs it)
     else:
         canon = _to3d  # one token per sequence: the same recurrence, and MATE's one-token fast path
-    mate_ops().selective_state_update(
+    mate_mamba().selective_state_update(
         state, canon(x), canon(dt), A, canon(B), canon(C), D, z=canon(z), dt_bias=dt_bias, dt_softplus=dt_softplus,
         state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(out),
         disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
@@ -180,7 +180,7 @@ def mamba_chunk_scan_combined(
     the state after token ``c * chunk_size - 1`` of the sequence owning it, or the first sequence's initial
     state for ``c = 0``).
     """
-    ops = mate_ops()
+    mamba = mate_mamba()
     for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C)):
         if not isinstance(t, torch.Tensor):
             _bad(name, t, "a torch.Tensor")
@@ -271,7 +271,7 @@ def mamba_chunk_scan_combined(
         init = initial_states if len(seq_of) == initial_states.shape[0] else initial_states[seq_of]
     lo, hi = dt_limit
     want_chunks = bool(return_intermediate_states)
-    res = ops.ssd_combined_fwd_varlen(
+    res = mamba.ssd_combined_fwd_varlen(
         flat(x), flat(dt), A, flat(B), flat(C), chunk_size, cu_rt, cu_chunk_t, last_chunk_t, chunk_seq_t, out_rows,
         D, flat(z), dt_bias, dt_softplus=dt_softplus, dt_limit=(float(lo), float(hi)), initial_states=init,
         return_intermediate_states=want_chunks, state_dtype=state_dtype,

@@ -23,7 +23,7 @@ the state pool and None is returned).
 
 from __future__ import annotations
 
-from ._runtime import mate_ops
+from ._runtime import mate_mamba
 
 NULL_BLOCK_ID = 0
 
@@ -59,7 +59,7 @@ def selective_state_update(
         )
     if num_accepted_tokens is not None and state_batch_indices is None:
         raise ValueError("state_batch_indices: got None; expected a slot table when num_accepted_tokens is given")
-    mate_ops().selective_state_update(
+    mate_mamba().selective_state_update(
         state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
         state_batch_indices=state_batch_indices, pad_slot_id=null_block_id, out=out,
         dst_state_batch_indices=dst_state_batch_indices, cu_seqlens=cu_seqlens,
@@ -95,7 +95,7 @@ def mamba_chunk_scan_combined_varlen(
     ``return_intermediate_states``, or None when they were written into ``final_states_out``."""
     if out is None:
         raise ValueError("out: got None; expected a preallocated [tokens, heads, dim] tensor (written in place)")
-    return mate_ops().ssd_combined_fwd_varlen(
+    return mate_mamba().ssd_combined_fwd_varlen(
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
         return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,

@@ -19,7 +19,6 @@ warning naming what is missing, and is left untouched. :func:`unregister` restor
 from __future__ import annotations
 
 import inspect
-import os
 import warnings
 
 OWNER = "mate-vllm"
@@ -47,10 +46,6 @@ def _ledger():
 
 
 _state = {"ssu": None, "prefill": None}  # what happened, for mate_vllm.plugin.status()
-
-
-def _truthy(v: str | None) -> bool:
-    return (v or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _warn(msg: str) -> None:
@@ -118,10 +113,11 @@ def make_backend_class(base, null_block_id=0):
     return MateSSUBackend
 
 
-def _requested_ssu_names() -> list[str]:
-    from mate._import_hooks import env_names  # imported on use: module import stays stdlib-only
+def _setting(name: str):
+    """A MATE_* switch, parsed by ``mate.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
+    from mate import settings  # imported on use: importing the plugin imports nothing
 
-    return env_names(ENV_SSU, "triton,flashinfer")
+    return settings.get(name)
 
 
 def _patch_ssu_dispatch(sd) -> None:
@@ -144,7 +140,7 @@ def _patch_ssu_dispatch(sd) -> None:
         return
     cls = make_backend_class(base, getattr(sd, "NULL_BLOCK_ID", 0))
     key_type = type(next(iter(registry)))
-    names = _requested_ssu_names()
+    names = _setting(ENV_SSU)
     done = []
     for name in ["mate", *names]:
         try:
@@ -196,12 +192,22 @@ def _patch_ssd_combined(mod) -> None:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point. A no-op unless ``MATE_VLLM_ENABLE=1``; never raises."""
-    if not _truthy(os.environ.get(ENV_ENABLE)):
+    """The ``vllm.general_plugins`` entry point. A no-op unless ``MATE_VLLM_ENABLE=1``.
+
+    A malformed ``MATE_VLLM_*`` value raises ``ValueError`` naming the variable (a typo must not leave vLLM's
+    kernels serving silently); nothing else raises: a failure to patch warns and leaves vLLM as it is."""
+    try:
+        enabled = _setting(ENV_ENABLE)
+    except ImportError as e:  # no MATE runtime: nothing can be served
+        _warn(f"the MATE runtime cannot be imported ({e!r}); the plugin does nothing")
         return
+    if not enabled:
+        return
+    for name in (ENV_SSU, ENV_PREFILL):  # a malformed value raises here, not later inside vLLM's imports
+        _setting(name)
     try:
         when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))  # also registers a 'mate' key where one exists
-        if os.environ.get(ENV_PREFILL, "1").strip().lower() not in ("0", "false", "no", "off"):
+        if _setting(ENV_PREFILL):
             when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
     except Exception as e:  # noqa: BLE001  (a plugin must never take vLLM down)
         _warn(f"registration failed and was skipped: {e!r}")

@@ -2,12 +2,46 @@
 
 Importing this module never imports TileLang: kernels are compiled lazily on CUDA/MUSA devices, and the
 pure-PyTorch reference serves every other device.
+
+The names below are loaded on first use. The package also holds layers below its public functions (the
+call contract ``_ssu_call`` / ``_ssd_call``, the reference backend ``naive_*``, ``chunking``), which the
+dispatch and the TileLang backend import; an eager import of the public functions here would make each of
+those imports pull the public API back in, a cycle through this file.
 """
 
-from .ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
-from .ssu import prewarm_selective_state_update, selective_state_update
+from __future__ import annotations
 
-__all__ = [
+from typing import TYPE_CHECKING
+
+# public name -> the submodule defining it
+_PUBLIC = {
+    "prewarm_selective_state_update": "ssu",
+    "prewarm_ssd_combined_fwd_varlen": "ssd",
+    "selective_state_update": "ssu",
+    "ssd_combined_fwd_varlen": "ssd",
+}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time ``__getattr__`` loads them
+    from .ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
+    from .ssu import prewarm_selective_state_update, selective_state_update
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mate.mamba' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+__all__ = [  # = _PUBLIC's names
     "prewarm_selective_state_update",
     "prewarm_ssd_combined_fwd_varlen",
     "selective_state_update",

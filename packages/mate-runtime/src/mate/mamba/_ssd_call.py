@@ -117,7 +117,6 @@ def normalize_ssd(
     D=None,
     z=None,
     dt_bias=None,
-    *,
     dt_softplus=False,
     dt_limit=(0.0, math.inf),
     initial_states=None,
@@ -129,6 +128,8 @@ def normalize_ssd(
     final_states_out=None,
     final_state_indices=None,
 ) -> SSDCall:
+    """Validate ``ssd_combined_fwd_varlen``'s arguments (in ``mate._ops.SSD_PARAMS`` order, all but ``backend``)
+    and return the canonical :class:`SSDCall`."""
     for name, val in (
         ("checkpoint_token_indices", checkpoint_token_indices),
         ("checkpoint_state_slots", checkpoint_state_slots),

@@ -239,10 +239,11 @@ def normalize_ssu(
     final_write_to_dst=False,
     accepted_writes_per_token=True,
 ) -> SSUCall:
-    """Validate ``selective_state_update``'s arguments and return the canonical :class:`SSUCall`.
+    """Validate ``selective_state_update``'s arguments (in ``mate._ops.SSU_PARAMS`` order, all but ``backend``)
+    and return the canonical :class:`SSUCall`.
 
-    ``retrieve_parent_token``, ``final_write_to_dst`` and ``accepted_writes_per_token`` are not part of the
-    public ``mate.mamba`` signature: adapters pass them to reproduce SGLang's EAGLE trees, vLLM's
+    ``retrieve_parent_token``, ``final_write_to_dst`` and ``accepted_writes_per_token`` are the keyword-only
+    extensions of ``mate.mamba.selective_state_update`` the adapters pass: SGLang's EAGLE trees, vLLM's
     one-final-write rule, and FlashInfer's rule that ``num_accepted_tokens`` without a destination table
     writes only the final state back to the read slot (``accepted_writes_per_token=False``).
     """

@@ -1,4 +1,8 @@
-"""``ssd_combined_fwd_varlen``: packed variable-length SSD prefill, and its prewarm."""
+"""``ssd_combined_fwd_varlen``: packed variable-length SSD prefill (public signature), and its prewarm.
+
+Eager calls normalise (``_ssd_call``) and run on a backend; while ``torch.compile`` traces, the call becomes
+the ``mate::ssd_combined_fwd_varlen`` custom op (``mate._ops``, whose parameter table this signature matches).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,10 @@ import math
 
 import torch
 
-from .._backends import resolve_backend
+from .._backends import run_ssd
 from .._errors import bad_arg
-from ._ssd_call import SSD_CHUNK_SIZES, SSDCall
+from .._ops import SSD, trace_ssd
+from ._ssd_call import SSD_CHUNK_SIZES, normalize_ssd
 from ._ssu_call import IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
 
 
@@ -60,29 +65,19 @@ def ssd_combined_fwd_varlen(
     N]`` and ``final_state_indices [batch]`` the final states are written into the pool and None is
     returned. ``checkpoint_*`` raise ``NotImplementedError``.
     """
-    # one entry with the adapters: eager normalises and runs (run_ssd below), tracing emits the
-    # mate::ssd_combined_fwd_varlen custom op (mate/_ops.py)
-    from .._ops import ssd_combined_fwd_varlen as entry
-
-    return entry(
+    entry = trace_ssd if torch.compiler.is_compiling() else eager_ssd  # traced: the custom op
+    return entry(  # every parameter, in mate._ops.SSD_PARAMS order
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
-        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
-        checkpoint_token_indices=checkpoint_token_indices, checkpoint_state_slots=checkpoint_state_slots,
-        checkpoint_states=checkpoint_states, final_states_out=final_states_out,
-        final_state_indices=final_state_indices, backend=backend,
+        dt_softplus, dt_limit, initial_states, return_intermediate_states, state_dtype, checkpoint_token_indices,
+        checkpoint_state_slots, checkpoint_states, final_states_out, final_state_indices, backend,
     )  # fmt: skip
 
 
-def run_ssd(call: SSDCall, backend: str = "auto") -> torch.Tensor | None:
-    chosen = resolve_backend(backend, call.x.device)
-    if chosen == "torch":
-        from . import naive_ssd
+def _eager(args: tuple) -> torch.Tensor | None:
+    return run_ssd(normalize_ssd(*args[:-1]), args[-1])
 
-        return naive_ssd.ssd_combined_fwd_varlen(call)
-    from .._tilelang import ssd as tl_ssd
 
-    return tl_ssd.ssd_combined_fwd_varlen(call)
+eager_ssd = SSD.entry("eager_ssd", _eager)  # the eager call: normalise, run on a backend
 
 
 def prewarm_ssd_combined_fwd_varlen(
@@ -136,3 +131,6 @@ def prewarm_ssd_combined_fwd_varlen(
         dt_dtype=dt_dtype,
         block_M=block_M,
     )
+
+
+__all__ = ["prewarm_ssd_combined_fwd_varlen", "run_ssd", "ssd_combined_fwd_varlen"]

@@ -1,12 +1,18 @@
-"""``selective_state_update``: the Mamba2 decode step, and its prewarm."""
+"""``selective_state_update``: the Mamba2 decode step (public signature, eager fast path), and its prewarm.
+
+Eager calls run here: the fast path below, else normalise (``_ssu_call``) and run on a backend. While
+``torch.compile`` traces, the call becomes the ``mate::selective_state_update`` custom op (``mate._ops``,
+whose parameter table this signature matches).
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .._backends import resolve_backend
+from .._backends import resolve_backend, run_ssu
 from .._errors import bad_arg
-from ._ssu_call import INDEX_DTYPES, IO_DTYPES, STATE_DTYPES, SSUCall, normalize_ssu
+from .._ops import SSU, trace_ssu
+from ._ssu_call import INDEX_DTYPES, IO_DTYPES, STATE_DTYPES, normalize_ssu
 
 
 def selective_state_update(
@@ -36,6 +42,10 @@ def selective_state_update(
     cu_seqlens: torch.Tensor | None = None,
     num_accepted_tokens: torch.Tensor | None = None,
     backend: str = "auto",
+    *,
+    retrieve_parent_token: torch.Tensor | None = None,
+    final_write_to_dst: bool = False,
+    accepted_writes_per_token: bool = True,
 ) -> torch.Tensor:
     """Apply decode steps of the Mamba2 recurrence to a slot pool and return ``y``.
 
@@ -62,24 +72,27 @@ def selective_state_update(
     read slots read as zero and write nothing; sentinel destinations are skipped; ``disable_state_update``
     leaves the pool bit-identical. ``algorithm`` is accepted for FlashInfer compatibility (MATE chooses its
     own tiling). ``rand_seed``, ``state_scale`` and ``intermediate_state_scales`` raise
-    ``NotImplementedError``.
+    ``NotImplementedError``. ``backend``: ``"auto"`` (TileLang on a CUDA/MUSA device where it is installed,
+    else the reference), ``"tilelang"`` or ``"torch"``.
+
+    Keyword-only extensions (what the serving engines' own ops mean, for their adapters):
+
+    - ``retrieve_parent_token``: ``[batch, T]`` int, with the dense 4-D ``x`` and an
+      ``intermediate_states_buffer`` (SGLang's EAGLE trees): the state before token ``t > 0`` is reloaded
+      from ``buffer[idx, parent[b, t]]`` when ``parent[b, t] >= 0``.
+    - ``final_write_to_dst``: with a destination table, write only the final state, to ``dst[b, 0]``
+      (vLLM's rule without ``num_accepted_tokens``), instead of every token's state.
+    - ``accepted_writes_per_token=False``: ``num_accepted_tokens`` without a destination table writes only
+      the final state back to the read slot (FlashInfer's rule) instead of every token's state.
 
     Returns ``out`` (or a new tensor shaped like ``x``).
     """
-    if torch.compiler.is_compiling():  # traced: the mate::selective_state_update custom op (mate/_ops.py)
-        from .._ops import ssu_compiled
-
-        return ssu_compiled(
-            state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
-            disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
-            rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
-            backend=backend,
-        )  # fmt: skip
-    return eager_ssu(
+    entry = trace_ssu if torch.compiler.is_compiling() else eager_ssu  # traced: the custom op
+    return entry(  # every parameter, in mate._ops.SSU_PARAMS order
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
         disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
         rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
-        None, False, True, backend,
+        retrieve_parent_token, final_write_to_dst, accepted_writes_per_token, backend,
     )  # fmt: skip
 
 
@@ -91,14 +104,13 @@ def selective_state_update(
 # (``mate._tilelang.ssu.make_recipe``, derived from the slow path's own result) with the new tensors; the only
 # per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on every call. The
 # reference backend keeps its full validation (it also checks index data): its metadata is remembered as
-# slow so the key is not analysed twice.
+# slow so the key is not analysed twice. ``eager_ssu`` (generated from the op's parameter table,
+# ``mate._ops.SSU_PARAMS``, whose order it takes) hands ``_eager`` the keyed tensors and either the scalar options
+# (every scalar of its exact class, every unimplemented option None) or, for a call that cannot be keyed, the
+# whole argument tuple: the normaliser then decides (a truthy int is valid but not keyed; an unimplemented
+# option raises).
 
-# the tensor arguments, in the order the key and the recipes see them
-FAST_TENSOR_ARGS = (
-    "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "state_batch_indices", "out",
-    "intermediate_states_buffer", "intermediate_state_indices", "dst_state_batch_indices", "cu_seqlens",
-    "num_accepted_tokens", "retrieve_parent_token",
-)  # fmt: skip
+FAST_TENSOR_ARGS = SSU.tensor_names  # the tensors a call is keyed on, in the order the key and the recipes see
 FAST_PATH = True  # False: every call normalises (the pre-fast-path behaviour; benchmarks compare both)
 FAST_CACHE_SIZE = 1024  # metadata keys remembered (oldest dropped first): batch sizes x call forms
 _SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, non-replayable launch)
@@ -144,61 +156,28 @@ def _remember(key, value) -> None:
     _fast[key] = value
 
 
-def eager_ssu(
-    state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
-    disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
-    rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
-    retrieve_parent_token, final_write_to_dst, accepted_writes_per_token, backend,
-) -> torch.Tensor:  # fmt: skip
-    """The eager call of every SSU entry (``mate.mamba`` and, through ``mate._ops``, the adapters): a remembered
-    call metadata replays its launch recipe, anything else is normalised, dispatched and then remembered."""
+def _eager(tensors: tuple, scalars: tuple | None, args: tuple | None) -> torch.Tensor:
+    """The eager call: a remembered call metadata replays its launch recipe, anything else is normalised,
+    dispatched and then remembered. ``scalars`` is None for a call that cannot be keyed, else ``args`` is None
+    (rebuilt here on a miss: a hit does not need it)."""
     global _last
-    tensors = (
-        state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, out, intermediate_states_buffer,
-        intermediate_state_indices, dst_state_batch_indices, cu_seqlens, num_accepted_tokens, retrieve_parent_token,
-    )  # fmt: skip
     key = None
-    if (
-        FAST_PATH
-        and state_scale is None
-        and intermediate_state_scales is None
-        and rand_seed is None
-        and pad_slot_id.__class__ is int
-        and dt_softplus.__class__ is bool
-        and disable_state_update.__class__ is bool
-        and cache_steps.__class__ is int
-        and philox_rounds.__class__ is int
-        and algorithm.__class__ is str
-        and backend.__class__ is str
-        and final_write_to_dst.__class__ is bool
-        and accepted_writes_per_token.__class__ is bool
-    ):
-        key = fast_key(
-            tensors,
-            (dt_softplus, pad_slot_id, disable_state_update, philox_rounds, cache_steps, algorithm,
-             final_write_to_dst, accepted_writes_per_token, backend),
-        )  # fmt: skip
-        if key is not None:
-            last = _last
-            if key == last[0]:  # an equality test is half the cost of hashing the key for the lookup
-                return last[1].launch(tensors)
-            recipe = _fast.get(key)
-            if recipe is not None:
-                if recipe is not _SLOW:
-                    _last = (key, recipe)
-                    return recipe.launch(tensors)
-                key = None
-    call = normalize_ssu(
-        state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-        state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, state_scale=state_scale, out=out,
-        disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
-        intermediate_state_indices=intermediate_state_indices, intermediate_state_scales=intermediate_state_scales,
-        rand_seed=rand_seed, philox_rounds=philox_rounds, cache_steps=cache_steps, algorithm=algorithm,
-        dst_state_batch_indices=dst_state_batch_indices, cu_seqlens=cu_seqlens,
-        num_accepted_tokens=num_accepted_tokens, retrieve_parent_token=retrieve_parent_token,
-        final_write_to_dst=final_write_to_dst, accepted_writes_per_token=accepted_writes_per_token,
-    )  # fmt: skip
-    chosen = resolve_backend(backend, call.state.device)
+    if scalars is not None:
+        if FAST_PATH:
+            key = fast_key(tensors, scalars)
+            if key is not None:
+                last = _last
+                if key == last[0]:  # an equality test is half the cost of hashing the key for the lookup
+                    return last[1].launch(tensors)
+                recipe = _fast.get(key)
+                if recipe is not None:
+                    if recipe is not _SLOW:
+                        _last = (key, recipe)
+                        return recipe.launch(tensors)
+                    key = None
+        args = SSU.join(tensors, scalars)
+    call = normalize_ssu(*args[:-1])
+    chosen = resolve_backend(args[-1], call.state.device)
     if chosen == "torch":
         from . import naive_ssu
 
@@ -215,16 +194,7 @@ def eager_ssu(
     return result
 
 
-def run_ssu(call: SSUCall, backend: str = "auto") -> torch.Tensor:
-    """Dispatch a normalised call to a backend (adapters that build their own :class:`SSUCall` enter here)."""
-    chosen = resolve_backend(backend, call.state.device)
-    if chosen == "torch":
-        from . import naive_ssu
-
-        return naive_ssu.selective_state_update(call)
-    from .._tilelang import ssu as tl_ssu
-
-    return tl_ssu.selective_state_update(call)
+eager_ssu = SSU.entry("eager_ssu", _eager, split=True)
 
 
 def prewarm_selective_state_update(
@@ -297,3 +267,6 @@ def prewarm_selective_state_update(
         meta_dtype=meta_dtype,
         tie_hdim=dt_dim == 1,
     )
+
+
+__all__ = ["prewarm_selective_state_update", "run_ssu", "selective_state_update"]
