@@ -144,6 +144,8 @@ def test_mamba_exports():
         "prewarm_selective_state_update",
         "ssd_combined_fwd_varlen",
         "prewarm_ssd_combined_fwd_varlen",
+        "plan_selective_state_update",
+        "plan_ssd_combined_fwd_varlen",
     }
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from mate._ops import REQUIRED, SSU_PARAMS
 from mate._tilelang import ssu as tl_ssu
+from mate._tilelang import ssu_plan, ssu_recipe
 from mate.mamba import ssu as api
 from mate.mamba._ssu_call import normalize_ssu
 
@@ -36,7 +37,7 @@ def eager(kw: dict):
 def slow_plan(kw: dict):
     full = {**DEFAULTS, **kw}
     full.pop("backend")
-    return tl_ssu.plan(normalize_ssu(**full))
+    return ssu_plan.plan(normalize_ssu(**full))
 
 
 # ------------------------------------------------------------------------------------------- call forms
@@ -187,7 +188,7 @@ def stub(monkeypatch):
 
     monkeypatch.setattr(api, "resolve_backend", lambda b, d: "torch" if b == "torch" else "tilelang")
     monkeypatch.setattr(api, "normalize_ssu", count)
-    monkeypatch.setattr(tl_ssu, "_get", get)
+    monkeypatch.setattr(tl_ssu, "kernel", get)
     monkeypatch.setattr(tl_ssu, "_kernels", {})
     api.clear_fast_path_cache()
     yield launches, normalised
@@ -288,7 +289,7 @@ def test_pointer_alignment_is_rechecked_on_a_hit(stub):
         eager(kw)
         assert_same_launch(launches[-1], expected)
     assert len(normalised) == 1
-    assert launches[1][0][-2] is False and launches[2][0][-2] is True
+    assert launches[1][0].vector_state is False and launches[2][0].vector_state is True
 
 
 def test_views_follow_the_new_storage_offset(stub):
@@ -398,21 +399,19 @@ def test_direct_callable_picks_the_ffi_function_only_without_outputs(monkeypatch
         return None
 
     plain = FakeKernel(TVMFFIKernelAdapter([], main))
-    assert tl_ssu.direct_callable(plain) is main
+    assert ssu_recipe.direct_callable(plain) is main
     with_output = FakeKernel(TVMFFIKernelAdapter([3], main))
-    assert tl_ssu.direct_callable(with_output) is with_output
+    assert ssu_recipe.direct_callable(with_output) is with_output
     other = FakeKernel(type("CythonKernelAdapter", (), {"result_idx": []})())
-    assert tl_ssu.direct_callable(other) is other
-    assert tl_ssu.direct_callable(lambda *a: None) is not main
-    monkeypatch.setattr(tl_ssu, "DIRECT_FFI_CALL", False)
-    assert tl_ssu.direct_callable(plain) is plain
+    assert ssu_recipe.direct_callable(other) is other
+    assert ssu_recipe.direct_callable(lambda *a: None) is not main
 
 
 def test_recipes_launch_through_the_direct_function(stub, monkeypatch):
     launches, _ = stub
     direct = []
     kern = FakeKernel(TVMFFIKernelAdapter([], lambda *args: direct.append(args)))
-    monkeypatch.setattr(tl_ssu, "_get", lambda key, device: tl_ssu._kernels.setdefault(key, kern))
+    monkeypatch.setattr(tl_ssu, "kernel", lambda key, device: tl_ssu._kernels.setdefault(key, kern))
     eager(vllm_decode())  # miss: the slow path calls the kernel object
     kw = vllm_decode()
     expected = slow_plan(kw)
@@ -430,9 +429,9 @@ def test_direct_function_of_a_compiled_kernel():
 
     key, args = slow_plan(vllm_decode(1))
     kern = CACHE.compile_only(
-        key, tl_ssu._builder(key), target={"kind": "cuda", "arch": "sm_90a"}, pass_configs=tl_ssu._pass_configs()
+        key, key.build, target={"kind": "cuda", "arch": "sm_90a"}, pass_configs=key.pass_configs()
     )
-    fn = tl_ssu.direct_callable(kern)
+    fn = ssu_recipe.direct_callable(kern)
     assert fn is not kern and callable(fn)
     errors = []
     for f in (kern, fn):

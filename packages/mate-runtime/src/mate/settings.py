@@ -30,9 +30,9 @@ class Setting:
 
 
 def _backends(raw: str) -> tuple[str, ...]:
-    """A comma-separated list of backend names; ``none`` (or empty after stripping) is the empty tuple."""
+    """A comma-separated list of backend names; ``none``, ``off`` or ``0`` is the empty tuple."""
     names = tuple(n.strip() for n in raw.split(",") if n.strip())
-    return () if names in ((), ("none",)) else names
+    return () if names in ((), ("none",), ("off",), ("0",)) else names
 
 
 _ON_OFF = ("0", "1", "false", "true", "no", "yes", "off", "on")

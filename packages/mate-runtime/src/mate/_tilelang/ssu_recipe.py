@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from ..mamba._ssu_call import SSUCall
-from .ssu import kernel
+from . import ssu as launcher
 from .ssu_plan import dummies, plan, vec_of, vector_pointers, vector_strides
 
 RESULT = "<result>"  # the pseudo-argument a launch recipe allocates when the caller passed no ``out``
@@ -111,7 +111,7 @@ class LaunchRecipe:
         if vflags is not None:
             kern = self.kernels.get(vflags)  # kernels by (vector state, vector B/C): the rest of the spec is fixed
             if kern is None:  # a new pointer alignment: the kernel cache (and its capture check) decides
-                kern = self.kernels[vflags] = direct_callable(kernel(self._spec(vflags), self.device))
+                kern = self.kernels[vflags] = direct_callable(launcher.kernel(self._spec(vflags), self.device))
             kern(*args)
         return result
 
@@ -178,5 +178,5 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
     if vector_pointers(rec.vterms, *checked) != vflags:
         return None  # the positions the recipe re-checks are not the tensors plan() checked
     rec.base_spec = spec
-    rec.kernels = {vflags: direct_callable(kernel(spec, rec.device))}
+    rec.kernels = {vflags: direct_callable(launcher.kernel(spec, rec.device))}
     return rec

@@ -143,18 +143,16 @@ def stubbed_launch(wrapper: bool = False):
     def noop(*args):
         launched.append(len(args))
 
-    saved = (api.resolve_backend, tl_ssu._get, dict(tl_ssu._kernels))
+    saved = (api.resolve_backend, tl_ssu.kernel, dict(tl_ssu._kernels))
 
-    def fake_get(key, device):
+    def fake_get(spec, device):
         kern = noop
         if wrapper:
-            kern = CACHE.compile_only(
-                key, tl_ssu._builder(key), target={"kind": "cuda", "arch": "sm_90a"},
-                pass_configs=tl_ssu._pass_configs(),
-            )  # fmt: skip
+            target = {"kind": "cuda", "arch": "sm_90a"}
+            kern = CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
             patched.append((kern.adapter, kern.adapter.executable))
             kern.adapter.executable = _NoopModule(launched)
-        tl_ssu._kernels[key] = kern
+        tl_ssu._kernels[spec] = kern
         return kern
 
     def fake_resolve(requested, device):
@@ -163,13 +161,13 @@ def stubbed_launch(wrapper: bool = False):
         return "torch" if requested == "torch" else "tilelang"
 
     api.resolve_backend = fake_resolve
-    tl_ssu._get = fake_get
+    tl_ssu.kernel = fake_get
     tl_ssu._kernels.clear()
     api.clear_fast_path_cache()
     try:
         yield launched
     finally:
-        api.resolve_backend, tl_ssu._get = saved[0], saved[1]
+        api.resolve_backend, tl_ssu.kernel = saved[0], saved[1]
         tl_ssu._kernels.clear()
         tl_ssu._kernels.update(saved[2])
         for adapter, executable in patched:
@@ -205,7 +203,7 @@ def median_us(fn: Callable[[], object], iters: int, repeats: int) -> float:
 
 
 def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = False) -> dict:
-    from mate._tilelang import ssu as tl_ssu
+    from mate._tilelang import ssu_plan
     from mate.mamba import selective_state_update
     from mate.mamba._ssu_call import normalize_ssu
 
@@ -214,7 +212,7 @@ def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = Fal
     with stubbed_launch(wrapper) as launched:
         res["normalise"] = median_us(lambda: normalize_ssu(*pos, **kw), iters, repeats)
         normalised = normalize_ssu(*pos, **kw)
-        res["plan"] = median_us(lambda: tl_ssu.plan(normalised), iters, repeats)
+        res["plan"] = median_us(lambda: ssu_plan.plan(normalised), iters, repeats)
         res["mate.mamba"] = median_us(lambda: selective_state_update(*pos, **kw), iters, repeats)
         if not launched:
             raise RuntimeError("the stubbed kernel was never called: the measurement did not reach the launch")

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 # public name -> the submodule defining it
 _PUBLIC = {
+    "plan_selective_state_update": "planning",
+    "plan_ssd_combined_fwd_varlen": "planning",
     "prewarm_selective_state_update": "ssu",
     "prewarm_ssd_combined_fwd_varlen": "ssd",
     "selective_state_update": "ssu",
@@ -22,6 +24,7 @@ _PUBLIC = {
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time ``__getattr__`` loads them
+    from .planning import plan_selective_state_update, plan_ssd_combined_fwd_varlen
     from .ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
     from .ssu import prewarm_selective_state_update, selective_state_update
 
@@ -42,6 +45,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # = _PUBLIC's names
+    "plan_selective_state_update",
+    "plan_ssd_combined_fwd_varlen",
     "prewarm_selective_state_update",
     "prewarm_ssd_combined_fwd_varlen",
     "selective_state_update",

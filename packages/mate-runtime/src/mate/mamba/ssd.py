@@ -129,7 +129,6 @@ def prewarm_ssd_combined_fwd_varlen(
         io_dtype=io_dtype,
         state_dtype=state_dtype,
         dt_dtype=dt_dtype,
-        block_M=block_M,
     )
 
 

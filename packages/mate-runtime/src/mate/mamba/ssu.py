@@ -101,7 +101,7 @@ def selective_state_update(
 # Validation depends only on metadata (shapes, strides, dtypes, devices, which arguments are None, the scalar
 # options), never on tensor data. A call whose metadata equals an earlier TileLang call's
 # therefore skips normalisation and planning and replays that call's launch recipe
-# (``mate._tilelang.ssu.make_recipe``, derived from the slow path's own result) with the new tensors; the only
+# (``mate._tilelang.ssu_recipe.make_recipe``, derived from the slow path's own result) with the new tensors; the only
 # per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on every call. The
 # reference backend keeps its full validation (it also checks index data): its metadata is remembered as
 # slow so the key is not analysed twice. ``eager_ssu`` (generated from the op's parameter table,
@@ -186,10 +186,11 @@ def _eager(tensors: tuple, scalars: tuple | None, args: tuple | None) -> torch.T
             _remember(key, _SLOW)
         return result
     from .._tilelang import ssu as tl_ssu
+    from .._tilelang import ssu_recipe
 
     result = tl_ssu.selective_state_update(call)
     if key is not None:
-        recipe = tl_ssu.make_recipe(call, dict(zip(FAST_TENSOR_ARGS, tensors, strict=True)), FAST_TENSOR_ARGS)
+        recipe = ssu_recipe.make_recipe(call, dict(zip(FAST_TENSOR_ARGS, tensors, strict=True)), FAST_TENSOR_ARGS)
         _remember(key, _SLOW if recipe is None else recipe)
     return result
 
