@@ -90,15 +90,12 @@ def test_hit_writes_what_the_slow_path_writes(fresh, form, monkeypatch):
 
 
 def test_hits_call_the_direct_ffi_entry(fresh):
-    from mate._tilelang import ssu as tl_ssu
-
     api = fresh
     run(build("decode"))
     recipe = next(v for v in api._fast.values() if v is not api._SLOW)
     kernels = list(recipe.kernels.values())
     assert kernels
-    if tl_ssu.DIRECT_FFI_CALL:
-        assert all(not hasattr(k, "adapter") for k in kernels), "expected the tvm_ffi function, not the wrapper"
+    assert all(not hasattr(k, "adapter") for k in kernels), "expected the tvm_ffi function, not the wrapper"
 
 
 def test_a_hit_can_be_captured(fresh):
