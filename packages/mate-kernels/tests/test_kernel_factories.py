@@ -1,7 +1,8 @@
 """mate-kernels on its own: the package imports without TileLang, the tiling and shared-memory planners obey
 the rules the kernels rely on, the factories check their arguments before any toolchain is needed, and (where
 TileLang is installed) every factory returns a ``T.prim_func`` with the argument list its launcher passes.
-Compiling for sm_90a is the runtime's compile check (`nox -s compile`); test_generated_code.py pins the CUDA."""
+Compiling for sm_90a, and pinning each compile-grid kernel's generated CUDA, is the runtime's compile check
+(`nox -s compile`)."""
 
 from __future__ import annotations
 

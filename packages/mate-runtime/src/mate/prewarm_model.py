@@ -118,11 +118,15 @@ def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens, pdl=Fals
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mate prewarm", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="mate prewarm", description="Compile every SSU and SSD kernel that serving one model configuration uses."
+    )
     ap.add_argument("config", help="a model directory or its config.json")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     ap.add_argument("--state-dtype", default="float32", choices=sorted(DTYPES), help="SSM state cache dtype")
-    ap.add_argument("--io-dtype", default="bfloat16", choices=("bfloat16", "bf16", "float16", "fp16"))
+    ap.add_argument(
+        "--io-dtype", default="bfloat16", choices=("bfloat16", "bf16", "float16", "fp16"), help="x/B/C/z dtype"
+    )
     ap.add_argument("--mtp-tokens", type=int, default=0, help="speculative tokens per step (MTP), 0 for none")
     ap.add_argument("--dry-run", "--list", action="store_true", dest="dry_run", help="list the kernels only")
     ap.add_argument("--target", default=None, help="compile for this CUDA arch without a GPU, e.g. sm_90a")

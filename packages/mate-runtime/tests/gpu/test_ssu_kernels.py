@@ -16,7 +16,7 @@ import torch
 
 pytestmark = pytest.mark.gpu  # skipped without a device or TileLang (tests/conftest.py)
 
-DEVICE = "cuda"  # the precompile helper builds the cases on the CPU to list the kernel keys
+DEVICE = "cuda"  # (tools/gpu/precompile.py builds the cases on the CPU to ask which kernels they plan)
 F32, BF16, F16, I32, I64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
 # relative-to-max tolerance of one rounding to the stored dtype (fp32 math on both sides)
 STATE_TOL = {F32: 1e-4, BF16: 1.2e-2, F16: 2e-3}

@@ -93,8 +93,9 @@ def prewarm_ssd_combined_fwd_varlen(
 ) -> None:
     """Compile every SSD stage for one configuration, outside any captured graph.
 
-    Token and chunk counts are runtime dimensions. Without a usable TileLang device there is nothing to
-    compile and the call only validates its arguments.
+    Token and chunk counts are runtime dimensions. ``block_M`` is the seed's tiling hint, validated and otherwise
+    unused: the planner picks the tile from (dim, dstate, chunk_size). Without a usable TileLang device there is
+    nothing to compile and the call only validates its arguments.
     """
     for name, v in (("heads", heads), ("groups", groups), ("dim", dim), ("dstate", dstate), ("block_M", block_M)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
