@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-sources", action="store_true", help="write the hashes to --sources instead")
     args = ap.parse_args(argv)
 
-    logging.getLogger("tilelang").setLevel(logging.WARNING)  # TileLang logs every compile at INFO
+    import tilelang
+
+    # TileLang logs every compile at INFO (its import sets the level, so after the import)
+    logging.getLogger(tilelang.__name__).setLevel(logging.WARNING)
     from .cache import compile_prim_func
 
     expected: dict = {}
