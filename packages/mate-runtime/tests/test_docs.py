@@ -115,7 +115,11 @@ def documented_limits() -> list[dict]:
 
 
 def accepts(spec: str):
-    """A predicate for the table's 'accepted' cell: a comma list, 'multiples of n' or 'at most n'."""
+    """A predicate for the table's 'accepted' cell: a comma list, 'multiples of n', 'at most n' or 'powers of two
+    from n'."""
+    if m := re.fullmatch(r"powers of two from (\d+)", spec):
+        k = int(m.group(1))
+        return lambda v: v >= k and not v & (v - 1)
     if m := re.fullmatch(r"multiples of (\d+)", spec):
         k = int(m.group(1))
         return lambda v: v % k == 0
@@ -180,7 +184,7 @@ PROBES = {
     ("tilelang", "ssd", "dim"): (range(1, 321), lambda v: tl_check(dim=v)),
     ("tilelang", "ssd", "chunk_size"): ((16, 32, 64, 128, 256), lambda v: tl_check(chunk_size=v)),
     ("tilelang", "ssd", "io_dtype"): (FLOATS[:3], lambda v: tl_check(io_dtype=v)),
-    ("every", "ssd", "chunk_size"): ((8, 16, 24, 32, 48, 64, 100, 128, 256, 512), lambda v: run_ssd(chunk=v)),
+    ("every", "ssd", "chunk_size"): ((4, 8, 16, 24, 32, 48, 64, 100, 128, 256, 512, 1024), lambda v: run_ssd(chunk=v)),
     ("every", "ssd", "io_dtype"): (FLOATS, lambda v: run_ssd(io=v)),
     ("every", "ssd", "state_dtype"): (FLOATS, lambda v: run_ssd(state_dtype=v)),
     ("every", "ssd", "index_dtype"): ((torch.int32, torch.int64, torch.int16, torch.uint8), lambda v: run_ssd(idx=v)),

@@ -100,6 +100,8 @@ RAGGED = [
     pytest.param([1, 33], 16, id="one_token_and_2chunks_plus1"),
     pytest.param([40], 32, id="single_seq_cs32"),
     pytest.param([7, 64, 3, 70], 64, id="cs64_mixed"),
+    pytest.param([3, 8, 21], 8, id="cs8_the_engines_smallest"),
+    pytest.param([300, 5], 512, id="cs512"),
 ]
 
 
@@ -397,3 +399,16 @@ def test_random_combinations(seed):
     close(states, exp.chunk_end, expected_dtype)
     final = run_ref(inp, meta, cs, state_dtype=sd, **kw)
     close(final, exp.final, expected_dtype)
+
+
+@pytest.mark.parametrize("a_dtype", [pytest.param(BF16, id="bf16"), pytest.param(F16, id="fp16")])
+def test_two_byte_a_is_the_fp32_call(a_dtype):
+    """A 2-byte ``A`` (the engines' prefill accepts one) is cast to fp32: the result is the fp32 call's with that
+    rounded A, bit for bit."""
+    seqlens = [5, 37]
+    inp = make_inputs(sum(seqlens), D="head", dt_bias=True, seed=3)
+    meta = chunk_metadata(seqlens, 16)
+    A2 = inp["A"].to(a_dtype)
+    got = run_ref({**inp, "A": A2}, meta, 16)
+    want = run_ref({**inp, "A": A2.float()}, meta, 16)
+    assert torch.equal(got, want)

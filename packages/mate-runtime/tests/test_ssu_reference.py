@@ -959,3 +959,31 @@ def _random_case(seed):
 def test_random_combinations(seed):
     kw, page = _random_case(seed)
     check(kw, page=page)
+
+
+@pytest.mark.parametrize(
+    "io_dtype", [pytest.param(torch.bfloat16, id="bf16-x"), pytest.param(torch.float16, id="fp16-x")]
+)
+def test_fp32_bc_beside_a_two_byte_x(io_dtype):
+    """B/C in fp32 beside a 2-byte x (the engines' ops read them natively): the reference reads them as given, so
+    the result is the float64 recurrence's with the fp32 B/C, not with B/C rounded to x's dtype."""
+    from mate.mamba import selective_state_update
+    from mate.testing import step
+
+    S, H, P, N, G, b = 4, 4, 8, 16, 2, 2
+    g = torch.Generator().manual_seed(11)
+    state = torch.randn(S, H, P, N, generator=g)
+    x = torch.randn(b, H, P, generator=g).to(io_dtype)
+    dt = torch.rand(b, H, P, generator=g) * 0.2
+    A = -torch.rand(H, generator=g) - 0.3
+    B, C = torch.randn(b, G, N, generator=g), torch.randn(b, G, N, generator=g)
+    slots = torch.tensor([1, 3], dtype=torch.int32)
+    want_s, want_y = [], []
+    for i, slot in enumerate(slots.tolist()):
+        s, y = step(state[slot], x[i], dt[i], A.view(H, 1, 1).expand(H, P, N), B[i], C[i])
+        want_s.append(s)
+        want_y.append(y)
+    y = selective_state_update(state, x, dt, A, B, C, None, state_batch_indices=slots, backend="torch")
+    assert y.dtype == io_dtype
+    torch.testing.assert_close(y.double(), torch.stack(want_y), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(state[slots.long()].double(), torch.stack(want_s), rtol=1e-5, atol=1e-5)

@@ -296,10 +296,23 @@ def test_seqs_per_cta_graph_replay_equals_eager(monkeypatch):
     assert plans and {(p.seqs_per_cta, p.scan.prefetch) for p in plans} == {(4, True)}
 
 
-def test_small_chunk_raises():
-    kw = build(Case(chunk=32))
+@pytest.mark.parametrize("chunk", [8, 32, 512])
+def test_chunk_sizes_outside_the_kernels_raise(chunk):
+    """The reference serves every power of two from 8; the kernels 64, 128 and 256."""
+    kw = build(Case(chunk=chunk, seqlens=(5, 600)))
     with pytest.raises(NotImplementedError, match="chunk_size"):
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
+    assert ssd_combined_fwd_varlen(**kw, backend="torch").shape[0] == 2
+
+
+def test_two_byte_a_matches_the_fp32_call():
+    """A bf16 ``A`` (the engines' prefill accepts one) is cast to fp32: the kernels give the fp32 call's result."""
+    kw = build(Case())
+    out_a, out_b = torch.empty_like(kw["x"]), torch.empty_like(kw["x"])
+    s_a = ssd_combined_fwd_varlen(**{**kw, "A": kw["A"].to(BF16)}, out=out_a, backend="tilelang")
+    s_b = ssd_combined_fwd_varlen(**{**kw, "A": kw["A"].to(BF16).float()}, out=out_b, backend="tilelang")
+    torch.cuda.synchronize()
+    assert torch.equal(out_a, out_b) and torch.equal(s_a, s_b)
 
 
 GRAPH_CASE = Case(seqlens=(1, 100, 300), z=True)

@@ -539,3 +539,30 @@ def test_bf16_state_one_rounding_per_write():
     """A bf16 MTP state written at every token: the kernel's published states match the reference's
     (both keep fp32 in registers and round once per write), not a re-rounded chain."""
     check(replace(Case(form="packed", T=8, accepted=False, table="2d", dst=True, pads=False), state=BF16))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(Case(state=BF16, H=16, G=2, batch=4), id="one-bf16"),
+        pytest.param(Case(state=F32, io=F16, H=8, G=1, batch=3), id="one-f32-state-fp16-x"),
+        pytest.param(Case(form="packed", T=3, accepted=True, table="2d", dst=True), id="mtp"),
+    ],
+)
+def test_fp32_bc_beside_a_two_byte_x(case):
+    """B/C in fp32 beside a bf16/fp16 x (the engines' ops take them): the kernels read B/C in x's dtype (one cast
+    per call), the reference reads them as given; the results agree within x's rounding."""
+    kw_k, own_k, par_k = build(case, 0)
+    kw_r, own_r, par_r = build(case, 0)
+    g = torch.Generator().manual_seed(5)
+    for kw in (kw_k, kw_r):
+        for name in ("B", "C"):
+            kw[name] = (torch.randn(kw[name].shape, generator=g) * 0.5).to(DEVICE)
+        g.manual_seed(5)
+    assert kw_k["B"].dtype == F32 and kw_k["x"].dtype != F32 and torch.equal(kw_k["B"], kw_r["B"])
+    y_k = _call(kw_k, par_k, "tilelang")
+    y_r = _call(kw_r, par_r, "torch")
+    torch.cuda.synchronize()
+    _close("y", y_k, y_r, 2 * OUT_TOL[case.io])
+    for name in own_k:
+        _close(name, own_k[name], own_r[name], 2 * STATE_TOL[case.state])

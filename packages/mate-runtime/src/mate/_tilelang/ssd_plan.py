@@ -39,6 +39,7 @@ from .ssu_plan import DTYPE_NAMES, Hardware
 
 SMEM_LIMIT = 227 * 1024 - 2048  # the opt-in maximum per block, less static shared memory (barriers)
 SUPPORTED_DSTATE = (64, 128, 256)
+TILELANG_CHUNK_SIZES = (64, 128, 256)
 MAX_SEQUENCES = 65535  # grid z
 DT_HEADS_PER_CTA = 8  # the pre-pass's largest head group
 NUM_STAGES = 2
@@ -57,10 +58,10 @@ def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dty
             "float32 x/B/C in the TileLang SSD prefill (its tensor-core path takes bf16/fp16 operands) is not "
             "supported by MATE yet; use bf16/fp16 inputs or backend='torch'"
         )
-    if chunk_size < 64:
+    if chunk_size not in TILELANG_CHUNK_SIZES:
         raise NotImplementedError(
-            f"chunk_size={chunk_size} in the TileLang SSD prefill (tiles are 64 or 128 tokens) is not supported "
-            "by MATE yet; use chunk_size 64, 128 or 256, or backend='torch'"
+            f"chunk_size={chunk_size} in the TileLang SSD prefill (tiles are 64 or 128 tokens; tested up to 256) is "
+            "not supported by MATE yet; use chunk_size 64, 128 or 256, or backend='torch'"
         )
     if dstate not in SUPPORTED_DSTATE:
         raise NotImplementedError(

@@ -257,6 +257,8 @@ def plan(call: SSUCall):
     ibuf = call.ibuf
     B = call.B
     C = call.C
+    if B.dtype != io_dt:  # fp32 B/C beside a 2-byte x: the kernels read B/C in x's dtype (a cast per call)
+        B, C = B.to(io_dt), C.to(io_dt)
     if B.stride(2) != 1 or C.stride(2) != 1:
         B = _row_table(B)
         C = _row_table(C)

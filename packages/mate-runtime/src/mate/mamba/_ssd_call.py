@@ -22,7 +22,19 @@ import torch
 from .._errors import bad_arg, unsupported
 from ._ssu_call import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
 
-SSD_CHUNK_SIZES = (16, 32, 64, 128, 256)
+MIN_CHUNK_SIZE = 8  # the engines' prefill ops take powers of two from 8 up
+
+
+def check_chunk_size(chunk_size) -> None:
+    """ValueError unless a positive int; NotImplementedError unless a power of two from :data:`MIN_CHUNK_SIZE` up
+    (what the engines' prefill ops take and the reference serves)."""
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        bad_arg("chunk_size", chunk_size, "a positive int")
+    if chunk_size < MIN_CHUNK_SIZE or chunk_size & (chunk_size - 1):
+        raise NotImplementedError(
+            f"chunk_size={chunk_size} in the SSD prefill is not supported by MATE: it serves powers of two from "
+            f"{MIN_CHUNK_SIZE} up (the TileLang kernels 64, 128 and 256)"
+        )
 
 
 @dataclass(frozen=True)
@@ -143,16 +155,17 @@ def normalize_ssd(
     T, H, P = x.shape
     _tensor("dt", dt, 2, PARAM_DTYPES, device)
     _shape("dt", dt, (T, H))
-    _tensor("A", A, 1, (torch.float32,), device)
+    _tensor("A", A, 1, PARAM_DTYPES, device)
     _shape("A", A, (H,))
+    if A.dtype != torch.float32:  # a 2-byte A (the engines accept one): the kernels and the reference take fp32
+        A = A.float()
     _tensor("B", B, 3, (x.dtype,), device)
     G, N = B.shape[1], B.shape[2]
     if B.shape[0] != T or G < 1 or H % G != 0:
         bad_arg("B", B, f"[{T}, groups, dstate] with heads ({H}) divisible by groups and x's dtype")
     _tensor("C", C, 3, (x.dtype,), device)
     _shape("C", C, B.shape)
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size not in SSD_CHUNK_SIZES:
-        bad_arg("chunk_size", chunk_size, f"one of {SSD_CHUNK_SIZES}")
+    check_chunk_size(chunk_size)
 
     _tensor("cu_seqlens", cu_seqlens, 1, INDEX_DTYPES, device)
     batch = cu_seqlens.shape[0] - 1

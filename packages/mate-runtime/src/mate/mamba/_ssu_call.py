@@ -311,12 +311,14 @@ def normalize_ssu(
     else:
         dth = _like_x("dt", dt, (H, P), PARAM_DTYPES)
 
-    _check_tensor("B", B, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=(io_dtype,), device=device)
+    # B/C in x's dtype, or fp32 beside a 2-byte x (the engines' ops read either natively)
+    bc_dtypes = (io_dtype,) if io_dtype == torch.float32 else (io_dtype, torch.float32)
+    _check_tensor("B", B, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=bc_dtypes, device=device)
     Bh = B.unsqueeze(-2) if single_head else B
     G = Bh.shape[-2]
     if tuple(Bh.shape) != lead + (G, N) or G < 1 or H % G != 0:
         bad_arg("B", B, f"shape {lead} + (groups, {N}) with heads ({H}) divisible by groups, dtype {io_dtype}")
-    _check_tensor("C", C, ndims=(B.dim(),), dtypes=(io_dtype,), device=device)
+    _check_tensor("C", C, ndims=(B.dim(),), dtypes=(B.dtype,), device=device)
     if tuple(C.shape) != tuple(B.shape):
         bad_arg("C", C, f"the shape of B {tuple(B.shape)}")
     Ch = C.unsqueeze(-2) if single_head else C

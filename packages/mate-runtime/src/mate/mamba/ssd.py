@@ -13,7 +13,7 @@ import torch
 from .._backends import run_ssd
 from .._errors import bad_arg
 from .._ops import SSD, trace_ssd
-from ._ssd_call import SSD_CHUNK_SIZES, normalize_ssd
+from ._ssd_call import check_chunk_size, normalize_ssd
 from ._ssu_call import IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
 
 
@@ -102,8 +102,7 @@ def prewarm_ssd_combined_fwd_varlen(
             bad_arg(name, v, "a positive int")
     if heads % groups:
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
-    if chunk_size not in SSD_CHUNK_SIZES:
-        bad_arg("chunk_size", chunk_size, f"one of {SSD_CHUNK_SIZES}")
+    check_chunk_size(chunk_size)
     for name, d, allowed in (
         ("io_dtype", io_dtype, IO_DTYPES),
         ("state_dtype", state_dtype, STATE_DTYPES),
