@@ -426,7 +426,7 @@ def test_prefill_track_states_forms():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("bc", "T"), [(BF16, None), (F32, None), (F32, 4)])
+@pytest.mark.parametrize(("bc", "T"), [(BF16, None), (F32, None), (BF16, 4), (F32, 4)])
 def test_gpu_ssu_dtype_mix_and_eagle_tree(bc, T):
     """TileLang: bf16 x with bf16/fp32 B/C (fp32 needs the runtime's change), one token and an EAGLE verify with
     int64 parents beside int32 intermediate_state_indices."""
