@@ -477,3 +477,22 @@ def test_gpu_prefill_small_chunk_sizes_are_named(chunk_size):
     c = prefill([5, 40], seed=22, H=8, P=64, N=128, io=BF16, dev="cuda")
     with pytest.raises(NotImplementedError, match="chunk_size"):
         call_prefill(c, chunk_size, return_varlen_states=True)
+
+
+def test_prefill_independent_rows_chunk_states():
+    """No seq_idx: each batch row is a sequence with its own initial state; chunk states per row."""
+    c = prefill([40, 40], seed=15)
+    x = c.x.view(2, 40, c.H, c.P)
+    out = torch.empty_like(x)
+    states, final = ops.mamba_chunk_scan_combined(
+        x, c.dt.view(2, 40, c.H), c.A, c.B.view(2, 40, 2, c.N), c.C.view(2, 40, 2, c.N), 16, D=c.D,
+        z=c.z.view(2, 40, c.H, c.P), dt_bias=c.dt_bias, initial_states=c.init, dt_softplus=True, out=out,
+        return_final_states=True, return_intermediate_states=True,
+    )  # fmt: skip
+    e, after = oracle_prefill(c, bounds=[16, 32, 56, 72])
+    assert states.shape == (2, 3, c.H, c.P, c.N) and final.shape == (2, c.H, c.P, c.N)
+    assert rel(out.reshape(80, c.H, c.P), e.y) < 1e-5 and rel(final, e.final) < 1e-5
+    for r in range(2):
+        torch.testing.assert_close(states[r, 0], c.init[r])
+        for k in (1, 2):
+            assert rel(states[r, k], after[40 * r + 16 * k]) < 1e-5

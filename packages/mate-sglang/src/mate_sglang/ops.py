@@ -404,25 +404,21 @@ def mamba_chunk_scan_combined(
         return final_states if return_final_states else None
 
     nabs = math.ceil(T / chunk_size)
+    ends_at = {p: k for k, p in enumerate(cu_chunk[1:])}  # boundary -> the (pseudo-)chunk ending there
+    packed = seq_idx is not None or return_varlen_states
     per_row = []
     for r in range(batch):
-        entering = []
-        for c in range(nabs):
-            boundary = r * T + c * chunk_size
-            if c == 0:
-                first = seq_of[0] if (seq_idx is not None or return_varlen_states) else r
-                entering.append(init_or_zero(first))
-            else:
-                k = cu_chunk.index(boundary) - 1  # the pseudo-chunk ending at the boundary
-                entering.append(chunk_end[k])
-        per_row.append(torch.stack(entering))
+        # chunk 0 enters with initial_states[0] when packed (SGLang reads row 0), else the row's own
+        first = init_or_zero(0 if packed else r)[None]
+        ids = [ends_at[r * T + c * chunk_size] for c in range(1, nabs)]
+        per_row.append(torch.cat([first, chunk_end[torch.tensor(ids, dtype=torch.long, device=dev)]]))
     states = torch.stack(per_row).to(sdt)
     if return_track_states:
         track_states = None
         if want_track:
-            track_states = torch.stack(
-                [chunk_end[cu_chunk.index(e) - 1] if e > cu[b] else init_or_zero(b) for b, e in track]
-            ).to(sdt)[None]
+            track_states = torch.stack([chunk_end[ends_at[e]] if e > cu[b] else init_or_zero(b) for b, e in track]).to(
+                sdt
+            )[None]
         return states, varlen_states, track_states
     tail = []
     if return_final_states:
