@@ -156,6 +156,17 @@ def test_dtype_mixes(io, bc, zd, od, sd, ad, T):
     check_ssu(t, oracle_ssu(t, pool0, state_batch_indices=idx), dtypes=(bc, zd, ad))
 
 
+def test_tied_half_precision_A_stays_tied():
+    """SGLang's mixer passes A [H] expanded to [H, P, N] (stride 0); a bf16 one is upcast keeping the broadcast."""
+    t = ssu_tensors(2, seed=16)
+    t.A = t.A[:, :1, :1].to(BF16).expand(t.A.shape)
+    pool0 = t.state.clone()
+    call_ssu(t, state_batch_indices=torch.tensor([3, 1]))
+    check_ssu(t, oracle_ssu(t, pool0, state_batch_indices=torch.tensor([3, 1])))
+    a32 = ops._f32_keep_broadcast(t.A)
+    assert a32.dtype == F32 and a32.stride()[1:] == (0, 0) and torch.equal(a32, t.A.float())
+
+
 def test_single_head_forms_without_a_table():
     """SGLang's 3-D state [S, dim, dstate], 2-D x/dt/B/C/z/out, A [dim, dstate], D/dt_bias [dim]."""
     g = torch.Generator().manual_seed(4)

@@ -141,7 +141,7 @@ def selective_state_update(
         canon = _to3d  # one token per sequence: the same recurrence, and MATE's one-token fast path
     x, B, C, z, run_out, copy_to = _ssu_io(x, B, C, z, out)
     if isinstance(A, torch.Tensor) and A.dtype != torch.float32:
-        A = A.float()  # SGLang's kernel loads A as fp32: a bf16/fp16 A upcasts exactly
+        A = _f32_keep_broadcast(A)  # SGLang's kernel loads A as fp32: a bf16/fp16 A upcasts exactly
     mate_mamba().selective_state_update(
         state, canon(x), canon(dt), A, canon(B), canon(C), D, z=canon(z), dt_bias=dt_bias, dt_softplus=dt_softplus,
         state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(run_out),
@@ -155,6 +155,13 @@ def selective_state_update(
 
 
 _HALF = (torch.bfloat16, torch.float16)
+
+
+def _f32_keep_broadcast(t):
+    """``t`` in fp32 with its stride-0 (broadcast) dims kept broadcast: a tied per-head A stays tied, so the
+    runtime still takes its tied fast path."""
+    one = tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())
+    return t[one].float().expand(t.shape)
 
 
 def _ssu_io(x, B, C, z, out):
