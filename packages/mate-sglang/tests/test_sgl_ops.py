@@ -20,7 +20,7 @@ def test_signatures_are_sglangs():
     assert list(inspect.signature(ops.selective_state_update).parameters) == [
         "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "state_batch_indices", "pad_slot_id",
         "out", "disable_state_update", "intermediate_states_buffer", "cache_steps", "retrieve_parent_token",
-        "intermediate_state_indices",
+        "intermediate_state_indices", "enable_stochastic_rounding", "cache_philox_rounds",
     ]  # fmt: skip
     assert inspect.signature(ops.selective_state_update).parameters["pad_slot_id"].default == -1
     assert list(inspect.signature(ops.mamba_chunk_scan_combined).parameters)[:13] == [

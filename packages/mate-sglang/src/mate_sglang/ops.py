@@ -1,6 +1,6 @@
 """SGLang's native Mamba2 op signatures, served by MATE.
 
-``selective_state_update`` follows SGLang's Triton op (``sglang/srt/layers/attention/mamba/ops/mamba_ssm.py``):
+``selective_state_update`` follows SGLang 0.5.23's Triton op (``sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py``):
 
 * A 2-D/3-D ``x`` is one token per sequence (run as MATE's one-token form, the same recurrence as SGLang's
   ``T = 1`` dense form); a 4-D ``x [batch, T, H, P]`` is the dense multi-token form; the sentinel is
@@ -9,6 +9,11 @@
 * A sentinel read slot reads a zero state and writes nothing (pool or intermediate buffer).
 * Without ``intermediate_states_buffer``: the final state goes back to the read slot unless
   ``disable_state_update``.
+* Dtypes: SGLang's kernel loads every input as fp32, so any float mix is valid. One dtype for x/B/C/z/out, or
+  fp32 B/C beside a bf16/fp16 x, runs natively; any other mix is computed in fp32 (x, B, C, z upcast, y
+  stored into ``out``'s dtype), and a bf16/fp16 ``A`` is upcast (exact).
+* ``enable_stochastic_rounding=True`` raises ``NotImplementedError`` (after SGLang's own checks: an fp16
+  state, ``cache_philox_rounds >= 0``); ``cache_philox_rounds`` is otherwise ignored, as in SGLang.
 * Speculative verify: with ``intermediate_states_buffer`` (``[entries, cache_steps, H, P, N]``, contiguous) the
   state after token ``t`` is written to ``buf[idx, t]``, ``idx`` = ``intermediate_state_indices[b]``, else the
   read slot; ``retrieve_parent_token [batch, T]`` (EAGLE trees) reloads the state before token ``t > 0`` from
@@ -31,7 +36,9 @@ mapped onto MATE's varlen prefill: the pseudo-chunks become ``cu_chunk_seqlens``
 the owning sequence of each becomes the per-chunk ``seq_idx``. **This needs host-side metadata**: the
 per-token ``seq_idx`` (or ``cu_seqlens``) is copied to the host once per call to derive the chunk tables,
 which is a device synchronisation (SGLang's prefill is not graph-captured). Without ``seq_idx`` the batch
-rows are independent sequences of ``T`` tokens and nothing is synchronised.
+rows are independent sequences of ``T`` tokens and nothing is synchronised. SGLang's ``return_track_states``
+(prefix-cache tracking) is served by splitting a chunk at every tracked position, whose state is then a
+chunk-end state. ``chunk_size`` 1, 2 and 4 (valid for SGLang) raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -89,8 +96,21 @@ def selective_state_update(
     cache_steps=None,
     retrieve_parent_token=None,
     intermediate_state_indices=None,
+    enable_stochastic_rounding=False,
+    cache_philox_rounds=0,
 ):
     """SGLang's ``selective_state_update`` (see the module docstring). Writes ``out`` and the state in place."""
+    # SGLang's own argument checks first (a call SGLang rejects is rejected here the same way), then the one
+    # valid request MATE does not serve yet: the quantized-state work brings stochastic rounding.
+    if not isinstance(cache_philox_rounds, int) or isinstance(cache_philox_rounds, bool) or cache_philox_rounds < 0:
+        _bad("cache_philox_rounds", cache_philox_rounds, "a non-negative int")
+    if enable_stochastic_rounding:
+        if isinstance(state, torch.Tensor) and state.dtype != torch.float16:
+            _bad("state", state, "dtype float16 with enable_stochastic_rounding (SGLang's rule)")
+        raise NotImplementedError(
+            "enable_stochastic_rounding=True (stochastic rounding of the fp16 state store) is not supported by MATE "
+            "yet; pass enable_stochastic_rounding=False"
+        )
     if out is None:
         _bad("out", out, "a preallocated tensor shaped like x (SGLang's op writes it in place)")
     if state_batch_indices is not None and (
@@ -119,14 +139,53 @@ def selective_state_update(
         canon = _to4d  # SGLang's dense [batch, T, H, P] form (the parent tree needs it)
     else:
         canon = _to3d  # one token per sequence: the same recurrence, and MATE's one-token fast path
+    x, B, C, z, run_out, copy_to = _ssu_io(x, B, C, z, out)
+    if isinstance(A, torch.Tensor) and A.dtype != torch.float32:
+        A = _f32_keep_broadcast(A)  # SGLang's kernel loads A as fp32: a bf16/fp16 A upcasts exactly
     mate_mamba().selective_state_update(
         state, canon(x), canon(dt), A, canon(B), canon(C), D, z=canon(z), dt_bias=dt_bias, dt_softplus=dt_softplus,
-        state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(out),
+        state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(run_out),
         disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
         intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
         retrieve_parent_token=retrieve_parent_token,
     )  # fmt: skip
+    if copy_to is not None:
+        copy_to.copy_(run_out)
     return None
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _f32_keep_broadcast(t):
+    """``t`` in fp32 with its stride-0 (broadcast) dims kept broadcast: a tied per-head A stays tied, so the
+    runtime still takes its tied fast path."""
+    one = tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())
+    return t[one].float().expand(t.shape)
+
+
+def _ssu_io(x, B, C, z, out):
+    """The dtypes of x, B, C, z and out as MATE's runtime takes them: ``(x, B, C, z, out to compute into,
+    caller's out to copy into or None)``.
+
+    SGLang's kernel loads every input as fp32 and stores y in out's dtype, so any float mix is valid there.
+    Served natively: all five in one dtype, and fp32 B/C beside a bf16/fp16 x (z and out in x's dtype).
+    Any other mix computes in fp32 (x, B, C, z upcast: the same arithmetic as SGLang's) into an fp32 out,
+    copied into the caller's out when that is narrower."""
+    tensors = [t for t in (x, B, C, z, out) if isinstance(t, torch.Tensor)]
+    if len(tensors) < 5 - (z is None):
+        return x, B, C, z, out, None  # a non-tensor: the runtime names it
+    io = x.dtype
+    same = all(t.dtype == io for t in tensors)
+    wide_bc = io in _HALF and B.dtype == C.dtype == torch.float32 and out.dtype == io and (z is None or z.dtype == io)
+    if same or wide_bc:
+        return x, B, C, z, out, None
+    f32 = torch.float32
+    x, B, C = x.to(f32), B.to(f32), C.to(f32)
+    z = None if z is None else z.to(f32)
+    if out.dtype == f32:
+        return x, B, C, z, out, None
+    return x, B, C, z, torch.empty(out.shape, dtype=f32, device=out.device), out
 
 
 # ---------------------------------------------------------------------------------------------- prefill
@@ -170,6 +229,9 @@ def mamba_chunk_scan_combined(
     return_varlen_states=False,
     return_intermediate_states=False,
     state_dtype=None,
+    return_track_states=False,
+    track_seq_idx=None,
+    track_end_locs=None,
 ):
     """SGLang's chunked prefill (see the module docstring). Writes ``out [batch, T, H, P]`` in place.
 
@@ -178,7 +240,13 @@ def mamba_chunk_scan_combined(
     ``(final_states, varlen_states)``; with ``return_intermediate_states`` the chunk states
     ``[batch, nchunks, H, P, N]`` come first (chunk ``c``'s entry is the state carried into absolute chunk ``c``:
     the state after token ``c * chunk_size - 1`` of the sequence owning it, or the first sequence's initial
-    state for ``c = 0``).
+    state for ``c = 0``). With ``return_track_states`` (needs ``return_varlen_states``; the other two flags are
+    then ignored, as in SGLang): ``(chunk states, varlen_states, track_states)``, ``track_states``
+    ``[1, n, H, P, N]`` entry ``i`` the state of sequence ``track_seq_idx[i]`` after its tokens before packed
+    position ``track_end_locs[i]`` (None without track positions).
+
+    Dtypes as SGLang's: ``final_states`` fp32; the chunk, varlen and track states in ``state_dtype``, default
+    C's dtype. A bf16/fp16 ``A`` is upcast to fp32 (exact).
     """
     mamba = mate_mamba()
     for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C)):
@@ -190,9 +258,20 @@ def mamba_chunk_scan_combined(
         _bad("out", out, "a preallocated [batch, seqlen, heads, headdim] tensor (SGLang's prefill writes it in place)")
     if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
         _bad("chunk_size", chunk_size, "a power of two")
+    if chunk_size < 8:  # valid for SGLang's Python check; MATE's prefill serves powers of two from 8
+        raise NotImplementedError(
+            f"chunk_size={chunk_size} is not supported by MATE's prefill (powers of two from 8; 64 and up on TileLang)"
+        )
     batch, T, H, P = x.shape
     if return_varlen_states and cu_seqlens is None:
         _bad("cu_seqlens", None, "[num_sequences + 1] offsets when return_varlen_states is True")
+    if return_track_states and not return_varlen_states:
+        _bad("return_track_states", True, "False unless return_varlen_states is True (SGLang's rule)")
+    if isinstance(A, torch.Tensor) and A.dtype in (torch.bfloat16, torch.float16):
+        A = A.float()  # SGLang's kernels read A as fp32; the upcast is exact
+    sdt = state_dtype if state_dtype is not None else C.dtype  # SGLang's default: C's dtype
+    # SGLang's final_states are fp32 whatever the state dtype: compute in fp32 then, rounding the others after
+    run_sdt = torch.float32 if return_final_states else sdt
     if tuple(out.shape) != tuple(x.shape):
         _bad("out", out, f"shape {tuple(x.shape)}")
 
@@ -237,6 +316,23 @@ def mamba_chunk_scan_combined(
     else:
         cu_chunk = pseudo_chunks(starts, tokens, chunk_size)
         _check_pseudo_chunks(cu_chunk, chunk_size, chunk_indices, chunk_offsets)
+    # SGLang's tracked states: the state of sequence track_seq_idx[i] before packed position track_end_locs[i].
+    # Each position inside a sequence becomes one more chunk boundary, so the state is a chunk-end state.
+    track = []  # (sequence, end): end > the sequence's start, else the entering state
+    want_track = bool(return_track_states) and track_seq_idx is not None and track_end_locs is not None
+    if want_track:
+        tsid = [int(v) for v in track_seq_idx.reshape(-1).tolist()]  # host metadata
+        tend = [int(v) for v in track_end_locs.reshape(-1).tolist()]
+        if len(tsid) != len(tend):
+            _bad("track_end_locs", track_end_locs, f"{len(tsid)} entries (one per track_seq_idx entry)")
+        for b, e in zip(tsid, tend, strict=True):
+            if not 0 <= b < nseq_all:
+                _bad("track_seq_idx", track_seq_idx, f"sequence ids in [0, {nseq_all})")
+            if not cu[b] <= e <= cu[b + 1]:
+                _bad("track_end_locs", track_end_locs, f"a position of sequence {b}, in [{cu[b]}, {cu[b + 1]}]")
+            track.append((b, e))
+        want_track = len(track) > 0
+        cu_chunk = sorted(set(cu_chunk) | {e for b, e in track if e > cu[b]})
     chunk_seq, last_chunk = [], []
     s = 0
     for c in range(len(cu_chunk) - 1):
@@ -270,11 +366,11 @@ def mamba_chunk_scan_combined(
             _bad("initial_states", initial_states, f"{expected_rows} rows (one per sequence)")
         init = initial_states if len(seq_of) == initial_states.shape[0] else initial_states[seq_of]
     lo, hi = dt_limit
-    want_chunks = bool(return_intermediate_states)
+    want_chunks = bool(return_intermediate_states) or bool(return_track_states)
     res = mamba.ssd_combined_fwd_varlen(
         flat(x), flat(dt), A, flat(B), flat(C), chunk_size, cu_rt, cu_chunk_t, last_chunk_t, chunk_seq_t, out_rows,
         D, flat(z), dt_bias, dt_softplus=dt_softplus, dt_limit=(float(lo), float(hi)), initial_states=init,
-        return_intermediate_states=want_chunks, state_dtype=state_dtype,
+        return_intermediate_states=want_chunks, state_dtype=run_sdt,
     )  # fmt: skip
     if scratch:
         out.copy_(out_rows.view(out.shape))
@@ -283,18 +379,18 @@ def mamba_chunk_scan_combined(
         final_live = chunk_end[last_chunk_t.long()]
     else:
         final_live = res
-    sdt = final_live.dtype
 
     # ---- SGLang's return values
     def init_or_zero(b):
         if initial_states is None:
-            return torch.zeros((H, P, final_live.shape[-1]), dtype=sdt, device=dev)
-        return initial_states[b].to(sdt)
+            return torch.zeros((H, P, final_live.shape[-1]), dtype=run_sdt, device=dev)
+        return initial_states[b].to(run_sdt)
 
     if seq_idx is None and not return_varlen_states:
         final_states = final_live
     else:
         final_states = final_live[-1:]  # the state after the packed row's last token
+    final_states = final_states.float()  # SGLang's final_states are fp32
     varlen_states = None
     if return_varlen_states:
         if len(seq_of) == nseq_all:
@@ -308,25 +404,29 @@ def mamba_chunk_scan_combined(
                 else:
                     rows.append(init_or_zero(b))
             varlen_states = torch.stack(rows)
+        varlen_states = varlen_states.to(sdt)
     if not want_chunks:
         if return_varlen_states:
             return (final_states, varlen_states) if return_final_states else varlen_states
         return final_states if return_final_states else None
 
     nabs = math.ceil(T / chunk_size)
+    ends_at = {p: k for k, p in enumerate(cu_chunk[1:])}  # boundary -> the (pseudo-)chunk ending there
+    packed = seq_idx is not None or return_varlen_states
     per_row = []
     for r in range(batch):
-        entering = []
-        for c in range(nabs):
-            boundary = r * T + c * chunk_size
-            if c == 0:
-                first = seq_of[0] if (seq_idx is not None or return_varlen_states) else r
-                entering.append(init_or_zero(first))
-            else:
-                k = cu_chunk.index(boundary) - 1  # the pseudo-chunk ending at the boundary
-                entering.append(chunk_end[k].to(sdt))
-        per_row.append(torch.stack(entering))
-    states = torch.stack(per_row)
+        # chunk 0 enters with initial_states[0] when packed (SGLang reads row 0), else the row's own
+        first = init_or_zero(0 if packed else r)[None]
+        ids = [ends_at[r * T + c * chunk_size] for c in range(1, nabs)]
+        per_row.append(torch.cat([first, chunk_end[torch.tensor(ids, dtype=torch.long, device=dev)]]))
+    states = torch.stack(per_row).to(sdt)
+    if return_track_states:
+        track_states = None
+        if want_track:
+            track_states = torch.stack([chunk_end[ends_at[e]] if e > cu[b] else init_or_zero(b) for b, e in track]).to(
+                sdt
+            )[None]
+        return states, varlen_states, track_states
     tail = []
     if return_final_states:
         tail.append(final_states)
