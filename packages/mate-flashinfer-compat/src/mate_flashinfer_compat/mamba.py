@@ -59,6 +59,13 @@ def _bad(name, value, expected):
     raise ValueError(f"{name}: got {desc}; expected {expected}")
 
 
+def _fp32_keeping_broadcasts(t):
+    """``t`` in fp32 with its stride-0 (tied, per-head) dims kept: a plain cast copies into dense strides,
+    which would turn the tied form into the untied one (a slower kernel for the same numbers)."""
+    keep = tuple(slice(None) if s else slice(0, 1) for s in t.stride())
+    return t[keep].float().expand(t.shape)
+
+
 def _per_token_table(table, tokens):
     """FlashInfer reads a 1-D table with a zero token stride: every token of sequence b names entry b."""
     if table is None or not isinstance(table, torch.Tensor) or table.dim() != 1:
@@ -112,7 +119,9 @@ def selective_state_update(
         if not isinstance(t, torch.Tensor):
             _bad(name, t, "a torch.Tensor")
     if A.dtype in (torch.bfloat16, torch.float16):
-        A = A.float()  # FlashInfer's matrixA_t may be 16-bit; it computes in fp32, so the cast is exact
+        A = _fp32_keeping_broadcasts(
+            A
+        )  # FlashInfer's matrixA_t may be 16-bit; it computes in fp32, so the cast is exact
 
     # FlashInfer's canonical forms (its wrapper's unsqueezes), so the same calls mean the same thing.
     is_varlen = cu_seqlens is not None and x.dim() == 3

@@ -41,6 +41,13 @@ NULL_BLOCK_ID = 0
 _HALF = (torch.bfloat16, torch.float16)
 
 
+def _fp32_keeping_broadcasts(t):
+    """``t`` in fp32 with its stride-0 (tied, per-head) dims kept: a plain cast copies into dense strides,
+    which would turn the tied form into the untied one (a slower kernel for the same numbers)."""
+    keep = tuple(slice(None) if s else slice(0, 1) for s in t.stride())
+    return t[keep].float().expand(t.shape)
+
+
 def _unserved_dtypes(x, B, C, z, out):
     """The dtype mixes vLLM's kernel computes (it loads every operand as fp32) that MATE does not serve: a
     ``NotImplementedError`` naming the form, instead of the runtime's ``ValueError`` for a foreign request."""
@@ -93,7 +100,7 @@ def selective_state_update(
     if isinstance(x, torch.Tensor):
         _unserved_dtypes(x, B, C, z, out)
     if isinstance(A, torch.Tensor) and A.dtype in _HALF:
-        A = A.float()  # vLLM's kernel loads A as fp32; the cast is exact
+        A = _fp32_keeping_broadcasts(A)  # vLLM's kernel loads A as fp32; the cast is exact
     if state_batch_indices is None:
         # vLLM masks only loaded table entries: implicit slots 0..b-1 are all live (slot 0 included), and a
         # destination table without a source table is never read. -1 is no slot, so nothing is masked.
