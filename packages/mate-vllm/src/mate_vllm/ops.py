@@ -39,6 +39,7 @@ from ._runtime import mate_mamba
 
 NULL_BLOCK_ID = 0
 _HALF = (torch.bfloat16, torch.float16)
+_FLOAT = (torch.float32, *_HALF)  # the dtypes MATE computes in; others are the runtime's ValueError
 
 
 def _fp32_keeping_broadcasts(t):
@@ -52,14 +53,19 @@ def _unserved_dtypes(x, B, C, z, out):
     """The dtype mixes vLLM's kernel computes (it loads every operand as fp32) that MATE does not serve: a
     ``NotImplementedError`` naming the form, instead of the runtime's ``ValueError`` for a foreign request."""
     xd = x.dtype
+    if xd not in _FLOAT:
+        return  # not a float x: the runtime's ValueError says what is wrong
     for name, t in (("B", B), ("C", C)):
-        if isinstance(t, torch.Tensor) and t.dtype != xd and not (t.dtype == torch.float32 and xd in _HALF):
+        if not isinstance(t, torch.Tensor):
+            continue
+        served = t.dtype == xd or (t.dtype == torch.float32 and xd in _HALF)
+        if t.dtype in _FLOAT and not served:
             raise NotImplementedError(
                 f"{name} in {str(t.dtype).removeprefix('torch.')} beside x in {str(xd).removeprefix('torch.')} "
                 "is not supported by MATE yet (B/C in x's dtype, or fp32 beside a bf16/fp16 x)"
             )
     for name, t in (("z", z), ("out", out)):
-        if isinstance(t, torch.Tensor) and t.dtype != xd:
+        if isinstance(t, torch.Tensor) and t.dtype in _FLOAT and t.dtype != xd:
             raise NotImplementedError(
                 f"{name} in {str(t.dtype).removeprefix('torch.')} beside x in {str(xd).removeprefix('torch.')} "
                 f"is not supported by MATE yet ({name} in x's dtype)"
