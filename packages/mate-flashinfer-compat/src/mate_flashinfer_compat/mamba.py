@@ -27,8 +27,17 @@ differ from ``mate.mamba``:
   ``torch`` select that backend. ``rand_seed`` (stochastic rounding), ``state_scale`` and
   ``intermediate_state_scales`` (int16 states) raise ``NotImplementedError``.
 
+* **Dtypes.** FlashInfer compiles its kernel per (state, x, dt, A, index) dtype: B/C/z/out in x's dtype,
+  D/dt_bias in dt's dtype, A in fp32/bf16/fp16. A bf16/fp16 ``A`` is cast to fp32 here (exact: FlashInfer
+  computes in fp32 too).
+
 MATE is more permissive than FlashInfer's kernels in what it accepts (untied dt/A/D/dt_bias, ``D=None``,
-strided x/B/C rows); every form FlashInfer accepts means the same here.
+strided x/B/C rows, D/dt_bias in another dtype than dt, source/destination/intermediate tables of different
+int dtypes, B/C in fp32 beside a bf16/fp16 x); every form FlashInfer accepts means the same here.
+
+``mamba_chunk_scan_combined_varlen`` is vLLM's prefill op (names, order, and its return dtype: ``state_dtype``,
+else ``C``'s dtype); ``ssd_combined_fwd_varlen`` is ``mate.mamba``'s (``state_dtype``, else the initial
+states' dtype, else ``C``'s).
 """
 
 from __future__ import annotations
@@ -48,6 +57,13 @@ def _bad(name, value, expected):
         f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})" if isinstance(value, torch.Tensor) else repr(value)
     )
     raise ValueError(f"{name}: got {desc}; expected {expected}")
+
+
+def _fp32_keeping_broadcasts(t):
+    """``t`` in fp32 with its stride-0 (tied, per-head) dims kept: a plain cast copies into dense strides,
+    which would turn the tied form into the untied one (a slower kernel for the same numbers)."""
+    keep = tuple(slice(None) if s else slice(0, 1) for s in t.stride())
+    return t[keep].float().expand(t.shape)
 
 
 def _per_token_table(table, tokens):
@@ -102,6 +118,10 @@ def selective_state_update(
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
         if not isinstance(t, torch.Tensor):
             _bad(name, t, "a torch.Tensor")
+    if A.dtype in (torch.bfloat16, torch.float16):
+        A = _fp32_keeping_broadcasts(
+            A
+        )  # FlashInfer's matrixA_t may be 16-bit; it computes in fp32, so the cast is exact
 
     # FlashInfer's canonical forms (its wrapper's unsqueezes), so the same calls mean the same thing.
     is_varlen = cu_seqlens is not None and x.dim() == 3
@@ -247,6 +267,8 @@ def mamba_chunk_scan_combined_varlen(
     end state with ``return_intermediate_states``, or None when they went into ``final_states_out``."""
     if out is None:
         _bad("out", out, "a preallocated [tokens, heads, dim] tensor (vLLM's prefill writes it in place)")
+    if state_dtype is None and isinstance(C, torch.Tensor):
+        state_dtype = C.dtype  # vLLM: the states come back in C's dtype unless state_dtype says otherwise
     return mate_mamba().ssd_combined_fwd_varlen(
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,

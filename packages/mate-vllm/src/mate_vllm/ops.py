@@ -3,13 +3,22 @@
 ``selective_state_update`` follows vLLM's Triton op (``vllm/model_executor/layers/mamba/ops/mamba_ssm.py``):
 
 * ``D`` and ``dt_bias`` are positional (after ``C``); ``out`` is required and written in place; returns None.
-* The sentinel is ``null_block_id`` (default **0**: slot 0 is vLLM's reserved null block). A row whose *source*
-  slot is null reads a zero state and writes no state at all; a null destination entry is skipped.
+* **Without** ``state_batch_indices`` sequence ``b`` reads and writes slot ``b`` and nothing is masked: the
+  sentinel only applies to entries of a given table (vLLM's kernel compares ``null_block_id`` with the loaded
+  table entry, never with ``b``). A ``dst_state_batch_indices`` without a source table is ignored, as vLLM's
+  kernel does (its destination pointer is then slot ``b``).
+* **With** a table the sentinel is ``null_block_id`` (default **0**: slot 0 is vLLM's reserved null block). A
+  row whose *source* slot is null reads a zero state and writes no state at all; a null destination entry is
+  skipped.
 * Without ``num_accepted_tokens`` the sequence writes one final state, to ``dst[b, 0]`` (to ``src[b, 0]``
-  without a destination table), also for multi-token packed rows (``cu_seqlens``). With it, the read slot is
-  ``src[b, max(acc - 1, 0)]`` and token ``t`` publishes its state to ``dst[b, t]`` (``src[b, t]`` without a
-  destination table).
+  without a destination table, to slot ``b`` without any table), also for multi-token packed rows
+  (``cu_seqlens``). With it, the read slot is ``src[b, max(acc - 1, 0)]`` and token ``t`` publishes its state
+  to ``dst[b, t]`` (``src[b, t]`` without a destination table).
 * A flat ``[n]`` table is vLLM's ``unsqueeze(1)``: entry ``(b, t)`` is ``table[b + t]`` (the MTP6 form).
+* Dtypes: vLLM's kernel loads every operand and computes in fp32, so any float dtype is valid there. A bf16 /
+  fp16 ``A`` is cast to fp32 here (exact); B/C in fp32 beside a bf16/fp16 ``x`` are served by the runtime;
+  ``z``/``out`` in another dtype than ``x``, and B/C in a 16-bit dtype other than ``x``'s, raise
+  ``NotImplementedError``.
 * ``is_blackwell`` is a tuning hint (ignored: MATE picks its own tiling); ``enable_stochastic_rounding=True``
   raises ``NotImplementedError``.
 
@@ -18,14 +27,49 @@ null block, vLLM's kernel writes into the null block (slot 0, whose contents vLL
 
 ``mamba_chunk_scan_combined_varlen`` takes vLLM's positional order (``initial_states`` right after
 ``dt_bias``) and vLLM 0.33's ``final_states_out`` / ``final_state_indices`` (the final states go straight into
-the state pool and None is returned).
+the state pool and None is returned). The returned states are in ``state_dtype``, else in ``C``'s dtype (vLLM's
+rule, also with fp32 ``initial_states``).
 """
 
 from __future__ import annotations
 
+import torch
+
 from ._runtime import mate_mamba
 
 NULL_BLOCK_ID = 0
+_HALF = (torch.bfloat16, torch.float16)
+_FLOAT = (torch.float32, *_HALF)  # the dtypes MATE computes in; others are the runtime's ValueError
+
+
+def _fp32_keeping_broadcasts(t):
+    """``t`` in fp32 with its stride-0 (tied, per-head) dims kept: a plain cast copies into dense strides,
+    which would turn the tied form into the untied one (a slower kernel for the same numbers)."""
+    keep = tuple(slice(None) if s else slice(0, 1) for s in t.stride())
+    return t[keep].float().expand(t.shape)
+
+
+def _unserved_dtypes(x, B, C, z, out):
+    """The dtype mixes vLLM's kernel computes (it loads every operand as fp32) that MATE does not serve: a
+    ``NotImplementedError`` naming the form, instead of the runtime's ``ValueError`` for a foreign request."""
+    xd = x.dtype
+    if xd not in _FLOAT:
+        return  # not a float x: the runtime's ValueError says what is wrong
+    for name, t in (("B", B), ("C", C)):
+        if not isinstance(t, torch.Tensor):
+            continue
+        served = t.dtype == xd or (t.dtype == torch.float32 and xd in _HALF)
+        if t.dtype in _FLOAT and not served:
+            raise NotImplementedError(
+                f"{name} in {str(t.dtype).removeprefix('torch.')} beside x in {str(xd).removeprefix('torch.')} "
+                "is not supported by MATE yet (B/C in x's dtype, or fp32 beside a bf16/fp16 x)"
+            )
+    for name, t in (("z", z), ("out", out)):
+        if isinstance(t, torch.Tensor) and t.dtype in _FLOAT and t.dtype != xd:
+            raise NotImplementedError(
+                f"{name} in {str(t.dtype).removeprefix('torch.')} beside x in {str(xd).removeprefix('torch.')} "
+                f"is not supported by MATE yet ({name} in x's dtype)"
+            )
 
 
 def selective_state_update(
@@ -59,6 +103,14 @@ def selective_state_update(
         )
     if num_accepted_tokens is not None and state_batch_indices is None:
         raise ValueError("state_batch_indices: got None; expected a slot table when num_accepted_tokens is given")
+    if isinstance(x, torch.Tensor):
+        _unserved_dtypes(x, B, C, z, out)
+    if isinstance(A, torch.Tensor) and A.dtype in _HALF:
+        A = _fp32_keeping_broadcasts(A)  # vLLM's kernel loads A as fp32; the cast is exact
+    if state_batch_indices is None:
+        # vLLM masks only loaded table entries: implicit slots 0..b-1 are all live (slot 0 included), and a
+        # destination table without a source table is never read. -1 is no slot, so nothing is masked.
+        null_block_id, dst_state_batch_indices = -1, None
     mate_mamba().selective_state_update(
         state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
         state_batch_indices=state_batch_indices, pad_slot_id=null_block_id, out=out,
@@ -95,6 +147,8 @@ def mamba_chunk_scan_combined_varlen(
     ``return_intermediate_states``, or None when they were written into ``final_states_out``."""
     if out is None:
         raise ValueError("out: got None; expected a preallocated [tokens, heads, dim] tensor (written in place)")
+    if state_dtype is None and isinstance(C, torch.Tensor):
+        state_dtype = C.dtype  # vLLM: the states come back in C's dtype unless state_dtype says otherwise
     return mate_mamba().ssd_combined_fwd_varlen(
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
