@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import mate_flashinfer_compat
 import pytest
 import torch
 from mate.testing import ssd_recurrence, ssu_recurrence
@@ -29,10 +28,11 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 
 
 def fi():
-    mate_flashinfer_compat.install()
-    import flashinfer.mamba
+    """MATE's ``flashinfer.mamba`` surface itself (with a real FlashInfer installed, as on the GPU machine,
+    ``import flashinfer.mamba`` is FlashInfer's own under ``MATE_FLASHINFER_COMPAT=auto``)."""
+    import mate_flashinfer_compat.mamba
 
-    return flashinfer.mamba
+    return mate_flashinfer_compat.mamba
 
 
 def _tol(dtype):

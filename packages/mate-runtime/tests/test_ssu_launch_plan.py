@@ -101,13 +101,17 @@ def test_pool_alignment_picks_vector_or_scalar_accesses(offset, vector):
     assert key.vector_state is vector
 
 
-def test_mixed_metadata_dtypes_raise():
+def test_mixed_metadata_dtypes_are_widened():
+    """int32 and int64 metadata in one call (SGLang's EAGLE verify mixes them): the kernel reads one dtype, so the
+    plan widens every metadata table to int64 (the values are kept)."""
     state, x, dt, A, B, C = inputs(4)
-    with pytest.raises(NotImplementedError, match="num_accepted_tokens"):
-        plan_of(
-            state, x, dt, A, B, C, None, state_batch_indices=torch.arange(4, dtype=I32).view(2, 2),
-            cu_seqlens=torch.tensor([0, 2, 4], dtype=I32), num_accepted_tokens=torch.tensor([1, 2], dtype=I64),
-        )  # fmt: skip
+    acc = torch.tensor([1, 2], dtype=I64)
+    key, args = plan_of(
+        state, x, dt, A, B, C, None, state_batch_indices=torch.arange(4, dtype=I32).view(2, 2),
+        cu_seqlens=torch.tensor([0, 2, 4], dtype=I32), num_accepted_tokens=acc,
+    )  # fmt: skip
+    assert key.meta_dtype == "int64"
+    assert args[12].dtype == args[13].dtype == I64 and args[12].tolist() == [0, 2, 4] and torch.equal(args[13], acc)
 
 
 def test_too_many_sequences_raise():

@@ -459,10 +459,12 @@ def test_gpu_ssu_dtype_mix_and_eagle_tree(bc, T):
     call_ssu(t, **kw)
     torch.cuda.synchronize()
     exp = oracle_ssu(t, pool0, **exp_kw)
+    # fp32 B/C are read in x's dtype by the kernels (a cast): their bf16 rounding reaches the states too
+    stol = 2e-3 if bc == BF16 else 1e-2
     assert rel(t.out, exp.y64) < 2e-2
-    assert rel(t.state, exp.state.double()) < 2e-3
+    assert rel(t.state, exp.state.double()) < stol
     if T is not None:
-        assert rel(kw["intermediate_states_buffer"], exp.ibuf.double()) < 2e-3
+        assert rel(kw["intermediate_states_buffer"], exp.ibuf.double()) < stol
 
 
 @pytest.mark.gpu

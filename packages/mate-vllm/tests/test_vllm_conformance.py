@@ -354,7 +354,11 @@ def test_gpu_decode_without_a_table_bf16_x_fp32_bc():
     pool0 = t.state.cpu()
     e = vllm_expect(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, cu=cu)
     ssu(t, z=t.z, cu_seqlens=cu)
-    check_ssu(t, e, pool0, io=BF16)
+    # the kernels read fp32 B/C in x's dtype (a cast): y carries B's bf16 rounding too, hence twice the tolerance
+    torch.testing.assert_close(t.out.cpu().double(), e.y64, atol=8e-2, rtol=8e-2)
+    torch.testing.assert_close(t.state.cpu().float(), e.state.float(), **_tol(BF16))
+    untouched = [s for s in range(pool0.shape[0]) if s not in e.written]
+    assert torch.equal(t.state.cpu()[untouched], pool0.cpu()[untouched])
     assert e.written == {0, 1, 2}
 
 

@@ -320,15 +320,13 @@ def plan(call: SSUCall):
     acc = call.num_accepted
     iidx = call.ibuf_indices
     parent = call.parent
-    meta_dt = next((t.dtype for t in (cu, acc, iidx, parent) if t is not None), torch.int32)
-    for name, t in (("cu_seqlens", cu), ("num_accepted_tokens", acc), ("intermediate_state_indices", iidx),
-                    ("retrieve_parent_token", parent)):  # fmt: skip
-        if t is not None and t.dtype != meta_dt:
-            raise NotImplementedError(
-                f"selective_state_update (tilelang): {name} of dtype {t.dtype} mixed with {meta_dt} metadata "
-                "(cu_seqlens / num_accepted_tokens / intermediate_state_indices / retrieve_parent_token must share "
-                "one integer dtype)"
-            )
+    metas = [t for t in (cu, acc, iidx, parent) if t is not None]
+    meta_dt = metas[0].dtype if metas else torch.int32
+    if any(t.dtype != meta_dt for t in metas):
+        # mixed int32/int64 metadata (SGLang's EAGLE verify: int64 parents beside int32 buffer indices): the
+        # kernel reads one metadata dtype, so the small tables are widened to int64 (a copy each, per call)
+        meta_dt = torch.int64
+        cu, acc, iidx, parent = (None if t is None else t.to(meta_dt) for t in (cu, acc, iidx, parent))
     if cu is not None:
         flags |= FLAG_CU
         cu = _contiguous(cu)
