@@ -184,7 +184,7 @@ def test_prefetch_choice(spc, init, want):
 
 def _launch(monkeypatch, call, sms):
     """Run the launcher on the CPU with fake kernels; returns [(spec, args)] in launch order."""
-    monkeypatch.setattr(tl_ssd, "PLANNING_DEFAULT", Hardware("cuda", 9, sms))
+    monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, sms))
     launched = []
     monkeypatch.setattr(tl_ssd, "kernel", lambda spec, dev: lambda *args: launched.append((spec, args)))
     tl_ssd.ssd_combined_fwd_varlen(call)

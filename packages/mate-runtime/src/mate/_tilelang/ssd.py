@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from .._device import is_accelerator
 from ..mamba._ssd_call import SSDCall
 from .cache import CACHE
 from .specs import KernelSpec
 from .ssd_plan import VLLM_DT, _check_supported, dt_spec, plan, scan_spec, serving_specs, tiles
-from .ssu_plan import PLANNING_DEFAULT, hardware
+from .ssu_plan import hardware
 from .workspace import WORKSPACE
 
 PREWARM_HINT = (
@@ -38,7 +37,7 @@ def kernel(spec: KernelSpec, device):
 
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     dev = call.x.device
-    p = plan(call, hardware(dev) if is_accelerator(dev) else PLANNING_DEFAULT)
+    p = plan(call, hardware(dev))
     H, P, N, L = call.heads, call.dim, call.dstate, call.chunk_size
     batch, nchunks = call.batch, call.nchunks
 

@@ -27,6 +27,7 @@ What the planner decides, and why (docs/ssd-kernels.md; the alternatives measure
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -220,8 +221,6 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
 
 
 def _with_prefetch(spec: SSDScanSpec) -> SSDScanSpec:
-    import dataclasses
-
     return dataclasses.replace(spec, prefetch=True)
 
 

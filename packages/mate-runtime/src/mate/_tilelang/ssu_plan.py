@@ -327,21 +327,14 @@ def plan(call: SSUCall):
         # kernel reads one metadata dtype, so the small tables are widened to int64 (a copy each, per call)
         meta_dt = torch.int64
         cu, acc, iidx, parent = (None if t is None else t.to(meta_dt) for t in (cu, acc, iidx, parent))
-    if cu is not None:
-        flags |= FLAG_CU
-        cu = _contiguous(cu)
-    else:
-        cu = dummy("meta", dev, meta_dt, (1,))
-    if acc is not None:
-        flags |= FLAG_ACC
-        acc = _contiguous(acc)
-    else:
-        acc = dummy("meta", dev, meta_dt, (1,))
-    if iidx is not None:
-        flags |= FLAG_IIDX
-        iidx = _contiguous(iidx)
-    else:
-        iidx = dummy("meta", dev, meta_dt, (1,))
+    meta = []  # the 1-D tables, read with stride 1: given (a flag bit) or the dummy
+    for t, bit in ((cu, FLAG_CU), (acc, FLAG_ACC), (iidx, FLAG_IIDX)):
+        if t is not None:
+            flags |= bit
+            meta.append(_contiguous(t))
+        else:
+            meta.append(dummy("meta", dev, meta_dt, (1,)))
+    cu, acc, iidx = meta
     if parent is not None:
         flags |= FLAG_PARENT
     else:

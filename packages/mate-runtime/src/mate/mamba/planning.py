@@ -13,7 +13,6 @@ kernel, programmatic dependent launch (``MATE_SSU_PDL=auto``) and the SSD's sequ
 
 from __future__ import annotations
 
-from .._device import is_accelerator
 from ._ssd_call import normalize_ssd
 from ._ssu_call import normalize_ssu
 
@@ -37,9 +36,7 @@ def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tupl
 
     del backend
     call = normalize_ssd(*args, **kwargs)
-    dev = call.x.device
-    hw = ssu_plan.hardware(dev) if is_accelerator(dev) else ssu_plan.PLANNING_DEFAULT
-    p = ssd_plan.plan(call, hw)
+    p = ssd_plan.plan(call, ssu_plan.hardware(call.x.device))
     return (p.dt, p.scan)
 
 
