@@ -9,7 +9,7 @@ examples run, the settings table is complete.
   a GPU can reach (the TileLang launchers' sequence count) are probed by GPU-marked tests, skipped elsewhere.
 - The README's and ``docs/mamba.md``'s Python examples run on the CPU (the reference backend).
 - Every variable of ``mate.settings`` is in ``docs/mamba.md``'s settings table with its default listed first.
-- No page dates work by an ordinal of the project's own history ("the ninth session"): measurements carry a
+- No page dates work by an ordinal of the project's own history: measurements carry a
   date and a commit.
 """
 

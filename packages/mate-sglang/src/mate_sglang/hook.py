@@ -197,7 +197,8 @@ def enable() -> None:
 
 def enable_from_env() -> None:
     """What the ``.pth`` line runs: :func:`enable` when ``MATE_SGLANG_ENABLE=1``; never raises (a malformed
-    ``MATE_SGLANG_*`` value, or a failure to arm, is a warning naming it, and nothing is armed)."""
+    value of one of its switches in ``mate.settings``, or a failure to arm, is a warning naming it, and nothing
+    is armed)."""
     if not os.environ.get(ENV_ENABLE):
         # unset: the setting's default (off), decided without importing anything, since this line runs at
         # the start of every interpreter of the environment

@@ -194,8 +194,9 @@ def _patch_ssd_combined(mod) -> None:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. A no-op unless ``MATE_VLLM_ENABLE=1``.
 
-    A malformed ``MATE_VLLM_*`` value raises ``ValueError`` naming the variable (a typo must not leave vLLM's
-    kernels serving silently); nothing else raises: a failure to patch warns and leaves vLLM as it is."""
+    A malformed value of one of its switches in ``mate.settings`` raises ``ValueError`` naming the variable (a
+    typo must not leave vLLM's kernels serving silently); nothing else raises: a failure to patch warns and
+    leaves vLLM as it is."""
     try:
         enabled = _setting(ENV_ENABLE)
     except ImportError as e:  # no MATE runtime: nothing can be served
