@@ -25,6 +25,33 @@ def test_callback_runs_after_the_module_executes_and_hook_is_removed(tmp_path, m
     sys.modules.pop("mate_hook_target_a", None)
 
 
+def test_every_hook_waiting_for_one_module_fires_in_the_order_armed(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_module(tmp_path, "mate_hook_target_c")
+    seen = []
+    _import_hooks.when_imported("mate_hook_target_c", lambda m: seen.append(("first", m.VALUE)), owner="test-c")
+    _import_hooks.when_imported("mate_hook_target_c", lambda m: seen.append(("second", m.VALUE)), owner="test-c")
+    _import_hooks.when_imported("mate_hook_target_c", lambda m: seen.append(("other", m.VALUE)), owner="test-d")
+    import mate_hook_target_c  # noqa: F401
+
+    assert seen == [("first", 41), ("second", 41), ("other", 41)]
+    assert not any(getattr(f, "owner", None) in ("test-c", "test-d") for f in sys.meta_path)
+    sys.modules.pop("mate_hook_target_c", None)
+
+
+def test_set_attr_is_restored(monkeypatch):
+    class Owner:
+        def method(self):
+            return "original"
+
+    patches = _import_hooks.Patches("test-e", "nothing.")
+    patches.set_attr(Owner, "method", lambda self: "patched")
+    patches.set_attr(Owner, "added", 1)
+    assert Owner().method() == "patched" and Owner.added == 1
+    patches.restore()
+    assert Owner().method() == "original" and not hasattr(Owner, "added")
+
+
 def test_already_imported_module_runs_the_callback_at_once():
     seen = []
     _import_hooks.when_imported("json", lambda m: seen.append(m.__name__), owner="test-b")

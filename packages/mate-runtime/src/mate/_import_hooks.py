@@ -40,9 +40,13 @@ class _Wrapped(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        if self.hook in sys.meta_path:
-            sys.meta_path.remove(self.hook)
-        self.hook.callback(module)
+        # every hook waiting for this module fires (two adapters, or two patches of one, may wait for the same
+        # one), in the order they were armed; the first finder in sys.meta_path is the one that wrapped the loader
+        hooks = [f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == self.hook.name]
+        for f in hooks:
+            sys.meta_path.remove(f)
+        for f in reversed(hooks):
+            f.callback(module)
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
@@ -69,11 +73,17 @@ class Patches:
         self.owner, self.prefix = owner, package_prefix
         self.entries: dict = {}  # (id(registry), name) -> (registry, key, previous value or None)
         self.functions: list = []  # (attribute, original, replacement)
+        self.attributes: dict = {}  # (id(owner object), attribute) -> (owner object, attribute, original)
 
     def set_entry(self, registry, name, key, value) -> None:
         """``registry[key] = value``, remembering the first value it replaced."""
         self.entries.setdefault((id(registry), name), (registry, key, registry.get(key)))
         registry[key] = value
+
+    def set_attr(self, obj, attr: str, value) -> None:
+        """``obj.attr = value`` on one object (a class method, say), remembering the first value it replaced."""
+        self.attributes.setdefault((id(obj), attr), (obj, attr, obj.__dict__.get(attr)))
+        setattr(obj, attr, value)
 
     def rebind(self, module, attr: str, original, replacement) -> list[str]:
         """``module.attr = replacement``, and the same in every imported engine module that imported the
@@ -94,6 +104,12 @@ class Patches:
             else:
                 registry[key] = prev
         self.entries.clear()
+        for obj, attr, prev in self.attributes.values():
+            if prev is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, prev)
+        self.attributes.clear()
         # also the modules that imported the replacement after it was patched (e.g. mid-import at patch time)
         for attr, original, replacement in self.functions:
             for m in list(sys.modules.values()):
