@@ -1,19 +1,30 @@
-"""Registers MATE in SGLang's SSU backend registry, and routes SGLang's chunked prefill to MATE.
+"""Registers MATE in SGLang's SSU backend registry, adds it to ``--mamba-backend``, and routes SGLang's chunked
+prefill to MATE.
 
-SGLang selects its decode kernel through ``_BACKEND_REGISTRY`` in
-``sglang/srt/layers/attention/mamba/ops/ssu_dispatch.py`` (``MambaSSUBackend`` subclasses keyed by the
-``--mamba-backend`` string, constructed without arguments). SGLang has no plugin entry point, so:
+Written against SGLang 0.5.23, whose Mamba ops live in ``sglang/kernels/ops/mamba/triton_ops/``:
 
-* :func:`enable` arms post-import patches in this interpreter (call it before SGLang starts, e.g. in a launcher);
-* with ``MATE_SGLANG_ENABLE=1`` the ``mate_sglang.pth`` start-up line arms them in *every* interpreter of the
-  environment, which covers SGLang's scheduler subprocesses.
+* ``ssu_dispatch.py`` selects the decode kernel through ``_BACKEND_REGISTRY`` (``MambaSSUBackend`` subclasses keyed
+  by the ``--mamba-backend`` string), constructed once per scheduler as
+  ``cls(enable_stochastic_rounding=..., cache_philox_rounds=...)``;
+* ``ssd_combined.py`` holds ``mamba_chunk_scan_combined``, which the mixer (``srt/layers/attention/mamba/mamba.py``)
+  imports by name from the ``triton_ops`` package;
+* ``--mamba-backend`` is the ``mamba_backend`` field of ``srt/arg_groups/fields/exec_.py``'s ``ExecMamba``, whose
+  argparse choices are ``triton`` and ``flashinfer``.
 
-When ``ssu_dispatch`` is imported, MATE's backend is registered as ``"mate"`` and takes over the names in
-``MATE_SGLANG_SSU_BACKENDS`` (default ``triton,flashinfer``: SGLang's ``--mamba-backend`` choices are fixed, so
-the configured one is served by MATE; ``none`` registers ``"mate"`` only). When ``ops/ssd_combined.py`` is
-imported, ``mamba_chunk_scan_combined`` (and every SGLang module that imported it by name) becomes
-:func:`mate_sglang.ops.mamba_chunk_scan_combined`, unless ``MATE_SGLANG_PREFILL=0``. An SGLang whose registry
-or signatures differ gets a warning naming what is missing and is left untouched. Stdlib only at import time.
+SGLang has no plugin entry point, so :func:`enable` arms post-import patches in this interpreter (call it before
+SGLang starts, e.g. in a launcher), and with ``MATE_SGLANG_ENABLE=1`` the ``mate_sglang.pth`` start-up line arms
+them in *every* interpreter of the environment, which covers SGLang's scheduler subprocesses. Then:
+
+* ``--mamba-backend`` accepts ``mate``, and the registry holds MATE's backend as ``"mate"`` and under the names in
+  ``MATE_SGLANG_SSU_BACKENDS`` (default ``triton,flashinfer``: whichever backend is configured, MATE serves it;
+  ``none``: ``--mamba-backend mate`` only);
+* ``mamba_chunk_scan_combined`` (and every SGLang module that imported it by name) becomes
+  :func:`mate_sglang.ops.mamba_chunk_scan_combined`, track states included, unless ``MATE_SGLANG_PREFILL=0``.
+
+When ``sglang`` is imported the hook reads its version: another version than 0.5.23 gets a warning saying that
+MATE serves only where the registry and signatures match 0.5.23's; an SGLang without the ``triton_ops`` layout
+gets a warning naming its version, and nothing is patched. A patch whose registry or signature differs is skipped
+with a warning naming what differs. Stdlib only at import time.
 """
 
 from __future__ import annotations
@@ -25,18 +36,23 @@ OWNER = "mate-sglang"
 ENV_ENABLE = "MATE_SGLANG_ENABLE"
 ENV_SSU = "MATE_SGLANG_SSU_BACKENDS"
 ENV_PREFILL = "MATE_SGLANG_PREFILL"
-SSU_DISPATCH = "sglang.srt.layers.attention.mamba.ops.ssu_dispatch"
-SSD_COMBINED = "sglang.srt.layers.attention.mamba.ops.ssd_combined"
+TESTED_VERSIONS = ("0.5.23",)
+MAMBA_OPS = "sglang.kernels.ops.mamba.triton_ops"
+SSU_DISPATCH = f"{MAMBA_OPS}.ssu_dispatch"
+SSD_COMBINED = f"{MAMBA_OPS}.ssd_combined"
+SERVER_FIELDS = "sglang.srt.arg_groups.fields.exec_"
+BACKEND_CHOICE = "mate"
 
 SSU_CALL_PARAMS = (
-    "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "state_batch_indices", "out",
-    "disable_state_update", "intermediate_states_buffer", "cache_steps", "retrieve_parent_token",
+    "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "state_batch_indices", "pad_slot_id",
+    "out", "disable_state_update", "intermediate_states_buffer", "cache_steps", "retrieve_parent_token",
     "intermediate_state_indices",
 )  # fmt: skip
+BACKEND_INIT_PARAMS = ("enable_stochastic_rounding", "cache_philox_rounds")
 PREFILL_PARAMS = (
     "x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states", "seq_idx", "chunk_indices",
     "chunk_offsets", "cu_seqlens", "dt_softplus", "dt_limit", "out", "return_final_states", "return_varlen_states",
-    "return_intermediate_states", "state_dtype",
+    "return_intermediate_states", "state_dtype", "return_track_states", "track_seq_idx", "track_end_locs",
 )  # fmt: skip
 
 
@@ -46,7 +62,7 @@ def _ledger():
     return ledger(OWNER, "sglang.")
 
 
-_state = {"ssu": None, "prefill": None}
+_state = {"version": None, "ssu": None, "choices": None, "prefill": None}
 
 
 def _warn(msg: str) -> None:
@@ -77,7 +93,20 @@ def make_backend_class(base):
     from . import ops
 
     class MateSSUBackend(base):
-        """MATE's selective_state_update behind SGLang's SSU backend interface (SGLang's Triton semantics)."""
+        """MATE's selective_state_update behind SGLang's SSU backend interface (SGLang's Triton semantics).
+
+        Constructed as SGLang constructs every backend. Stochastic rounding of an fp16 state cache
+        (``--enable-mamba-cache-stochastic-rounding``) is not served by MATE: asking for it fails at start-up
+        with ``NotImplementedError`` instead of serving deterministic rounding in its place."""
+
+        def __init__(self, *, enable_stochastic_rounding: bool = False, cache_philox_rounds: int = 0) -> None:
+            if enable_stochastic_rounding:
+                raise NotImplementedError(
+                    "mate-sglang: --enable-mamba-cache-stochastic-rounding is not served by MATE (its fp16 state "
+                    "is rounded to nearest); run without it, or leave that backend to SGLang with "
+                    f"{ENV_SSU}=none and --mamba-backend flashinfer"
+                )
+            self.cache_philox_rounds = cache_philox_rounds
 
         @property
         def name(self) -> str:
@@ -96,6 +125,7 @@ def make_backend_class(base):
             dt_bias=None,
             dt_softplus=False,
             state_batch_indices=None,
+            pad_slot_id=ops.PAD_SLOT_ID,
             out=None,
             disable_state_update=False,
             intermediate_states_buffer=None,
@@ -105,9 +135,10 @@ def make_backend_class(base):
         ):
             ops.selective_state_update(
                 state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                state_batch_indices=state_batch_indices, out=out, disable_state_update=disable_state_update,
-                intermediate_states_buffer=intermediate_states_buffer, cache_steps=cache_steps,
-                retrieve_parent_token=retrieve_parent_token, intermediate_state_indices=intermediate_state_indices,
+                state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=out,
+                disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
+                cache_steps=cache_steps, retrieve_parent_token=retrieve_parent_token,
+                intermediate_state_indices=intermediate_state_indices,
             )  # fmt: skip
 
     return MateSSUBackend
@@ -137,6 +168,15 @@ def _patch_ssu_dispatch(sd) -> None:
         _state["ssu"] = "skipped: MambaSSUBackend.__call__ signature differs"
         _warn(f"SGLang's MambaSSUBackend.__call__ takes {params}, expected {SSU_CALL_PARAMS}; MATE is not registered")
         return
+    triton = registry.get("triton")
+    init = tuple(
+        n for n, p in inspect.signature(getattr(triton, "__init__", object.__init__)).parameters.items()
+        if p.kind is p.KEYWORD_ONLY
+    )  # fmt: skip
+    if triton is not None and init != BACKEND_INIT_PARAMS:
+        _state["ssu"] = "skipped: backend constructor differs"
+        _warn(f"SGLang constructs its SSU backends with {init}, expected {BACKEND_INIT_PARAMS}; MATE is not registered")
+        return
     cls = make_backend_class(base)
     names = []
     for name in ["mate", *_setting(ENV_SSU)]:
@@ -149,6 +189,59 @@ def _patch_ssu_dispatch(sd) -> None:
     if current is not None and not isinstance(current, cls):
         _warn(f"SGLang's SSU backend was initialised ({type(current).__name__}) before MATE registered; it stays")
     _state["ssu"] = f"registered as {names}"
+
+
+# ---------------------------------------------------------------------------------- --mamba-backend
+
+
+def _patch_server_fields(mod) -> None:
+    """Add ``mate`` to the argparse choices of ``--mamba-backend`` (``ExecMamba.mamba_backend``'s ``Arg``).
+
+    SGLang builds its parser from the fields' ``Annotated`` hints (``typing.get_type_hints``), evaluated anew on
+    every call, so the hint itself is replaced by an evaluated one whose ``Arg`` lists ``mate``."""
+    import typing
+
+    cls = getattr(mod, "ExecMamba", None)
+    try:
+        hint = typing.get_type_hints(cls, include_extras=True)["mamba_backend"]
+        (arg,) = [m for m in getattr(hint, "__metadata__", ()) if isinstance(getattr(m, "choices", None), list)]
+    except Exception:  # noqa: BLE001  (any other shape is a layout this hook does not know)
+        _state["choices"] = "skipped: no ExecMamba.mamba_backend with choices"
+        _warn(f"{mod.__name__} has no ExecMamba.mamba_backend field with choices; --mamba-backend mate is unavailable")
+        return
+    if BACKEND_CHOICE in arg.choices:
+        return
+    fields = {f: getattr(arg, f) for f in arg.__struct_fields__}
+    fields["choices"] = [*arg.choices, BACKEND_CHOICE]
+    fields["help"] = f"{fields.get('help', '')} 'mate': MATE's TileLang kernels (mate-sglang).".strip()
+    _ledger().set_entry(cls.__annotations__, "ExecMamba.mamba_backend", "mamba_backend", typing.Annotated[
+        hint.__origin__, type(arg)(**fields)
+    ])  # fmt: skip
+    _state["choices"] = f"--mamba-backend choices {fields['choices']}"
+
+
+# ------------------------------------------------------------------------------------------- version
+
+
+def _check_sglang(mod) -> bool:
+    """Whether this SGLang has the layout the hook patches; warns naming the version when it is not 0.5.23."""
+    version = str(getattr(mod, "__version__", "unknown"))
+    _state["version"] = version
+    roots = list(getattr(mod, "__path__", ()))
+    layout = os.path.join(*MAMBA_OPS.split(".")[1:], "ssu_dispatch.py")
+    if not any(os.path.exists(os.path.join(r, layout)) for r in roots):
+        _warn(
+            f"SGLang {version} has no {SSU_DISPATCH} (mate-sglang knows the layout of SGLang "
+            f"{', '.join(TESTED_VERSIONS)}); nothing is patched and SGLang serves its own kernels"
+        )
+        _ledger().restore()  # the pending hooks of the other modules are dropped with it
+        return False
+    if version not in TESTED_VERSIONS:
+        _warn(
+            f"mate-sglang is tested against SGLang {', '.join(TESTED_VERSIONS)}, found {version}: MATE is registered "
+            "where SGLang's registry and signatures match, and each patch that does not match is skipped with a warning"
+        )
+    return True
 
 
 # -------------------------------------------------------------------------------------------- prefill
@@ -190,9 +283,16 @@ def enable() -> None:
     A malformed ``MATE_SGLANG_SSU_BACKENDS`` / ``MATE_SGLANG_PREFILL`` raises ``ValueError`` naming it."""
     prefill = _setting(ENV_PREFILL)
     _setting(ENV_SSU)  # a malformed value raises here, not later inside SGLang's imports
-    _when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))
-    if prefill:
-        _when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
+
+    def arm(sglang) -> None:
+        if not _check_sglang(sglang):
+            return
+        _when_imported(SERVER_FIELDS, _guard(_patch_server_fields))
+        _when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))
+        if prefill:
+            _when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
+
+    _when_imported("sglang", _guard(arm))
 
 
 def enable_from_env() -> None:
@@ -213,7 +313,7 @@ def enable_from_env() -> None:
 def disable() -> None:
     """Restore what was replaced and drop pending hooks."""
     _ledger().restore()
-    _state.update(ssu=None, prefill=None)
+    _state.update(version=None, ssu=None, choices=None, prefill=None)
 
 
 def status() -> dict:
