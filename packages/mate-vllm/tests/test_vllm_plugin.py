@@ -1,9 +1,12 @@
-"""The vLLM plugin, against a stand-in vLLM tree laid out like vLLM 0.33 (registry keyed by a closed enum,
-backend classes taking the MambaConfig, a mixer that imports the prefill op by name). Each case runs in a fresh
-interpreter so the patches and import hooks start clean."""
+"""The vLLM plugin in fresh interpreters (so the patches and import hooks start clean): against the real vLLM
+0.33.0 where a case can run on a CPU (``real``, marked ``engine``: ``nox -s engines`` installs it; the in-process
+cases are in test_vllm_engine.py), and against a stand-in tree laid out like it (registry keyed by a closed enum,
+backend classes taking the MambaConfig, a mixer that imports the prefill op by name) for the default CPU suite,
+where vLLM is not installed, and for what only another vLLM version can show."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -17,9 +20,10 @@ tomllib = pytest.importorskip("tomllib")
 PKG = Path(__file__).resolve().parents[1]
 ROOT = PKG.parents[0]
 PATHS = [PKG / "src", ROOT / "mate-runtime" / "src", ROOT / "mate-kernels" / "src"]
+SHIMS = ROOT.parent / "tools" / "engines" / "cpu_shims"  # what the real engine imports that a CPU box lacks
 
 FAKE = {
-    "vllm/__init__.py": "",
+    "vllm/__init__.py": "__version__ = '0.33.0'\n",
     "vllm/config/__init__.py": "",
     "vllm/config/mamba.py": """
         import enum
@@ -57,7 +61,7 @@ FAKE = {
                 raise RuntimeError("the stand-in Triton backend must not run")
         _BACKEND_REGISTRY = {MambaBackendEnum.TRITON: TritonSSUBackend, MambaBackendEnum.FLASHINFER: TritonSSUBackend}
         _mamba_ssu_backend = None
-        def initialize_mamba_ssu_backend(mamba_config):
+        def initialize_mamba_ssu_backend(mamba_config, kv_cache_config=None, *, use_replayssm=False):
             global _mamba_ssu_backend
             _mamba_ssu_backend = _BACKEND_REGISTRY[mamba_config.backend](mamba_config)
         def selective_state_update(state, x, dt, A, B, C, D, dt_bias, **kw):
@@ -126,6 +130,22 @@ SCENARIO = """
 """
 
 
+TREES = [
+    pytest.param("stand-in", id="stand-in"),
+    pytest.param("real", id="real", marks=[pytest.mark.engine, pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="the real vLLM is installed by `nox -s engines`")]),
+]  # fmt: skip
+
+
+@pytest.fixture
+def tree(request, tmp_path):
+    """The paths to put in front of MATE's: the stand-in tree, or nothing but the CPU shims (the real vLLM)."""
+    if request.param == "real":
+        tv = importlib.util.find_spec("torchvision")  # (this process may see the shim through PYTHONPATH)
+        return [SHIMS] if tv is None or str(SHIMS) in str(tv.origin) else []
+    return [write_fake(tmp_path, FAKE)]
+
+
 def test_entry_point_is_declared():
     meta = tomllib.loads((PKG / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"mate": "mate_vllm.plugin:register"}
@@ -143,28 +163,38 @@ def test_enabled_plugin_registers_the_ssu_backend_and_routes_the_prefill(tmp_pat
     assert "RESTORED TritonSSUBackend False" in r.stdout
 
 
-def test_ssu_backend_selection_env(tmp_path):
-    fake = write_fake(tmp_path, FAKE)
+@pytest.mark.parametrize("tree", TREES, indirect=True)
+def test_ssu_backend_selection_env(tree):
     code = """
         import mate_vllm.plugin as plugin
         plugin.register()
         from vllm.model_executor.layers.mamba.ops import ssu_dispatch as sd
         print("REGISTRY", {k.value: v.__name__ for k, v in sd._BACKEND_REGISTRY.items()})
     """
-    r = run(code, {"MATE_VLLM_ENABLE": "1", "MATE_VLLM_SSU_BACKENDS": "flashinfer,bogus"}, [fake])
+    r = run(code, {"MATE_VLLM_ENABLE": "1", "MATE_VLLM_SSU_BACKENDS": "flashinfer,bogus"}, tree)
     assert r.returncode == 0, r.stderr
-    assert "{'triton': 'TritonSSUBackend', 'flashinfer': 'MateSSUBackend'}" in r.stdout
+    assert "'triton': 'TritonSSUBackend', 'flashinfer': 'MateSSUBackend'" in r.stdout
     assert "no mamba backend named 'bogus'" in r.stderr
 
 
-def test_disabled_plugin_does_nothing(tmp_path):
-    fake = write_fake(tmp_path, FAKE)
-    r = run(SCENARIO.replace("plugin.unregister()", "pass"), {}, [fake])
-    assert "PREFILL_ROUTED False False" in r.stdout
-    assert "RuntimeError: the stand-in Triton backend must not run" in r.stderr  # vLLM's own backend served
+@pytest.mark.parametrize("tree", TREES, indirect=True)
+def test_disabled_plugin_does_nothing(tree):
+    code = SCENARIO.split("    sd.initialize_mamba")[0]  # up to the registry: nothing of MATE's is in vLLM
+    r = run(code, {}, tree)
+    assert r.returncode == 0, r.stderr
+    assert "PREFILL_ROUTED False False" in r.stdout and "MateSSUBackend" not in r.stdout
 
 
-def test_other_vllm_version_is_left_alone_with_a_warning(tmp_path):
+def test_another_vllm_version_is_served_with_a_warning(tmp_path):
+    files = dict(FAKE)
+    files["vllm/__init__.py"] = "__version__ = '0.34.0'\n"
+    r = run(SCENARIO, {"MATE_VLLM_ENABLE": "1"}, [write_fake(tmp_path, files)])
+    assert r.returncode == 0, r.stderr
+    assert "mate-vllm is tested against vLLM 0.33.0, found 0.34.0" in r.stderr
+    assert "BACKEND mate" in r.stdout and "SAME True" in r.stdout
+
+
+def test_other_registry_and_signatures_are_left_alone_with_a_warning(tmp_path):
     files = dict(FAKE)
     files["vllm/model_executor/layers/mamba/ops/ssu_dispatch.py"] = """
         def selective_state_update(*a, **k):

@@ -11,9 +11,14 @@ vLLM calls :func:`register` in every process it starts. It does nothing unless `
   imported it by name) becomes :func:`mate_vllm.ops.mamba_chunk_scan_combined_varlen`, unless
   ``MATE_VLLM_PREFILL=0``.
 
-Both patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
-imports nothing from vLLM. A vLLM whose modules lack the expected names or signatures (another version) gets a
-warning naming what is missing, and is left untouched. :func:`unregister` restores what was replaced.
+* **ReplaySSM.** vLLM's ``--use-replayssm`` decode bypasses the SSU registry and runs vLLM's own ReplaySSM
+  kernels (``mamba_mixer2.py``): MATE has no ReplaySSM op, so ``initialize_mamba_ssu_backend(...,
+  use_replayssm=True)`` warns once per process that the decode is vLLM's (the prefill stays MATE's).
+
+The patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
+imports nothing from vLLM. Written against vLLM 0.33.0: another version gets a warning when ``vllm`` is imported,
+and a module that lacks the expected names or signatures gets a warning naming what is missing and is left
+untouched. :func:`unregister` restores what was replaced.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
 ENV_PREFILL = "MATE_VLLM_PREFILL"
 SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
+TESTED_VERSIONS = ("0.33.0",)
 
 SSU_CALL_PARAMS = (
     "state", "x", "dt", "A", "B", "C", "D", "dt_bias", "z", "dt_softplus", "state_batch_indices",
@@ -45,7 +51,8 @@ def _ledger():
     return ledger(OWNER, "vllm.")
 
 
-_state = {"ssu": None, "prefill": None}  # what happened, for mate_vllm.plugin.status()
+# what happened, for mate_vllm.plugin.status()
+_state = {"version": None, "ssu": None, "prefill": None, "replayssm": None}
 
 
 def _warn(msg: str) -> None:
@@ -188,6 +195,44 @@ def _patch_ssd_combined(mod) -> None:
     _state["prefill"] = f"routed in {patched}"
 
 
+# ------------------------------------------------------------------------------------------ ReplaySSM
+
+
+def _patch_replayssm(sd) -> None:
+    """Warn once per process when vLLM initialises its SSU backend for ``--use-replayssm``: that decode calls
+    vLLM's ReplaySSM kernels directly and never reaches the registry MATE serves."""
+    import functools
+
+    orig = getattr(sd, "initialize_mamba_ssu_backend", None)
+    if orig is None or "use_replayssm" not in inspect.signature(orig).parameters:
+        _state["replayssm"] = "skipped: no initialize_mamba_ssu_backend(use_replayssm=...)"
+        _warn(f"{sd.__name__} has no initialize_mamba_ssu_backend(..., use_replayssm=); --use-replayssm is not watched")
+        return
+
+    @functools.wraps(orig)
+    def initialize_mamba_ssu_backend(*args, **kwargs):
+        if kwargs.get("use_replayssm") and _state["replayssm"] != "left to vLLM":
+            _state["replayssm"] = "left to vLLM"
+            _warn(
+                "--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernels (they bypass the SSU backend "
+                "registry, and MATE has no ReplaySSM op); the prefill is still MATE's"
+            )
+        orig(*args, **kwargs)
+
+    _ledger().rebind(sd, "initialize_mamba_ssu_backend", orig, initialize_mamba_ssu_backend)
+    _state["replayssm"] = "watched"
+
+
+def _check_vllm(mod) -> None:
+    version = str(getattr(mod, "__version__", "unknown"))
+    _state["version"] = version
+    if version not in TESTED_VERSIONS:
+        _warn(
+            f"mate-vllm is tested against vLLM {', '.join(TESTED_VERSIONS)}, found {version}: MATE is registered where "
+            "vLLM's registry and signatures match, and each patch that does not match is skipped with a warning"
+        )
+
+
 # ---------------------------------------------------------------------------------------------- entry
 
 
@@ -207,7 +252,9 @@ def register() -> None:
     for name in (ENV_SSU, ENV_PREFILL):  # a malformed value raises here, not later inside vLLM's imports
         _setting(name)
     try:
+        when_imported("vllm", _guard(_check_vllm))
         when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))  # also registers a 'mate' key where one exists
+        when_imported(SSU_DISPATCH, _guard(_patch_replayssm))
         if _setting(ENV_PREFILL):
             when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
     except Exception as e:  # noqa: BLE001  (a plugin must never take vLLM down)
@@ -227,7 +274,7 @@ def _guard(fn):
 def unregister() -> None:
     """Restore every registry entry and prefill function the plugin replaced, and drop pending hooks."""
     _ledger().restore()
-    _state.update(ssu=None, prefill=None)
+    _state.update(version=None, ssu=None, prefill=None, replayssm=None)
 
 
 def status() -> dict:

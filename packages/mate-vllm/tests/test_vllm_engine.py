@@ -1,0 +1,154 @@
+"""MATE inside the real vLLM 0.33.0, as a deployment runs it: vLLM loads its ``vllm.general_plugins`` entry points
+(``MATE_VLLM_ENABLE=1``), builds its SSU backend with its own initializer from a ``MambaConfig`` and a KV-cache
+config holding a Mamba2 group, and its mixer calls vLLM's dispatch function (decode, speculative decode) and the
+prefill it imports, fed with metadata from vLLM's own ``compute_varlen_chunk_metadata``.
+
+Run by ``nox -s engines``, which installs the released vLLM wheel ``--no-deps`` with the pure-Python modules its
+imports need (``tools/engines/requirements.txt``); skipped where vLLM is not installed. vLLM's own kernels are
+Triton or its compiled CPU extension (neither runs from the wheel on a CPU-only machine), so the numbers are
+checked against the float64 recurrence of ``mate.testing``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import mate_vllm.plugin as plugin
+import pytest
+import torch
+from mate import settings
+from mate_vllm import ops
+
+pytestmark = pytest.mark.engine
+pytest.importorskip("vllm", reason="the real vLLM is installed by `nox -s engines`")
+
+import vllm  # noqa: E402
+from test_vllm_conformance import _tol, check_ssu, decode_tensors, oracle, prefill_tensors, vllm_expect  # noqa: E402
+from vllm.config import MambaConfig  # noqa: E402
+from vllm.model_executor.layers.mamba import mamba_mixer2 as mixer  # noqa: E402
+from vllm.model_executor.layers.mamba.ops import ssu_dispatch as sd  # noqa: E402
+from vllm.plugins import load_general_plugins  # noqa: E402
+from vllm.v1.attention.backends.mamba2_attn import compute_varlen_chunk_metadata  # noqa: E402
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec  # noqa: E402
+
+with settings.override(MATE_VLLM_ENABLE="1"):  # what the deployment's environment says
+    load_general_plugins()  # vLLM's own loader: reads the entry points, calls mate_vllm.plugin.register
+
+
+def kv_cache_config() -> KVCacheConfig:
+    spec = MambaSpec(block_size=16, shapes=((3, 64), (4, 4, 8)), dtypes=(torch.bfloat16, torch.float32))
+    return KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+
+
+@pytest.fixture
+def backend():
+    """Initialises vLLM's process-wide SSU backend as its model runner does, and restores it afterwards."""
+    saved = sd._mamba_ssu_backend
+    sd._mamba_ssu_backend = None
+    sd.initialize_mamba_ssu_backend(MambaConfig(backend="flashinfer"), kv_cache_config(), use_replayssm=False)
+    yield sd._mamba_ssu_backend
+    sd._mamba_ssu_backend = saved
+
+
+def test_the_plugin_loaded_through_vllms_entry_points_and_patched_every_path():
+    assert vllm.__version__ == "0.33.0"
+    st = plugin.status()
+    assert st["version"] == "0.33.0"
+    assert st["ssu"] == "registered for ['triton', 'flashinfer']"
+    assert st["replayssm"] in ("watched", "left to vLLM")
+    reg = {k.value: v.__name__ for k, v in sd._BACKEND_REGISTRY.items()}
+    assert reg == {"triton": "MateSSUBackend", "flashinfer": "MateSSUBackend", "cpu": "CPUSSUBackend"}
+    assert mixer.mamba_chunk_scan_combined_varlen is ops.mamba_chunk_scan_combined_varlen
+    assert mixer.selective_state_update is sd.selective_state_update  # the mixer decodes through the dispatch
+
+
+def test_vllms_initializer_builds_mates_backend(backend):
+    assert backend.name == "mate" and isinstance(backend, sd.MambaSSUBackend)
+    assert sd.get_mamba_ssu_backend() is backend
+
+
+def test_stochastic_rounding_fails_at_start_up():
+    saved = sd._mamba_ssu_backend
+    sd._mamba_ssu_backend = None
+    try:
+        cfg = MambaConfig(backend="flashinfer")
+        # vLLM's own validator refuses the flag off CUDA (this machine), so it is set past the validator
+        object.__setattr__(cfg, "enable_stochastic_rounding", True)
+        with pytest.raises(NotImplementedError, match="stochastic rounding"):
+            sd.initialize_mamba_ssu_backend(cfg, kv_cache_config())
+    finally:
+        sd._mamba_ssu_backend = saved
+
+
+def test_replayssm_is_left_to_vllm_with_one_warning(backend):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            sd.initialize_mamba_ssu_backend(MambaConfig(backend="flashinfer"), kv_cache_config(), use_replayssm=True)
+    msgs = [str(w.message) for w in seen if "--use-replayssm" in str(w.message)]
+    assert len(msgs) <= 1 and plugin.status()["replayssm"] == "left to vLLM"
+    assert not msgs or "vLLM's own ReplaySSM kernels" in msgs[0]
+
+
+def test_decode_through_vllms_dispatch(backend):
+    """The mixer's decode: [N, 1] int32 tables (vLLM 0.33's form), null block 0, a null source."""
+    t = decode_tensors(rows=3, S=9, H=4, G=2, io=torch.bfloat16, seed=3)
+    src = torch.tensor([[4], [0], [7]], dtype=torch.int32)
+    pool0 = t.state.clone()
+    e = vllm_expect(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, src=src, dst=src)
+    mixer.selective_state_update(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, dt_softplus=True,
+                                 state_batch_indices=src, dst_state_batch_indices=src, out=t.out)  # fmt: skip
+    check_ssu(t, e, pool0, io=torch.bfloat16)
+    assert e.written == {4, 7}
+
+
+def test_spec_decode_through_vllms_dispatch(backend):
+    """vLLM's speculative decode: [N, 1 + K] int32 tables, num_accepted_tokens, packed rows with cu_seqlens."""
+    cu = torch.tensor([0, 3, 5, 8], dtype=torch.int32)
+    src = torch.tensor([[1, 2, 3], [0, 0, 0], [7, 8, 9]], dtype=torch.int32)
+    dst = torch.tensor([[10, 11, 12], [13, 14, 15], [16, 0, 18]], dtype=torch.int32)
+    acc = torch.tensor([2, 1, 3], dtype=torch.int32)
+    t = decode_tensors(rows=8, S=20, H=4, G=2, seed=7)
+    pool0 = t.state.clone()
+    e = vllm_expect(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, src=src, dst=dst, cu=cu, acc=acc)
+    mixer.selective_state_update(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, dt_softplus=True,
+                                 state_batch_indices=src, dst_state_batch_indices=dst, out=t.out,
+                                 num_accepted_tokens=acc, cu_seqlens=cu)  # fmt: skip
+    check_ssu(t, e, pool0)
+    assert e.written == {10, 11, 12, 16, 18}
+
+
+def test_prefill_as_the_mixer_calls_it_with_vllms_chunk_metadata(monkeypatch):
+    # vLLM decides pinned host buffers from its platform; on this CPU-only torch pinning is unavailable
+    monkeypatch.setattr("vllm.utils.torch_utils.PIN_MEMORY", False)
+    seqlens, chunk = [19, 30, 7], 16  # the second sequence starts inside a chunk
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32)
+    cu_chunk, last, seq_idx = compute_varlen_chunk_metadata(cu, chunk)
+    t = prefill_tensors(seqlens, H=4, G=2, seed=11)
+    pool = torch.zeros(6, 4, 4, 8)
+    slots = torch.tensor([5, 2, 3], dtype=torch.int32)
+    got = mixer.mamba_chunk_scan_combined_varlen(
+        t.x, t.dt, t.A, t.B, t.C, chunk_size=chunk, D=t.D, z=None, dt_bias=t.dt_bias, seq_idx=seq_idx,
+        cu_seqlens=cu, cu_chunk_seqlens=cu_chunk, last_chunk_indices=last, initial_states=t.init,
+        return_intermediate_states=False, dt_softplus=True, dt_limit=(0.0, float("inf")), out=t.out,
+        state_dtype=pool.dtype, final_states_out=pool, final_state_indices=slots,
+    )  # fmt: skip
+    assert got is None
+    e = oracle(t, seqlens, (cu, cu_chunk, last, seq_idx), D=t.D, dt_bias=t.dt_bias, initial_states=t.init,
+               dt_softplus=True)  # fmt: skip
+    torch.testing.assert_close(t.out.double(), e.y, **_tol(torch.float32))
+    torch.testing.assert_close(pool[slots.long()].double(), e.final, **_tol(torch.float32))
+    assert pool[[0, 1, 4]].abs().sum() == 0
+
+
+def test_an_empty_prefill_sequence_from_vllms_metadata_is_refused_by_name(monkeypatch):
+    """vLLM's metadata marks an empty sequence's last chunk -1; vLLM's prefill only schedules sequences with
+    tokens, and its own kernel would derive the next sequence's chunk range from that -1. MATE names it."""
+    monkeypatch.setattr("vllm.utils.torch_utils.PIN_MEMORY", False)
+    seqlens = [19, 0, 7]
+    cu = torch.tensor([0, 19, 19, 26], dtype=torch.int32)
+    cu_chunk, last, seq_idx = compute_varlen_chunk_metadata(cu, 16)
+    assert last.tolist()[1] == -1
+    t = prefill_tensors(seqlens, seed=12)
+    with pytest.raises(ValueError, match="last_chunk_indices"):
+        mixer.mamba_chunk_scan_combined_varlen(t.x, t.dt, t.A, t.B, t.C, 16, cu, cu_chunk, last, seq_idx, t.out)
