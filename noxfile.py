@@ -6,6 +6,8 @@
                       check the SSD kernels' generated CUDA for warp-specialisation hazards
     nox -s build      wheel + sdist of every package into dist/, installed into a fresh venv and imported
     nox -s demo       `mate demo`: a Mamba2 layer's prefill + decode + MTP, checked against a recurrence
+    nox -s engines    the adapters inside the released vLLM, SGLang and FlashInfer (their wheels installed
+                      --no-deps with the pure-Python modules they import: tools/engines/requirements.txt)
 
 torch is always pinned and installed first (with numpy, which torch warns without): an unpinned `torch` from
 PyPI is a multi-GB CUDA build, and a package installed before it could pull one in as a dependency.
@@ -86,7 +88,7 @@ def tests(session: nox.Session) -> None:
     session.install("-c", constraints(session), PYTEST)
     install_packages(session)
     if any(os.path.exists(a) for a in session.posargs):  # explicit test paths: one run over exactly those
-        session.run("pytest", "-m", "not gpu", *session.posargs)
+        session.run("pytest", "-m", "not gpu and not engine", *session.posargs)
         return
     dirs = test_dirs()
     if not dirs:
@@ -95,7 +97,36 @@ def tests(session: nox.Session) -> None:
     # posargs every package must run at least one test.
     codes = [0, 5] if session.posargs else [0]
     for d in dirs:
-        session.run("pytest", "-m", "not gpu", str(d.relative_to(ROOT)), *session.posargs, success_codes=codes)
+        session.run("pytest", "-m", "not gpu and not engine", str(d.relative_to(ROOT)), *session.posargs,
+                    success_codes=codes)  # fmt: skip
+
+
+ENGINES = ROOT / "tools" / "engines"
+ADAPTERS = ("mate-vllm", "mate-sglang", "mate-flashinfer-compat")
+
+
+@nox.session(python=PYTHON)
+def engines(session: nox.Session) -> None:
+    """The tests marked ``engine``: each adapter inside the real engine release it plugs into, on the CPU with the
+    reference backend. The engines' wheels go in ``--no-deps`` (their CUDA dependencies are not needed to import
+    their Python, and would replace the pinned CPU torch), with the pure-Python modules their imports need, pinned
+    in tools/engines/requirements.txt; tools/engines/cpu_shims stands in for torchvision, which no PyPI build
+    imports beside the CPU torch. One pytest run per adapter, each in its own process: an engine is imported and
+    patched once per process, as in a deployment. Extra arguments go to pytest."""
+    install_torch(session)
+    session.install("-c", constraints(session), PYTEST)
+    session.install("-c", constraints(session), "--no-deps", "-r", str(ENGINES / "requirements.txt"))
+    install_packages(session)
+    env = {
+        "PYTHONPATH": str(ENGINES / "cpu_shims"),
+        # as a deployment enables the adapters (the .pth start-up lines read these)
+        "MATE_VLLM_ENABLE": "1",
+        "MATE_SGLANG_ENABLE": "1",
+    }
+    for name in ADAPTERS:
+        tests = ROOT / "packages" / name / "tests"
+        session.run("pytest", "-m", "engine", "-p", "no:cacheprovider", str(tests.relative_to(ROOT)),
+                    *session.posargs, env=env)  # fmt: skip
 
 
 @nox.session(python=PYTHON)
