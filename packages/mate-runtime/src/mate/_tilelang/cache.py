@@ -123,6 +123,7 @@ class KernelCache:
         with phase_timer() as phases:
             with _phase(phases, "build"):
                 prim_func = build()
+            _install_timers()
             kern = compile_prim_func(prim_func, target=target, pass_configs=pass_configs)
         self.kernels[key] = kern
         self.log.append(CompileRecord(key=key, seconds=time.perf_counter() - t0, phases=phases))
@@ -186,33 +187,36 @@ def _timed(name: str, fn, exclusive_of: tuple[str, ...] = ()):
 
 
 def _install_timers() -> None:
-    """Wrap TileLang's compile stages once (each wrapper is a pass-through outside :func:`phase_timer`)."""
+    """Wrap TileLang's compile stages once (each wrapper is a pass-through outside :func:`phase_timer`), once the
+    kernel factory has imported TileLang. A TileLang whose internals moved leaves the breakdown empty."""
     global _installed
     with _install_lock:
-        if _installed:
+        if _installed or "tilelang" not in sys.modules:
             return
-        import tilelang  # noqa: F401  (the modules below are loaded by it)
-        from tilelang.cache.kernel_cache import KernelCache as TLKernelCache
-        from tilelang.contrib import nvcc
-
-        lower = sys.modules["tilelang.engine.lower"]
-        lower.lower_to_host_device_ir = _timed("lower", lower.lower_to_host_device_ir)
-        lower.device_codegen = _timed("codegen", lower.device_codegen, ("nvcc",))
-        nvcc.compile_cuda = _timed("nvcc", nvcc.compile_cuda)
-        lower.host_codegen = _timed("wrapper", lower.host_codegen)
-        TLKernelCache._safe_write_executable = staticmethod(_timed("wrapper", TLKernelCache._safe_write_executable))
-        TLKernelCache._save_kernel_to_disk = _timed("tilelang-cache", TLKernelCache._save_kernel_to_disk, ("wrapper",))
         _installed = True
+        try:
+            _wrap_tilelang()
+        except Exception:
+            pass
+
+
+def _wrap_tilelang() -> None:
+    from tilelang.cache.kernel_cache import KernelCache as TLKernelCache
+    from tilelang.contrib import nvcc
+
+    lower = sys.modules["tilelang.engine.lower"]
+    lower.lower_to_host_device_ir = _timed("lower", lower.lower_to_host_device_ir)
+    lower.device_codegen = _timed("codegen", lower.device_codegen, ("nvcc",))
+    nvcc.compile_cuda = _timed("nvcc", nvcc.compile_cuda)
+    lower.host_codegen = _timed("wrapper", lower.host_codegen)
+    TLKernelCache._safe_write_executable = staticmethod(_timed("wrapper", TLKernelCache._safe_write_executable))
+    TLKernelCache._save_kernel_to_disk = _timed("tilelang-cache", TLKernelCache._save_kernel_to_disk, ("wrapper",))
 
 
 class phase_timer:
     """``with phase_timer() as phases:`` collects the seconds of each :data:`PHASES` entry run on this thread."""
 
     def __enter__(self) -> dict:
-        try:
-            _install_timers()
-        except Exception:  # a TileLang whose internals moved: the breakdown is empty, the compile unaffected
-            pass
         self.outer = getattr(_timing, "phases", None)
         _timing.phases = {}
         return _timing.phases
@@ -233,13 +237,17 @@ def format_phases(phases: dict) -> str:
 # ------------------------------------------------------------------------------------------- parallel compile
 
 
-def _compile_worker(spec, target) -> tuple[float, str | None, str, dict]:
-    """Make one spec ready in a worker process: loaded from MATE's disk cache or compiled and stored there (and
-    in TileLang's). Returns (seconds, error or None, source, phases); errors come back as text (TVM errors do
-    not pickle)."""
+def _compile_worker(spec, target, cache_root) -> tuple[float, str | None, str, dict]:
+    """Make one spec ready in a worker process: loaded from MATE's disk cache (``cache_root``, the parent's, which
+    a ``settings.override`` there does not pass through the environment) or compiled and stored there (and in
+    TileLang's). Returns (seconds, error or None, source, phases); errors come back as text (TVM errors do not
+    pickle)."""
+    from .. import settings
+
     t0 = time.perf_counter()
     try:
-        CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
+        with settings.override(MATE_CACHE_DIR=cache_root or "off"):
+            CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
     except Exception as exc:
         return time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc)[-400:]}", "compile", {}
     record = CACHE.log[-1] if CACHE.log else CompileRecord(spec, 0.0)
@@ -267,12 +275,15 @@ def compile_parallel(specs, *, target=None, jobs: int | None = None, log=print, 
     import concurrent.futures as cf
     import multiprocessing as mp
 
+    from .. import settings
+
+    cache_root = settings.get("MATE_CACHE_DIR")
     target = target or {"kind": "cuda", "arch": "sm_90a"}
     specs = sorted(dict.fromkeys(specs), key=_cost_order)
     jobs = max(1, min(len(specs), jobs or default_jobs()))
     failed, t0 = 0, time.perf_counter()
     with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(_compile_worker, s, target): s for s in specs}
+        futures = {pool.submit(_compile_worker, s, target, cache_root): s for s in specs}
         for i, f in enumerate(cf.as_completed(futures), 1):
             seconds, err, source, phases = f.result()
             if results is not None:

@@ -234,6 +234,12 @@ class Store:
             return f"manifest format {manifest.get('format') if isinstance(manifest, dict) else None!r}"
         if key is not None and (manifest.get("key") != key or manifest.get("digest") != digest(key)):
             return "manifest names another kernel or other versions"
+        if key is None:  # (mate cache verify, import): the manifest must agree with itself and the directory name
+            own = manifest.get("key")
+            if not isinstance(own, dict) or manifest.get("digest") != digest(own):
+                return "manifest names another kernel (its key and digest differ)"
+            if os.path.basename(entry) != self._name_for(own):
+                return "directory name does not match its key"
         files = manifest.get("files") or {}
         for name in FILES:
             meta = files.get(name)
@@ -297,8 +303,8 @@ class Store:
         """Write ``kernel``'s entry (the caller holds the entry's lock): staged, then renamed into place."""
         key = entry_key(spec, target, pass_configs)
         entry = self.entry_path(key)
-        return self.publish(entry, key, lambda d: write_kernel_files(kernel, d), seconds=seconds,
-                            out_idx=list(getattr(kernel.adapter, "result_idx", None) or []))  # fmt: skip
+        out_idx = list(getattr(getattr(kernel, "adapter", None), "result_idx", None) or [])
+        return self.publish(entry, key, lambda d: write_kernel_files(kernel, d), seconds=seconds, out_idx=out_idx)
 
     def publish(self, entry: str, key: dict, write_files, *, seconds=None, out_idx=None) -> str:
         """Stage an entry (``write_files(dir)`` writes :data:`FILES`), add its manifest, rename it into place."""
@@ -353,15 +359,7 @@ class Store:
 
     def verify(self) -> list[tuple[Entry, str | None]]:
         """Every entry with what is wrong with it (None: sound); the key is checked against the manifest's own."""
-        results = []
-        for e in self.entries():
-            problem = self.check(e.path)
-            if problem is None and e.manifest is not None and e.manifest.get("digest") != digest(e.manifest["key"]):
-                problem = "manifest digest does not match its key"
-            if problem is None and os.path.basename(e.path) != self._name_for(e.manifest["key"]):
-                problem = "directory name does not match its key"
-            results.append((e, problem))
-        return results
+        return [(e, self.check(e.path)) for e in self.entries()]
 
     def _name_for(self, key: dict) -> str:
         return os.path.basename(self.entry_path(key))
@@ -403,15 +401,11 @@ class Store:
                 src = os.path.join(src_base, name)
                 problem = self.check(src)
                 dest = os.path.join(self.base, name)
-                if problem is None:
-                    with open(os.path.join(src, MANIFEST)) as f:
-                        key = json.load(f)["key"]
-                    if self._name_for(key) != name:
-                        problem = "directory name does not match its key"
                 if problem is not None:
                     warn_once(f"import:{name}", f"MATE kernel cache import: {name} skipped ({problem})")
                     skipped += 1
                     continue
+                key = _manifest(src)["key"]
                 with self.lock(dest):
                     if self.check(dest, key) is None:
                         skipped += 1
