@@ -37,8 +37,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "packages" / "mate-runtime" / "tests" / "data" / "nemotron_h_8b" / "config.json"
 LINE = re.compile(r"^\[(\d+)/(\d+)\] (.+?) ok ([\d.]+)s \(([^:)]+)(?:: ([^)]*))?\)")
 SUMMARY = re.compile(
-    r"^(\d+)/(\d+) kernels ready in ([\d.]+)s .*?: (\d+) compiled, (\d+) loaded from the cache "
-    r"\(TileLang import ([\d.]+)s before\)"
+    r"^(\d+)/(\d+) kernels ready in ([\d.]+)s .*?: (\d+) compiled, (\d+) loaded from the cache, "
+    r"(\d+) from TileLang's cache \(TileLang import ([\d.]+)s before\)"
 )
 
 API = """
@@ -81,7 +81,7 @@ def run_prewarm(config, tp, target, jobs, env) -> dict:
                             "phases": m.group(6) or ""})  # fmt: skip
         elif m := SUMMARY.match(line):
             summary = {"ready": float(m.group(3)), "compiled": int(m.group(4)), "loaded": int(m.group(5)),
-                       "tilelang_import": float(m.group(6))}  # fmt: skip
+                       "from_tilelang": int(m.group(6)), "tilelang_import": float(m.group(7))}  # fmt: skip
     if summary is None:
         sys.exit(f"no summary line in the output of {' '.join(cmd)}:\n{p.stdout[-3000:]}")
     return {"kernels": kernels, **summary, "process": wall}
@@ -142,13 +142,13 @@ def main(argv=None) -> int:
 def report(r: dict) -> str:
     lines = [f"# Startup: {r['config']} (tp {r['tp']}, {r['target']})", "",
              f"Measured {r['date']} at {r['commit']}.", "",
-             "| stage | ready (s) | compiled | loaded | TileLang import (s) | process (s) |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| stage | ready (s) | compiled | loaded (MATE) | TileLang cache | TileLang import (s) | process (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, s in r["stages"].items():
         if name == "api":
             continue
-        lines.append(f"| {name} | {s['ready']:.2f} | {s['compiled']} | {s['loaded']} | {s['tilelang_import']:.1f} "
-                     f"| {s['process']:.1f} |")  # fmt: skip
+        lines.append(f"| {name} | {s['ready']:.2f} | {s['compiled']} | {s['loaded']} | {s['from_tilelang']} "
+                     f"| {s['tilelang_import']:.1f} | {s['process']:.1f} |")  # fmt: skip
     if "api" in r["stages"]:
         a = r["stages"]["api"]
         lines += ["", "Public prewarm functions, warm MATE cache, new process: prewarm_selective_state_update "

@@ -104,14 +104,15 @@ def test_compile_only_for_sm90a(tmp_path, capsys):
         out = capsys.readouterr().out
         # 4 SSU; 4 chunk scans (final / intermediate states, each with and without the L2 prefetch); 2 dt
         # pre-passes (final states returned, written into a pool by index)
-        assert "10/10 kernels ready" in out and "10 compiled, 0 loaded" in out, out
-        assert "compile time by phase" in out and "nvcc" in out, out
+        # (TileLang's own disk cache, outside tmp_path, may hold them from an earlier run: built, not lowered)
+        assert "10/10 kernels ready" in out and "0 loaded from the cache" in out, out
+        assert "compile time by phase" in out and "build" in out, out
         # a second run (its own process's memory is warm: clear it) loads every kernel from the cache directory
         from mate._tilelang.cache import CACHE
 
         CACHE.kernels.clear()
         assert main([cfg, "--target", "sm_90a"]) == 0
-        assert "0 compiled, 10 loaded" in capsys.readouterr().out
+        assert "0 compiled, 10 loaded from the cache, 0 from TileLang's" in capsys.readouterr().out
 
 
 def test_jobs_must_be_positive(tmp_path, capsys):

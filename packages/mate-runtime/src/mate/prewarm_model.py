@@ -193,16 +193,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs is not None and args.jobs < 1:
         print(f"mate prewarm: --jobs: got {args.jobs}; expected a positive int", file=sys.stderr)
         return 2
+    t_import = time.perf_counter()
+    try:
+        import tilelang  # noqa: F401  (timed apart from the prewarm work: the cache key names its version)
+    except ImportError as exc:
+        print(f"mate prewarm: compiling needs TileLang (pip install 'mate-runtime[cuda]'): {exc}", file=sys.stderr)
+        return 2
+    t_import = time.perf_counter() - t_import
     st = store()
     if args.verbose:
         from ._tilelang.store import versions
 
         print(f"kernel cache {st.base if st else 'off (MATE_CACHE_DIR=off)'}; key versions {versions(target)}")
     return _prewarm(items, device=device, target=target, jobs=args.jobs or default_jobs(), verbose=args.verbose,
-                    where=f"target {args.target}" if args.target else str(device), cache=CACHE, store=st)  # fmt: skip
+                    where=f"target {args.target}" if args.target else str(device), cache=CACHE, store=st,
+                    t_import=t_import)  # fmt: skip
 
 
-def _prewarm(items, *, device, target, jobs, verbose, where, cache, store) -> int:
+def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_import=0.0) -> int:
     """Make every kernel of ``items`` ready: cached ones are loaded here, the others compiled in ``jobs`` worker
     processes (which store them) and then loaded; with one job, or one kernel to compile, in this process."""
     from ._tilelang.cache import compile_parallel, format_phases
@@ -212,10 +220,6 @@ def _prewarm(items, *, device, target, jobs, verbose, where, cache, store) -> in
             return cache.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
         return cache.get(spec, spec.build, device, prewarm_hint="mate prewarm", pass_configs=spec.pass_configs())
 
-    t_import = time.perf_counter()
-    if target is not None and not str(target).startswith("musa"):
-        import tilelang  # noqa: F401  (timed apart: the cache key names its version)
-    t_import = time.perf_counter() - t_import
     t_all = time.perf_counter()
     missing = [spec for _, spec in items if store is None or not _in_store(store, spec, target)]
     worker: dict = {}
@@ -223,7 +227,7 @@ def _prewarm(items, *, device, target, jobs, verbose, where, cache, store) -> in
         jobs = min(jobs, len(set(missing)))
         print(f"compiling {len(set(missing))} kernels in {jobs} worker processes", flush=True)
         compile_parallel(missing, target=target, jobs=jobs, results=worker, log=lambda m: None)
-    failed, compiled, loaded, totals = 0, 0, 0, {}
+    failed, compiled, loaded, from_tilelang, totals = 0, 0, 0, 0, {}
     for i, (label, spec) in enumerate(items, 1):
         t0 = time.perf_counter()
         n_log = len(cache.log)
@@ -242,17 +246,20 @@ def _prewarm(items, *, device, target, jobs, verbose, where, cache, store) -> in
         else:  # already in this process's memory
             seconds, source, phases = time.perf_counter() - t0, "memory", {}
         compiled += source == "compile"
-        loaded += source != "compile"
+        from_tilelang += source == "tilelang-cache"
+        loaded += source in ("disk", "memory")
         for k, v in phases.items():
             totals[k] = totals.get(k, 0.0) + v
-        how = {"compile": "compiled", "disk": "loaded from the cache", "memory": "already loaded"}[source]
+        how = {"compile": "compiled", "disk": "loaded from the cache", "memory": "already loaded",
+               "tilelang-cache": "built, then loaded from TileLang's cache"}[source]  # fmt: skip
         detail = f": {format_phases(phases)}" if verbose and phases else ""
         print(f"[{i}/{len(items)}] {label} ok {seconds:.2f}s ({how}{detail})", flush=True)
         if verbose:
             print(f"    {spec}", flush=True)
     total = time.perf_counter() - t_all
     print(f"{len(items) - failed}/{len(items)} kernels ready in {total:.2f}s ({where}): {compiled} compiled, "
-          f"{loaded} loaded from the cache (TileLang import {t_import:.1f}s before)")  # fmt: skip
+          f"{loaded} loaded from the cache, {from_tilelang} from TileLang's cache (TileLang import {t_import:.1f}s "
+          "before)")  # fmt: skip
     if verbose and totals:
         print(f"compile time by phase (summed over kernels): {format_phases(totals)}")
     return 1 if failed else 0

@@ -30,8 +30,9 @@ class KernelNotPrewarmedError(RuntimeError):
 
 @dataclass
 class CompileRecord:
-    """One kernel made ready: ``source`` "compile" (built and compiled here) or "disk" (loaded from MATE's disk
-    cache); ``phases`` the seconds per compile phase (:data:`PHASES`)."""
+    """One kernel made ready: ``source`` "compile" (built and compiled here), "disk" (loaded from MATE's disk
+    cache) or "tilelang-cache" (built here, then found in TileLang's disk cache: nothing lowered or compiled);
+    ``phases`` the seconds per compile phase (:data:`PHASES`)."""
 
     key: Hashable
     seconds: float
@@ -125,8 +126,10 @@ class KernelCache:
                 prim_func = build()
             _install_timers()
             kern = compile_prim_func(prim_func, target=target, pass_configs=pass_configs)
+        # TileLang's own disk cache may have served it: then nothing was lowered (with the timers in place)
+        source = "tilelang-cache" if _installed and "lower" not in phases else "compile"
         self.kernels[key] = kern
-        self.log.append(CompileRecord(key=key, seconds=time.perf_counter() - t0, phases=phases))
+        self.log.append(CompileRecord(key=key, seconds=time.perf_counter() - t0, source=source, phases=phases))
         return kern
 
 
