@@ -226,7 +226,9 @@ def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_imp
     if store is not None and jobs > 1 and len(set(missing)) > 1:
         jobs = min(jobs, len(set(missing)))
         print(f"compiling {len(set(missing))} kernels in {jobs} worker processes", flush=True)
-        compile_parallel(missing, target=target, jobs=jobs, results=worker, log=lambda m: None)
+        labels = {spec: label for label, spec in items}
+        compile_parallel(missing, target=target, jobs=jobs, results=worker, name=labels.get,
+                         log=lambda m: print(f"  {m}", flush=True))  # fmt: skip
     failed, compiled, loaded, from_tilelang, totals = 0, 0, 0, 0, {}
     for i, (label, spec) in enumerate(items, 1):
         t0 = time.perf_counter()

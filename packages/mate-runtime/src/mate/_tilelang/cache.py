@@ -270,11 +270,13 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def compile_parallel(specs, *, target=None, jobs: int | None = None, log=print, results: dict | None = None) -> int:
+def compile_parallel(
+    specs, *, target=None, jobs: int | None = None, log=print, results: dict | None = None, name=str
+) -> int:
     """Compile ``specs`` in ``jobs`` worker processes (default: one per core, at most one per spec). Each worker
     stores its kernels in MATE's disk cache (and TileLang's), so a later process's first use of a spec loads it
     instead of compiling. ``results`` (a dict) receives spec -> (seconds, error, source, phases). Returns the
-    number that failed."""
+    number that failed. ``name(spec)`` is how a progress line names a spec."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -293,7 +295,7 @@ def compile_parallel(specs, *, target=None, jobs: int | None = None, log=print, 
                 results[futures[f]] = (seconds, err, source, phases)
             failed += err is not None
             what = f"FAILED {err}" if err else f"ok {seconds:.1f}s ({'loaded' if source == 'disk' else 'compiled'})"
-            log(f"[{i}/{len(specs)}] {futures[f]} {what} ({time.perf_counter() - t0:.0f}s)")
+            log(f"[{i}/{len(specs)}] {name(futures[f])} {what} ({time.perf_counter() - t0:.0f}s)")
     return failed
 
 
