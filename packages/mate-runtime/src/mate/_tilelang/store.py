@@ -5,7 +5,7 @@ library TileLang built (``executable.so``, the cubin embedded), the kernel's par
 signature (its ``T.prim_func`` without a body: what TileLang's launcher reads, a few KB) and the generated
 sources, with a manifest of every file's size and sha256. Loading an entry builds nothing: no factory call, no
 lowering, no nvcc (0.01-0.03 s per kernel on a 2-core CPU against 0.1-0.5 s from TileLang's own disk cache, which
-builds the ``T.prim_func`` again to hash it; measured 2026-12-02 at 8e54e5f).
+builds the ``T.prim_func`` again to hash it; measured 2026-12-02 at 3b537ab).
 
 Layout (``v1`` is the entry format)::
 
