@@ -96,8 +96,25 @@ def test_unsupported_shape_exits_nonzero(tmp_path, capsys):
 def test_compile_only_for_sm90a(tmp_path, capsys):
     small = {"model_type": "nemotron_h", "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 64,
              "n_groups": 1, "chunk_size": 64}  # fmt: skip
-    assert main([write(tmp_path, small), "--target", "sm_90a"]) == 0
-    out = capsys.readouterr().out
-    # 4 SSU; 4 chunk scans (final / intermediate states, each with and without the L2 prefetch); 2 dt pre-passes
-    # (final states returned, written into a pool by index)
-    assert "compiled 10/10 kernels" in out, out
+    from mate import settings
+
+    cfg = write(tmp_path, small)
+    with settings.override(MATE_CACHE_DIR=str(tmp_path / "cache")):
+        assert main([cfg, "--target", "sm_90a", "--jobs", "2", "--verbose"]) == 0
+        out = capsys.readouterr().out
+        # 4 SSU; 4 chunk scans (final / intermediate states, each with and without the L2 prefetch); 2 dt
+        # pre-passes (final states returned, written into a pool by index)
+        # (TileLang's own disk cache, outside tmp_path, may hold them from an earlier run: built, not lowered)
+        assert "10/10 kernels ready" in out and "0 loaded from the cache" in out, out
+        assert "compile time by phase" in out and "build" in out, out
+        # a second run (its own process's memory is warm: clear it) loads every kernel from the cache directory
+        from mate._tilelang.cache import CACHE
+
+        CACHE.kernels.clear()
+        assert main([cfg, "--target", "sm_90a"]) == 0
+        assert "0 compiled, 10 loaded from the cache, 0 from TileLang's" in capsys.readouterr().out
+
+
+def test_jobs_must_be_positive(tmp_path, capsys):
+    assert main([write(tmp_path, NEMOTRON_H), "--target", "sm_90a", "--jobs", "0"]) == 2
+    assert "--jobs" in capsys.readouterr().err

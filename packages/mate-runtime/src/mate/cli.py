@@ -8,6 +8,7 @@
   against the float64 token-by-token recurrence of ``mate.testing`` (``mate.demo``).
 - ``mate bench ssu|ssd [args]``: the benchmark harness (``mate.bench.ssu`` / ``mate.bench.ssd``).
 - ``mate prewarm [args]``: compile the kernels a model configuration needs (``mate.prewarm_model``).
+- ``mate cache list|verify|clear|export FILE|import FILE``: MATE's compiled-kernel cache (``MATE_CACHE_DIR``).
 
 Heavy imports (torch work, TileLang, the benchmark modules) happen inside the subcommands.
 """
@@ -115,13 +116,76 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         rows.append(("backend tilelang", f"usable on {device} (target {tilelang_target(device)})"))
     rows.append(("backend auto", "tilelang" if not reasons else "torch"))
-    rows.append(("kernel cache", cache_dir()))
+    rows.append(("kernel cache", _mate_cache_line()))
+    rows.append(("tilelang cache", cache_dir()))
 
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print()
     print(settings_table())
+    return 0
+
+
+def _mate_cache_line() -> str:
+    from . import settings
+
+    try:
+        root = settings.get("MATE_CACHE_DIR")
+    except ValueError as exc:
+        return f"invalid ({exc})"
+    return f"{root} (MATE_CACHE_DIR; mate cache list)" if root else "off (MATE_CACHE_DIR=off)"
+
+
+# ----------------------------------------------------------------------------------------------- cache
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    import time
+
+    from ._tilelang.store import store
+
+    st = store()
+    if st is None:
+        print("mate cache: MATE_CACHE_DIR=off: there is no kernel cache", file=sys.stderr)
+        return 2
+    if args.action == "list":
+        entries = st.entries()
+        print(f"{st.base}: {len(entries)} entries, {sum(e.size for e in entries) / 1e6:.1f} MB")
+        for e in entries:
+            if e.manifest is None:
+                print(f"  {e.name}  unreadable manifest ({e.size / 1e3:.0f} kB)")
+                continue
+            key = e.manifest.get("key", {})
+            v = key.get("versions", {})
+            print(f"  {e.name}  {e.size / 1e3:.0f} kB  {_age(time.time() - e.manifest.get('created', 0))} old  "
+                  f"{v.get('arch')} mate {v.get('mate')} kernels {v.get('mate_kernels')} tilelang {v.get('tilelang')} "
+                  f"cuda {v.get('cuda')}")  # fmt: skip
+            print(f"      {key.get('spec')}")
+        return 0
+    if args.action == "verify":
+        results = st.verify()
+        bad = [(e, p) for e, p in results if p is not None]
+        for e, problem in bad:
+            print(f"  {e.name}: {problem}")
+        print(f"{st.base}: {len(results) - len(bad)}/{len(results)} entries sound")
+        return 1 if bad else 0
+    if args.action == "clear":
+        print(f"{st.base}: removed {st.clear()} entries")
+        return 0
+    if args.action == "export":
+        n = st.export(args.file)
+        print(f"{args.file}: {n} entries from {st.base}")
+        return 0
+    added, skipped = st.import_(args.file)
+    print(f"{st.base}: {added} entries added from {args.file}, {skipped} skipped (already here or unsound)")
     return 0
 
 
@@ -221,6 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
         "mate bench ssu --help lists its options",
     )  # fmt: skip
     sub.add_parser("prewarm", help="compile a model configuration's kernels: mate prewarm [options]")
+
+    cache = sub.add_parser(
+        "cache",
+        help="MATE's compiled-kernel cache (MATE_CACHE_DIR): list, verify, clear, export FILE, import FILE",
+        description="MATE's compiled-kernel cache (MATE_CACHE_DIR; docs/startup.md). list: every entry (kernel "
+        "spec, versions, size, age); verify: check every file against its manifest checksum (exit 1 if any "
+        "fails); clear: remove every entry; export FILE: write the sound entries into a tar file (.tar.gz: "
+        "compressed); import FILE: add the entries of such a file (each checked first).",
+    )
+    csub = cache.add_subparsers(dest="action", metavar="ACTION", required=True)
+    csub.add_parser("list", help="every entry: kernel spec, versions, size, age")
+    csub.add_parser("verify", help="check every entry against its manifest's checksums")
+    csub.add_parser("clear", help="remove every entry")
+    for name, what in (("export", "write the sound entries into FILE (tar; .tar.gz compressed)"),
+                       ("import", "add the entries of FILE (written by mate cache export)")):  # fmt: skip
+        csub.add_parser(name, help=what).add_argument("file", metavar="FILE")
+    cache.set_defaults(func=cmd_cache)
     return p
 
 

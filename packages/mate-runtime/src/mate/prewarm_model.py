@@ -5,10 +5,15 @@ field names), derives the per-rank heads and groups for ``--tp``, and compiles t
 (MTP) ``selective_state_update`` kernels and the SSD prefill kernels, printing a line per kernel and a
 summary. Modes:
 
-- default: compile for the local GPU (fills the in-process cache and TileLang's disk cache, so a server
-  started afterwards loads the kernels in ~0.1 s each);
-- ``--target sm_90a``: compile for that architecture without a GPU (a build machine, CI);
+- default: compile for the local GPU into MATE's kernel cache (``MATE_CACHE_DIR``, docs/startup.md), so a server
+  started afterwards loads each kernel in a few ms;
+- ``--target sm_90a``: compile for that architecture without a GPU (a build machine, CI): the cache directory it
+  writes is what a GPU host of that architecture loads with no compile;
 - ``--dry-run``: list the kernels only.
+
+Kernels already in the cache are loaded, the others compiled in ``--jobs`` worker processes (default: the cores
+available); ``--verbose`` prints where each compile's time went (factory build, lowering, code generation, nvcc,
+host wrapper, cache writes).
 """
 
 from __future__ import annotations
@@ -130,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtp-tokens", type=int, default=0, help="speculative tokens per step (MTP), 0 for none")
     ap.add_argument("--dry-run", "--list", action="store_true", dest="dry_run", help="list the kernels only")
     ap.add_argument("--target", default=None, help="compile for this CUDA arch without a GPU, e.g. sm_90a")
+    ap.add_argument(
+        "--jobs", "-j", type=int, default=None,
+        help="worker processes compiling the kernels not yet cached (default: the cores available; 1: in this process)",
+    )  # fmt: skip
+    ap.add_argument("--verbose", "-v", action="store_true", help="print each compile's time per phase")
     args = ap.parse_args(argv)
 
     path = os.path.join(args.config, "config.json") if os.path.isdir(args.config) else args.config
@@ -165,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(items)} kernels (dry run: nothing compiled)")
         return 0
 
-    from ._tilelang.cache import CACHE
+    from ._tilelang.cache import CACHE, default_jobs
+    from ._tilelang.store import store
 
     target = None
     if args.target:
@@ -176,23 +187,91 @@ def main(argv: list[str] | None = None) -> int:
         if device is None or not tilelang_installed():
             print("mate prewarm: no GPU with TileLang here; use --target sm_90a to compile only", file=sys.stderr)
             return 2
+        from ._device import tilelang_target
+
+        target = tilelang_target(device)
+    if args.jobs is not None and args.jobs < 1:
+        print(f"mate prewarm: --jobs: got {args.jobs}; expected a positive int", file=sys.stderr)
+        return 2
+    t_import = time.perf_counter()
+    try:
+        import tilelang  # noqa: F401  (timed apart from the prewarm work: the cache key names its version)
+    except ImportError as exc:
+        print(f"mate prewarm: compiling needs TileLang (pip install 'mate-runtime[cuda]'): {exc}", file=sys.stderr)
+        return 2
+    t_import = time.perf_counter() - t_import
+    st = store()
+    if args.verbose:
+        from ._tilelang.store import versions
+
+        print(f"kernel cache {st.base if st else 'off (MATE_CACHE_DIR=off)'}; key versions {versions(target)}")
+    return _prewarm(items, device=device, target=target, jobs=args.jobs or default_jobs(), verbose=args.verbose,
+                    where=f"target {args.target}" if args.target else str(device), cache=CACHE, store=st,
+                    t_import=t_import)  # fmt: skip
+
+
+def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_import=0.0) -> int:
+    """Make every kernel of ``items`` ready: cached ones are loaded here, the others compiled in ``jobs`` worker
+    processes (which store them) and then loaded; with one job, or one kernel to compile, in this process."""
+    from ._tilelang.cache import compile_parallel, format_phases
+
+    def ready(spec):
+        if device is None:
+            return cache.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
+        return cache.get(spec, spec.build, device, prewarm_hint="mate prewarm", pass_configs=spec.pass_configs())
+
     t_all = time.perf_counter()
-    failed = 0
+    missing = [spec for _, spec in items if store is None or not _in_store(store, spec, target)]
+    worker: dict = {}
+    if store is not None and jobs > 1 and len(set(missing)) > 1:
+        jobs = min(jobs, len(set(missing)))
+        print(f"compiling {len(set(missing))} kernels in {jobs} worker processes", flush=True)
+        labels = {spec: label for label, spec in items}
+        compile_parallel(missing, target=target, jobs=jobs, results=worker, name=labels.get,
+                         log=lambda m: print(f"  {m}", flush=True))  # fmt: skip
+    failed, compiled, loaded, from_tilelang, totals = 0, 0, 0, 0, {}
     for i, (label, spec) in enumerate(items, 1):
         t0 = time.perf_counter()
+        n_log = len(cache.log)
         try:
-            if device is None:
-                CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
-            else:
-                CACHE.get(spec, spec.build, device, prewarm_hint="mate prewarm", pass_configs=spec.pass_configs())
-            print(f"[{i}/{len(items)}] {label} ok {time.perf_counter() - t0:.1f}s", flush=True)
+            ready(spec)
         except Exception as exc:  # report each, fail at the end
             failed += 1
-            print(f"[{i}/{len(items)}] {label} FAILED: {type(exc).__name__}: {exc}", flush=True)
+            err = worker.get(spec, (0, None))[1] or f"{type(exc).__name__}: {exc}"
+            print(f"[{i}/{len(items)}] {label} FAILED: {err}", flush=True)
+            continue
+        here = cache.log[n_log:]
+        if spec in worker:  # compiled (or loaded) by a worker, then loaded here
+            seconds, _err, source, phases = worker[spec]
+        elif here:
+            seconds, source, phases = here[-1].seconds, here[-1].source, here[-1].phases
+        else:  # already in this process's memory
+            seconds, source, phases = time.perf_counter() - t0, "memory", {}
+        compiled += source == "compile"
+        from_tilelang += source == "tilelang-cache"
+        loaded += source in ("disk", "memory")
+        for k, v in phases.items():
+            totals[k] = totals.get(k, 0.0) + v
+        how = {"compile": "compiled", "disk": "loaded from the cache", "memory": "already loaded",
+               "tilelang-cache": "built, then loaded from TileLang's cache"}[source]  # fmt: skip
+        detail = f": {format_phases(phases)}" if verbose and phases else ""
+        print(f"[{i}/{len(items)}] {label} ok {seconds:.2f}s ({how}{detail})", flush=True)
+        if verbose:
+            print(f"    {spec}", flush=True)
     total = time.perf_counter() - t_all
-    print(f"compiled {len(items) - failed}/{len(items)} kernels in {total:.1f}s "
-          f"({'target ' + args.target if target else str(device)})")  # fmt: skip
+    print(f"{len(items) - failed}/{len(items)} kernels ready in {total:.2f}s ({where}): {compiled} compiled, "
+          f"{loaded} loaded from the cache, {from_tilelang} from TileLang's cache (TileLang import {t_import:.1f}s "
+          "before)")  # fmt: skip
+    if verbose and totals:
+        print(f"compile time by phase (summed over kernels): {format_phases(totals)}")
     return 1 if failed else 0
+
+
+def _in_store(store, spec, target) -> bool:
+    from ._tilelang.store import entry_key
+
+    key = entry_key(spec, target, spec.pass_configs())
+    return store.check(store.entry_path(key), key) is None
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ class Setting:
     choices: tuple[str, ...] | None  # the accepted spellings (None: ``parse`` decides)
     help: str
     parse: Callable[[str], object] = str
+    keep_case: bool = False  # a path: the raw text is not lower-cased before parsing
 
 
 def _backends(raw: str) -> tuple[str, ...]:
@@ -40,6 +41,20 @@ _ON_OFF = ("0", "1", "false", "true", "no", "yes", "off", "on")
 
 def _on_off(raw: str) -> bool:
     return raw in ("1", "true", "yes", "on")
+
+
+CACHE_OFF = ("off", "none", "0")
+
+
+def _cache_dir(raw: str) -> str | None:
+    """The compiled-kernel cache directory: ``off`` / ``none`` / ``0`` is None (no disk cache); empty is
+    ``$XDG_CACHE_HOME/mate``, else ``~/.cache/mate``; ``~`` and ``$VARS`` are expanded."""
+    if raw.lower() in CACHE_OFF:
+        return None
+    if not raw:
+        home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(home, "mate")
+    return os.path.abspath(os.path.expanduser(os.path.expandvars(raw)))
 
 
 SETTINGS: dict[str, Setting] = {
@@ -78,6 +93,16 @@ SETTINGS: dict[str, Setting] = {
             ("auto", "force", "off"),
             "flashinfer.mamba served by MATE: auto where no real FlashInfer is installed, force always, off never.",
         ),
+        Setting(
+            "MATE_CACHE_DIR",
+            "",
+            None,
+            "MATE's cache of compiled kernels (a directory; docs/startup.md): a kernel compiled once is loaded "
+            "from there by every later process without re-lowering or re-compiling. Empty: $XDG_CACHE_HOME/mate, "
+            "else ~/.cache/mate; off: no disk cache (compile in every process).",
+            _cache_dir,
+            keep_case=True,
+        ),
     )
 }
 
@@ -89,7 +114,7 @@ _lock = threading.Lock()
 def parse(name: str, raw: str | None) -> object:
     """The value of setting ``name`` for the raw text ``raw`` (None or blank: the default)."""
     s = SETTINGS[name]
-    text = s.default if raw is None or not raw.strip() else raw.strip().lower()
+    text = s.default if raw is None or not raw.strip() else raw.strip() if s.keep_case else raw.strip().lower()
     if s.choices is not None and text not in s.choices:
         raise ValueError(f"{name}={raw!r}: expected one of {', '.join(s.choices)} (default {s.default})")
     return s.parse(text)
