@@ -22,6 +22,19 @@ def describe(t: Any) -> str:
     return repr(t)
 
 
+class _Shown(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def values(t: torch.Tensor, limit: int = 16) -> str:
+    """The values of an index table for an error message (a long one elided in the middle)."""
+    v = t.tolist()
+    if len(v) <= limit:
+        return _Shown(v)
+    return _Shown(f"[{', '.join(map(str, v[:8]))}, ..., {', '.join(map(str, v[-4:]))}] ({len(v)} entries)")
+
+
 def bad_arg(name: str, value: Any, expected: str) -> NoReturn:
     raise ValueError(f"{name}: got {describe(value)}; expected {expected}")
 

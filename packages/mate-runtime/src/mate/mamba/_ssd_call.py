@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._errors import bad_arg, unsupported
-from ._ssu_call import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
+from .._errors import bad_arg, unsupported, values
+from ._ssu_call import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, STATE_DTYPES, host_ints
 
 MIN_CHUNK_SIZE = 8  # the engines' prefill ops take powers of two from 8 up
 
@@ -175,6 +175,13 @@ def normalize_ssd(
     nchunks = cu_chunk_seqlens.shape[0] - 1
     if nchunks < 1:
         bad_arg("cu_chunk_seqlens", cu_chunk_seqlens, "[nchunks + 1] cumulative chunk offsets with nchunks >= 1")
+    if nchunks * chunk_size < T:
+        bad_arg(
+            "cu_chunk_seqlens",
+            cu_chunk_seqlens,
+            f"at least {-(-T // chunk_size)} chunks: {nchunks} chunks of at most chunk_size ({chunk_size}) tokens "
+            f"cannot cover the {T} tokens",
+        )
     _tensor("seq_idx", seq_idx, 1, INDEX_DTYPES, device)
     if seq_idx.shape[0] != nchunks:
         bad_arg(
@@ -250,3 +257,51 @@ def normalize_ssd(
         final_states_out=final_states_out,
         final_state_indices=final_state_indices,
     )
+
+
+def check_index_data(call: SSDCall) -> None:
+    """The checks on the chunk tables' values, which the normaliser cannot make without reading device memory:
+    ``cu_seqlens`` and ``cu_chunk_seqlens`` non-decreasing from 0 to the token count, no chunk longer than
+    ``chunk_size`` or spanning a sequence boundary, ``seq_idx`` naming a sequence, ``last_chunk_indices`` a chunk
+    and ``final_state_indices`` a slot of ``final_states_out``. The reference backend runs them on every call
+    before anything is written; the TileLang backend with ``MATE_CHECK_INPUTS=1`` (the tables are copied to the
+    host: a device sync per table)."""
+    T, nc, batch, L = call.tokens, call.nchunks, call.batch, call.chunk_size
+    cus, cuc = host_ints(call.cu_seqlens), host_ints(call.cu_chunk_seqlens)
+    for name, cu in (("cu_seqlens", cus), ("cu_chunk_seqlens", cuc)):
+        if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != T:
+            bad_arg(name, values(cu), f"non-decreasing token offsets from 0 to the token count ({T})")
+    lens = cuc[1:] - cuc[:-1]
+    if int(lens.max()) > L:
+        c = int(torch.argmax(lens))
+        bad_arg(
+            "cu_chunk_seqlens",
+            values(cuc),
+            f"chunks of at most chunk_size ({L}) tokens (chunk {c} has {int(lens[c])})",
+        )
+    # a sequence boundary strictly inside a chunk: the chunk spans two sequences
+    inner = cus[(cus > 0) & (cus < T)]
+    if inner.numel():
+        c = torch.searchsorted(cuc, inner, right=True) - 1  # the chunk each boundary falls in
+        crossing = cuc[c] < inner
+        if bool(crossing.any()):
+            k = int(torch.nonzero(crossing)[0])
+            cc, v = int(c[k]), int(inner[k])
+            bad_arg(
+                "cu_chunk_seqlens",
+                values(cuc),
+                f"every chunk inside one sequence (chunk {cc}, tokens [{int(cuc[cc])}, {int(cuc[cc + 1])}), spans "
+                f"the sequence boundary at token {v} of cu_seqlens)",
+            )
+    for name, t, n, what in (
+        ("seq_idx", call.seq_idx, batch, "sequences"),
+        ("last_chunk_indices", call.last_chunk_indices, nc, "chunks"),
+    ):
+        t = host_ints(t)
+        if bool(((t < 0) | (t >= n)).any()):
+            bad_arg(name, values(t), f"{what} in [0, {n})")
+    if call.final_state_indices is not None:
+        slots = call.final_states_out.shape[0]
+        t = host_ints(call.final_state_indices)
+        if bool(((t < 0) | (t >= slots)).any()):
+            bad_arg("final_state_indices", values(t), f"slots in [0, {slots}) of final_states_out")

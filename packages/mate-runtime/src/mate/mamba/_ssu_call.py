@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._errors import bad_arg, unsupported
+from .._errors import bad_arg, unsupported, values
 
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IO_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -372,6 +372,8 @@ def normalize_ssu(
         if src is None:
             bad_arg("state_batch_indices", None, "a slot table when num_accepted_tokens is given")
         acc = num_accepted_tokens
+    if src is None and nseq > st.shape[0]:
+        bad_arg("state", state, f"at least {nseq} slots (sequence b uses slot b without state_batch_indices)")
     if dense and dst is not None and not dst.flat and dst.cols < seqlen and not final_write_to_dst:
         bad_arg("dst_state_batch_indices", dst_state_batch_indices, f"at least {seqlen} columns (one per token)")
 
@@ -414,6 +416,12 @@ def normalize_ssu(
             if intermediate_state_indices.shape[0] < nseq:
                 bad_arg("intermediate_state_indices", intermediate_state_indices, f"at least {nseq} entries")
             ibuf_idx = intermediate_state_indices
+        elif src is None and nseq > ibuf.shape[0] // max(cache_steps, 1):
+            bad_arg(
+                "intermediate_states_buffer",
+                buf,
+                f"at least {nseq} entries (sequence b writes entry b without intermediate_state_indices or a table)",
+            )
         write_mode = "intermediate"
     else:
         if intermediate_state_indices is not None:
@@ -469,6 +477,98 @@ def normalize_ssu(
     )
 
 
+# ------------------------------------------------------------------------------------ index data
+
+
+def host_ints(t: torch.Tensor | None) -> torch.Tensor | None:
+    """An index tensor as int64 on the CPU (one copy: a device-to-host sync for an accelerator tensor)."""
+    return None if t is None else t.detach().to("cpu", torch.int64)
+
+
+def _host_table(table: SlotTable | None) -> SlotTable | None:
+    if table is None:
+        return None
+    return SlotTable(host_ints(table.base), table.stride_b, table.stride_t, table.rows, table.cols, table.flat)
+
+
+def _entries(name: str, table: SlotTable, b: torch.Tensor, t: torch.Tensor, why: str = "") -> torch.Tensor:
+    """Entries ``(b, t)`` of a host table after checking that each exists: a 2-D table has a column per position,
+    a flat table an entry per packed row (stride addressing would otherwise read the next row's entries)."""
+    if b.numel() == 0:
+        return b
+    if not table.flat and int(t.max()) >= table.cols:
+        bad_arg(name, f"a [{table.rows}, {table.cols}] table", f"a column for position {int(t.max())}{why}")
+    flat = b * table.stride_b + t * table.stride_t
+    if int(flat.max()) >= table.base.numel():
+        n = table.base.numel()
+        bad_arg(name, f"a flat table of {n} entries", f"an entry for row b + t = {int(flat.max())}{why}")
+    return table.base[flat]
+
+
+def _in_pool(name: str, slots: torch.Tensor, pool: int, pad: int) -> None:
+    bad = (slots != pad) & ((slots < 0) | (slots >= pool))
+    if bool(bad.any()):
+        bad_arg(name, int(slots[bad][0]), f"slots in [0, {pool}) or pad_slot_id ({pad})")
+
+
+def check_index_data(call: SSUCall) -> None:
+    """The checks on the index tables' values, which the normaliser cannot make without reading device memory:
+    row offsets, every slot the call reads or writes, accepted-token counts, intermediate-buffer entries and
+    parent tokens. The reference backend runs them on every call before anything is written; the TileLang
+    backend with ``MATE_CHECK_INPUTS=1`` (the tables are copied to the host: a device sync per table)."""
+    nseq, S, pad = call.nseq, call.state.shape[0], call.pad_slot_id
+    if nseq == 0:
+        return
+    cu = host_ints(call.cu_seqlens)
+    if cu is not None:
+        if int(cu[0]) < 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) > call.rows:
+            bad_arg("cu_seqlens", values(cu), f"non-decreasing row offsets within [0, {call.rows}] (the rows of x)")
+        lens = cu[1:] - cu[:-1]
+    else:
+        lens = torch.full((nseq,), call.seqlen, dtype=torch.int64)
+    b = torch.arange(nseq, dtype=torch.int64)
+    acc = host_ints(call.num_accepted)
+    src, dst = _host_table(call.src), _host_table(call.dst)
+    if src is None:
+        slot = b  # nseq <= S: checked by the normaliser
+    else:
+        if acc is None:
+            slot = _entries("state_batch_indices", src, b, torch.zeros_like(b))
+        else:
+            pos = (acc - 1).clamp(min=0)
+            slot = _entries("num_accepted_tokens", src, b, pos, " of state_batch_indices (read slot max(acc - 1, 0))")
+        _in_pool("state_batch_indices", slot, S, pad)
+    writers = b[(slot != pad) & (lens > 0)]
+    wlens = lens[writers]
+    if call.write_mode == "per_token" and writers.numel():
+        name = "state_batch_indices" if call.dst is call.src else "dst_state_batch_indices"
+        bb = writers.repeat_interleave(wlens)
+        tt = torch.arange(bb.numel()) - (wlens.cumsum(0) - wlens).repeat_interleave(wlens)
+        _in_pool(name, _entries(name, dst, bb, tt, " of a sequence (one per token)"), S, pad)
+    elif call.write_mode == "final" and dst is not None and writers.numel():
+        name = "dst_state_batch_indices"
+        _in_pool(name, _entries(name, dst, writers, torch.zeros_like(writers)), S, pad)
+    elif call.write_mode == "intermediate" and writers.numel():
+        if int(wlens.max()) > call.cache_steps:
+            bad_arg("cache_steps", call.cache_steps, f">= the longest sequence ({int(wlens.max())} tokens)")
+        entries = call.ibuf.shape[0] // call.cache_steps
+        if call.ibuf_indices is not None:
+            idx = host_ints(call.ibuf_indices)[:nseq][writers]
+            bad = (idx < 0) | (idx >= entries)
+            if bool(bad.any()):
+                bad_arg("intermediate_state_indices", int(idx[bad][0]), f"entries in [0, {entries}) of the buffer")
+        elif int(slot[writers].max()) >= entries:  # the entry is the read slot
+            bad_arg(
+                "intermediate_states_buffer",
+                call.ibuf,
+                f"an entry for read slot {int(slot[writers].max())} (no intermediate_state_indices given)",
+            )
+        if call.parent is not None:
+            par = host_ints(call.parent)[writers]
+            if bool((par >= call.cache_steps).any()):
+                bad_arg("retrieve_parent_token", int(par.max()), f"parents below cache_steps ({call.cache_steps})")
+
+
 def finish(call: SSUCall) -> torch.Tensor:
     """Copy scratch output back (the rare non-flattenable dense ``out``) and return the caller's result."""
     if call.copy_back:
@@ -476,4 +576,4 @@ def finish(call: SSUCall) -> torch.Tensor:
     return call.result
 
 
-__all__ = ["SSUCall", "SlotTable", "normalize_ssu", "slot_table", "finish"]
+__all__ = ["SSUCall", "SlotTable", "check_index_data", "finish", "host_ints", "normalize_ssu", "slot_table"]
