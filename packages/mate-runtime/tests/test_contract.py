@@ -722,6 +722,47 @@ def test_ssd_reference_rejects_bad_index_data(overrides, name):
         assert torch.equal(kw[k], v), f"{k} was modified by a rejected call"
 
 
+def _ssu_culprit_call(**kw):
+    base = dict(
+        state=torch.zeros(4, H, P, N), x=torch.randn(2, H, P), dt=torch.rand(2, H, P), A=-torch.rand(H),
+        B=torch.randn(2, G, N), C=torch.randn(2, G, N), D=torch.ones(H), z=torch.randn(2, H, P),
+    )  # fmt: skip
+    return selective_state_update(**(base | kw), backend="torch")
+
+
+def _ssd_culprit_call(**kw):
+    return ssd_combined_fwd_varlen(**(_ssd_base() | kw), backend="torch")
+
+
+# The argument whose shape breaks the majority is the one named, wherever the first failed check falls.
+CULPRIT_CASES = [
+    pytest.param(_ssu_culprit_call, dict(x=torch.randn(2, H + 1, P)), "x", "heads", id="ssu_x_heads"),
+    pytest.param(_ssu_culprit_call, dict(x=torch.randn(2, H, P + 1)), "x", "dim", id="ssu_x_dim"),
+    pytest.param(_ssu_culprit_call, dict(x=torch.randn(3, H, P)), "x", "rows", id="ssu_x_rows"),
+    pytest.param(_ssu_culprit_call, dict(dt=torch.rand(2, H + 1, P)), "dt", "heads", id="ssu_dt_heads"),
+    pytest.param(_ssu_culprit_call, dict(C=torch.randn(2, G, N + 1)), "C", "dstate", id="ssu_C_dstate"),
+    pytest.param(_ssd_culprit_call, dict(x=torch.randn(T, H + 1, P)), "x", "heads", id="ssd_x_heads"),
+    pytest.param(_ssd_culprit_call, dict(x=torch.randn(T + 1, H, P)), "x", "tokens", id="ssd_x_tokens"),
+    pytest.param(_ssd_culprit_call, dict(B=torch.randn(T - 1, G, N)), "B", "tokens", id="ssd_B_tokens"),
+    pytest.param(_ssd_culprit_call, dict(D=torch.ones(H + 1)), "D", "heads", id="ssd_D_heads"),
+    pytest.param(_ssd_culprit_call, dict(seq_idx=_t([0, 0, 1])), "seq_idx", "chunks", id="ssd_seq_idx_chunks"),
+]
+
+
+@pytest.mark.parametrize("call,overrides,name,quantity", CULPRIT_CASES)
+def test_shape_errors_name_the_argument_that_breaks_the_majority(call, overrides, name, quantity):
+    with pytest.raises(ValueError) as info:
+        call(**overrides)
+    assert str(info.value).startswith(f"{name}:"), str(info.value)
+    assert quantity in str(info.value), str(info.value)
+
+
+def test_without_a_majority_the_first_failed_check_names_the_argument():
+    # B and C alone carry the groups: two votes, no majority; the check on C (shaped like B) names C
+    with pytest.raises(ValueError, match="^C:"):
+        _ssu_culprit_call(C=torch.randn(2, G * 2, N))
+
+
 def test_ssd_bad_tables_leave_out_unwritten():
     """The issue's example: a chunk table ending at 28 of 29 tokens used to leave out[28] as it was (NaN)."""
     from mate.mamba.chunking import chunk_metadata
