@@ -17,3 +17,17 @@ from mate.testing import gpu_skip_reason  # noqa: E402
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and (reason := gpu_skip_reason()) is not None:
         pytest.skip(reason)
+
+
+@pytest.fixture
+def unchecked_inputs():
+    """The production path: ``MATE_CHECK_INPUTS=0`` within the test (for tests of host syncs and allocations,
+    which the debugging check adds); the decode fast path's memory is cleared on the way in and out, since forms
+    first seen with the check on are remembered as slow."""
+    from mate import settings
+    from mate.mamba import ssu
+
+    ssu.clear_fast_path_cache()
+    with settings.override(MATE_CHECK_INPUTS="0"):
+        yield
+    ssu.clear_fast_path_cache()
