@@ -28,6 +28,7 @@ I32, I64, F32 = torch.int32, torch.int64, torch.float32
 PROPERTY = settings(
     max_examples=150,
     derandomize=True,
+    database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
