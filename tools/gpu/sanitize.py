@@ -5,10 +5,10 @@
 
 What runs, in this order:
 
-1. warm-up, outside the sanitizer: this script's driver runs every path once (``--driver all``), compiling each
-   kernel into TileLang's disk cache (``TILELANG_CACHE_DIR``) and checking every valid call against the reference
-   backend, so the sanitized runs load the kernels instead of compiling them (a compile under the sanitizer takes
-   minutes). ``--skip-warm`` leaves it out when the cache is known to be warm.
+1. warm-up, outside the sanitizer: the kernels every path launches are compiled in ``--jobs`` processes into
+   TileLang's disk cache (``TILELANG_CACHE_DIR``), then every path runs once, each valid call checked against the
+   reference backend; the sanitized runs then load the kernels instead of compiling them (a compile under the
+   sanitizer takes minutes). ``--skip-warm`` leaves it out when the cache is known to be warm.
 2. one sanitized run per (tool, path): ``compute-sanitizer --tool TOOL python tools/gpu/sanitize.py --driver PATH``,
    each under ``--timeout`` seconds (default 600), printing the sanitizer's summary line(s) (``ERROR SUMMARY: 0
    errors``; racecheck's ``RACECHECK SUMMARY``), and the tail of its output when it fails or times out.
@@ -262,12 +262,47 @@ def path_garbage(check: bool):
 DRIVERS = {"ssu-one": path_ssu_one, "ssu-packed": path_ssu_packed, "ssd": path_ssd, "garbage": path_garbage}
 
 
-def driver(paths: list[str], check: bool) -> int:
+def collect_specs(paths: list[str]) -> list:
+    """The kernel specs the paths launch: every path run once with the kernel lookups stubbed (nothing compiles or
+    launches; the outputs are not looked at)."""
+    from mate._tilelang import ssd as tl_ssd
+    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba import ssu as api
+
+    specs = []
+
+    def record(spec, device):
+        specs.append(spec)
+        return lambda *args: None
+
+    saved = tl_ssu.kernel, tl_ssd.kernel
+    tl_ssu.kernel = tl_ssd.kernel = record
+    try:
+        for name in paths:
+            DRIVERS[name](False)
+    finally:
+        tl_ssu.kernel, tl_ssd.kernel = saved
+        api.clear_fast_path_cache()  # (recipes made with the stubs)
+    return list(dict.fromkeys(specs))
+
+
+def driver(paths: list[str], check: bool, jobs: int = 0) -> int:
     import logging
 
     import tilelang
 
     logging.getLogger(tilelang.__name__).setLevel(logging.WARNING)
+    if jobs:
+        from mate._tilelang.cache import compile_parallel
+
+        specs = collect_specs(paths)
+        t0 = time.perf_counter()
+        failed = compile_parallel(specs, jobs=jobs, log=lambda m: None)
+        print(
+            f"compiled {len(specs) - failed}/{len(specs)} kernels in {jobs} processes, {time.perf_counter() - t0:.0f}s"
+        )
+        if failed:
+            return 1
     for name in paths:
         t0 = time.perf_counter()
         DRIVERS[name](check)
@@ -329,10 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sanitizer", default=None, help="the compute-sanitizer binary (default: CUDA_HOME, PATH)")
     ap.add_argument("--driver", default=None, help=argparse.SUPPRESS)  # internal: run paths in this process
     ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)  # internal: compare with the reference
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="compile processes of the warm-up")
     args = ap.parse_args(argv)
 
     if args.driver is not None:
-        return driver(list(PATHS) if args.driver == "all" else args.driver.split(","), args.check)
+        paths = list(PATHS) if args.driver == "all" else args.driver.split(",")
+        return driver(paths, args.check, args.jobs if args.check else 0)
 
     tools = [t for t in args.tools.split(",") if t]
     paths = [p for p in args.paths.split(",") if p]
@@ -348,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.skip_warm:
         print(f"warm-up (compile every path's kernels, check them against the reference): {', '.join(paths)}")
-        rc, out, secs = run([*me, "--driver", ",".join(paths), "--check"], args.warm_timeout)
+        rc, out, secs = run([*me, "--driver", ",".join(paths), "--check", "--jobs", str(args.jobs)], args.warm_timeout)
         print("\n".join("  " + line for line in out.strip().splitlines()[-12:]))
         if rc != 0:
             print(f"warm-up FAILED ({'timed out' if rc is None else f'exit {rc}'}, {secs:.0f}s): fix that first")
