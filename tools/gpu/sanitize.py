@@ -50,6 +50,7 @@ TOOLS = ("memcheck", "racecheck", "synccheck")
 PATHS = ("ssu-one", "ssu-packed", "ssd", "garbage")
 GARBAGE_TOOLS = ("memcheck",)  # racecheck/synccheck of the garbage path adds nothing to the valid paths' runs
 H, G, P, N = 8, 2, 64, 128
+DEV = "cuda"  # (the driver's device)
 
 
 # ------------------------------------------------------------------------------------------------- driver
@@ -61,6 +62,12 @@ def _torch():
     return torch
 
 
+def _sync():
+    from mate._device import synchronize
+
+    synchronize(_torch().device(DEV))
+
+
 def _close(what, got, want, tol):
     err = float((got.float() - want.float()).abs().max()) / max(float(want.float().abs().max()), 1e-6)
     if not err <= tol:
@@ -69,13 +76,12 @@ def _close(what, got, want, tol):
 
 def _ssu_call(kw: dict, check: bool):
     """One TileLang call (and, with ``check``, the same call on the reference with copies, compared)."""
-    torch = _torch()
     from mate.mamba import selective_state_update
 
     mutable = ("state", "intermediate_states_buffer")
     ref = {k: (v.clone() if k in mutable and v is not None else v) for k, v in kw.items()}
     y = selective_state_update(**kw, backend="tilelang")
-    torch.cuda.synchronize()
+    _sync()
     if check:
         y_ref = selective_state_update(**ref, backend="torch")
         _close("y", y, y_ref, 3e-2)
@@ -86,7 +92,7 @@ def _ssu_call(kw: dict, check: bool):
 
 def _ssu_tensors(lead, slots, state_dtype, gen, dense=False):
     torch = _torch()
-    dev = "cuda"
+    dev = DEV
     bf16 = torch.bfloat16
 
     def rnd(*shape):
@@ -112,12 +118,12 @@ def path_ssu_one(check: bool, garbage: bool = False):
             slots = torch.randperm(S, generator=gen)[: 2 * batch]
             src, dst = slots[:batch].clone(), slots[batch:].clone()
             src[0], dst[1] = -1, -1  # sentinels
-            kw.update(state_batch_indices=src.to(i32).cuda(), dst_state_batch_indices=dst.to(i32).cuda())
+            kw.update(state_batch_indices=src.to(i32).to(DEV), dst_state_batch_indices=dst.to(i32).to(DEV))
             if garbage:
                 for name, dtype, hi in (("state_batch_indices", i64, 2**40), ("dst_state_batch_indices", i32, 2**31)):
                     vals = torch.randint(-hi, hi - 1, (batch,), generator=gen, dtype=torch.int64)
                     vals[::3] = torch.randint(S, S + 1000, vals[::3].shape, generator=gen)  # just past the pool
-                    kw[name] = vals.to(dtype).cuda()  # (int32: wrapped into its range)
+                    kw[name] = vals.to(dtype).to(DEV)  # (int32: wrapped into its range)
             _ssu_call(kw, check and not garbage)
             del kw["dst_state_batch_indices"]
             _ssu_call(kw, check and not garbage)  # the final state back to the read slot
@@ -146,8 +152,8 @@ def path_ssu_packed(check: bool, garbage: bool = False):
             src = torch.randint(-(2**31), 2**31 - 1, (batch, T), generator=gen, dtype=torch.int64).to(i32)
             dst = torch.randint(-(2**31), 2**31 - 1, (batch, T), generator=gen, dtype=torch.int64).to(i32)
         kw.update(
-            cu_seqlens=cu.cuda(), num_accepted_tokens=acc.cuda(), state_batch_indices=src.cuda(),
-            dst_state_batch_indices=dst.cuda(),
+            cu_seqlens=cu.to(DEV), num_accepted_tokens=acc.to(DEV), state_batch_indices=src.to(DEV),
+            dst_state_batch_indices=dst.to(DEV),
         )  # fmt: skip
         _ssu_call(kw, check and not garbage)
         kw["disable_state_update"] = True
@@ -163,12 +169,13 @@ def path_ssu_packed(check: bool, garbage: bool = False):
             src = torch.randint(-(2**31), 2**31 - 1, (batch,), generator=gen, dtype=torch.int64).to(i32)
             parent = torch.randint(-5, 100, (batch, T), generator=gen, dtype=i32)
         kw.update(
-            intermediate_states_buffer=torch.zeros(E, T, H, P, N, device="cuda", dtype=state_dtype),
-            intermediate_state_indices=iidx.cuda(), state_batch_indices=src.cuda(), retrieve_parent_token=parent.cuda(),
+            intermediate_states_buffer=torch.zeros(E, T, H, P, N, device=DEV, dtype=state_dtype),
+            intermediate_state_indices=iidx.to(DEV), state_batch_indices=src.to(DEV),
+            retrieve_parent_token=parent.to(DEV),
         )  # fmt: skip
         _ssu_call(kw, check and not garbage)
         del kw["intermediate_state_indices"]  # entries are the read slots
-        kw["intermediate_states_buffer"] = torch.zeros(S, T, H, P, N, device="cuda", dtype=state_dtype)
+        kw["intermediate_states_buffer"] = torch.zeros(S, T, H, P, N, device=DEV, dtype=state_dtype)
         _ssu_call(kw, check and not garbage)
 
 
@@ -196,9 +203,9 @@ def _ssd_call(opts: dict, check: bool, garbage: bool, gen):
     io = getattr(torch, opts.get("io", "bfloat16"))
     st = getattr(torch, opts.get("state", "float32"))
     seqlens = (1, 50, 128, 300)
-    meta = chunk_metadata(seqlens, L, history=(0, 10, 0, 37), device="cuda")
+    meta = chunk_metadata(seqlens, L, history=(0, 10, 0, 37), device=DEV)
     T, batch, nc = sum(seqlens), len(seqlens), meta.nchunks
-    dev = "cuda"
+    dev = DEV
 
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(dev)
@@ -230,7 +237,7 @@ def _ssd_call(opts: dict, check: bool, garbage: bool, gen):
     try:
         ref = {k: (v.clone() if k in ("out", "final_states_out") and v is not None else v) for k, v in kw.items()}
         states = ssd_combined_fwd_varlen(**kw, backend="tilelang")
-        torch.cuda.synchronize()
+        _sync()
     finally:
         tl_ssd.hardware = saved
     if check and not garbage:
