@@ -29,6 +29,7 @@ TORCH = "torch==2.13.0"
 TILELANG = "tilelang==0.1.15"
 RUFF = "ruff==0.17.6"
 PYTEST = "pytest>=8"
+HYPOTHESIS = "hypothesis>=6.100"  # the contract's property tests
 NUMPY = "numpy"  # beside torch wherever torch is installed: torch warns at import without it
 
 nox.options.default_venv_backend = "venv"
@@ -85,7 +86,7 @@ def cuda_env() -> dict[str, str]:
 def tests(session: nox.Session) -> None:
     """CPU tests of every package, one pytest run per package (tests sit with the package they test)."""
     install_torch(session)
-    session.install("-c", constraints(session), PYTEST)
+    session.install("-c", constraints(session), PYTEST, HYPOTHESIS)
     install_packages(session)
     if any(os.path.exists(a) for a in session.posargs):  # explicit test paths: one run over exactly those
         session.run("pytest", "-m", "not gpu and not engine", *session.posargs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import pathlib
 import subprocess
@@ -226,3 +227,152 @@ def test_console_script_and_python_m():
         assert command in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "mate", "--version"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("mate "), proc.stderr
+
+
+# --- user mistakes: one line naming what is wrong, no traceback (``--debug`` shows it) ------------------------
+
+SMALL_MODEL = {"model_type": "nemotron_h", "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 64,
+               "n_groups": 1, "chunk_size": 64}  # fmt: skip
+
+
+def _config(tmp_path, text: str) -> str:
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        pytest.param("{not json", "not JSON (", id="not-json"),
+        pytest.param("[1, 2]", "expected a JSON object (a model's config.json), got an array", id="json-list"),
+        pytest.param('"nemotron"', "got a string", id="json-string"),
+        pytest.param('{"model_type": "nemotron_h", "mamba_num_heads": 8}', "no Mamba2 'dim' field", id="no-dim"),
+        pytest.param('{"mamba_num_heads": "8", "mamba_head_dim": 64}', "field 'mamba_num_heads': got '8'",
+                     id="field-a-string"),
+        pytest.param('{"mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 64.5}',
+                     "field 'ssm_state_size': got 64.5", id="field-not-integer"),
+        pytest.param('{"mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": -1}',
+                     "field 'n_groups': got -1", id="field-negative"),
+    ],
+)  # fmt: skip
+def test_prewarm_config_errors_name_the_file_and_the_field(tmp_path, capsys, text, says):
+    path = _config(tmp_path, text)
+    assert cli.main(["prewarm", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mate prewarm: {path}: ") and says in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_prewarm_missing_file_is_one_line(tmp_path, capsys):
+    assert cli.main(["prewarm", str(tmp_path / "nowhere"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and err.count("\n") == 1
+
+
+def _no_compiling(monkeypatch):
+    from mate._tilelang.cache import CACHE
+
+    def refuse(*a, **k):
+        raise AssertionError("a kernel was compiled")
+
+    monkeypatch.setattr(CACHE, "compile_only", refuse)
+    monkeypatch.setattr(CACHE, "get", refuse)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_100a", "hopper"])
+def test_prewarm_target_refuses_an_architecture_the_kernels_cannot_run_on(tmp_path, capsys, monkeypatch, arch):
+    _no_compiling(monkeypatch)
+    path = _config(tmp_path, json.dumps(SMALL_MODEL))
+    assert cli.main(["prewarm", path, "--target", arch]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mate prewarm: --target: got {arch!r}; expected one of sm_90a") and err.count("\n") == 1
+
+
+def test_prewarm_target_without_tilelang_is_one_line(tmp_path, capsys, monkeypatch):
+    _no_compiling(monkeypatch)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tilelang" else real(name, *a))
+    path = _config(tmp_path, json.dumps(SMALL_MODEL))
+    assert cli.main(["prewarm", path, "--target", "sm_90a"]) == 2
+    err = capsys.readouterr().err
+    assert "needs TileLang" in err and "pip install 'mate-runtime[cuda]'" in err and err.count("\n") == 1
+    assert cli.main(["prewarm", path, "--target", "sm_90a", "--dry-run"]) == 0  # listing needs no TileLang
+
+
+def test_prewarm_refuses_a_local_gpu_the_kernels_cannot_run_on(monkeypatch):
+    import torch
+    from mate import prewarm_model
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100")
+    with pytest.raises(ValueError, match=r"is sm_80 \(NVIDIA A100\); the kernels run on sm_90a"):
+        prewarm_model.check_device(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    prewarm_model.check_device(torch.device("cuda", 0))
+
+
+def test_prewarm_debug_shows_the_traceback(tmp_path):
+    path = _config(tmp_path, "[1]")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        cli.main(["--debug", "prewarm", path, "--dry-run"])
+
+
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [
+        pytest.param("gpu", "--device: got 'gpu'; expected auto, cpu, cuda, cuda:N or musa", id="gpu"),
+        pytest.param("cuda:x", "--device: got 'cuda:x'; expected", id="bad-index"),
+        pytest.param("meta", "--device: got 'meta'; expected", id="meta"),
+    ],
+)
+def test_demo_bad_device_is_one_line(capsys, device, says):
+    assert cli.main(["demo", "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mate demo: {says}") and err.count("\n") == 1
+
+
+def test_demo_cuda_without_a_cuda_device_is_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    assert cli.main(["demo", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mate demo: --device: got 'cuda'; no cuda device is usable") and "--device cpu" in err
+    assert err.count("\n") == 1
+
+
+def test_demo_unusable_backend_is_one_line(capsys):
+    assert cli.main([*SMALL_DEMO, "--backend", "tilelang"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mate demo: backend='tilelang' runs on CUDA or MUSA tensors") and err.count("\n") == 1
+
+
+def test_debug_shows_the_traceback_of_a_user_mistake():
+    from mate.demo import UsageError
+
+    with pytest.raises(UsageError, match="--device"):
+        cli.main(["--debug", "demo", "--device", "gpu"])
+
+
+def test_passthrough_user_mistake_is_one_line_unless_debug(monkeypatch, capsys):
+    mod = types.ModuleType("mate.bench.ssu")
+
+    def main(argv):
+        raise ValueError("--batch: got 0; expected a positive int")
+
+    mod.main = main
+    monkeypatch.setitem(sys.modules, "mate.bench.ssu", mod)
+    assert cli.main(["bench", "ssu", "--batch", "0"]) == 2
+    assert capsys.readouterr().err == "mate: --batch: got 0; expected a positive int\n"
+    with pytest.raises(ValueError):
+        cli.main(["--debug", "bench", "ssu", "--batch", "0"])
+
+
+def test_version_needs_nothing_else(capsys):
+    import mate
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--debug", "--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"mate {mate.__version__}"

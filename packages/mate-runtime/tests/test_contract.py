@@ -635,7 +635,13 @@ SSU_DATA_CASES = [
     ("dst_negative_not_pad", dict(dst_state_batch_indices=_t([[4, 5], [-3, 7]])), DSBI),
     ("dst_2d_too_few_columns", dict(dst_state_batch_indices=_t([[4], [6]])), DSBI),
     ("dst_flat_too_short", dict(dst_state_batch_indices=_t([4, 6])), DSBI),
-    ("acc_past_columns", dict(num_accepted_tokens=_t([3, 1])), SBI),
+    ("acc_past_columns", dict(num_accepted_tokens=_t([3, 1])), "num_accepted_tokens"),
+    ("acc_past_flat_table", dict(num_accepted_tokens=_t([1, 3]), state_batch_indices=_t([0, 2, 3]),
+                                 dst_state_batch_indices=None), "num_accepted_tokens"),
+    ("parent_past_cache_steps", _ib(torch.zeros(4, 2, H, P, N), **NO_DST) | dict(
+        cu_seqlens=None, x=torch.randn(2, 2, H, P), dt=torch.rand(2, 2, H, P), B=torch.randn(2, 2, G, N),
+        C=torch.randn(2, 2, G, N), out=None, state_batch_indices=_t([0, 1]),
+        retrieve_parent_token=_t([[-1, 2], [-1, 0]])), "retrieve_parent_token"),
     ("acc_src_past_pool", dict(num_accepted_tokens=_t([2, 1]), state_batch_indices=_t([[0, 9], [2, 3]])), SBI),
     ("acc_publish_past_pool", dict(num_accepted_tokens=_t([1, 1]), dst_state_batch_indices=None,
                                    state_batch_indices=_t([[0, 1], [2, 11]])), SBI),
@@ -680,6 +686,18 @@ def test_ssu_data_base_is_valid():
 
 SSD_DATA_CASES = [
     ("chunk_longer_than_chunk_size", dict(cu_chunk_seqlens=_t([0, 2, 20])), "cu_chunk_seqlens"),
+    # the tables of a new user's first mistakes: decreasing / short cu_seqlens, chunks ending short of the tokens
+    ("cu_seqlens_decreasing", dict(cu_seqlens=_t([0, 12, 4])), "cu_seqlens"),
+    ("cu_seqlens_short_of_tokens", dict(cu_seqlens=_t([0, 4, 19])), "cu_seqlens"),
+    ("cu_seqlens_not_from_zero", dict(cu_seqlens=_t([1, 4, 20])), "cu_seqlens"),
+    ("cu_chunk_seqlens_short_of_tokens", dict(cu_chunk_seqlens=_t([0, 4, 19])), "cu_chunk_seqlens"),
+    ("cu_chunk_seqlens_not_from_zero", dict(cu_chunk_seqlens=_t([2, 4, 20])), "cu_chunk_seqlens"),
+    ("chunk_spans_two_sequences", dict(cu_chunk_seqlens=_t([0, 8, 20]), cu_seqlens=_t([0, 4, 20])), "cu_chunk_seqlens"),
+    (
+        "too_few_chunks_for_the_tokens",
+        dict(cu_chunk_seqlens=_t([0, 4]), seq_idx=_t([0]), last_chunk_indices=_t([0, 0])),
+        "cu_chunk_seqlens",
+    ),
     ("cu_chunk_seqlens_decreasing", dict(cu_chunk_seqlens=_t([0, 4, 3])), "cu_chunk_seqlens"),
     ("cu_chunk_seqlens_past_tokens", dict(cu_chunk_seqlens=_t([0, 8, 21])), "cu_chunk_seqlens"),
     ("cu_chunk_seqlens_negative", dict(cu_chunk_seqlens=_t([-1, 4, 20])), "cu_chunk_seqlens"),
@@ -702,6 +720,104 @@ def test_ssd_reference_rejects_bad_index_data(overrides, name):
     assert str(info.value).startswith(f"{name}:"), str(info.value)
     for k, v in before.items():
         assert torch.equal(kw[k], v), f"{k} was modified by a rejected call"
+
+
+def _ssu_culprit_call(**kw):
+    base = dict(
+        state=torch.zeros(4, H, P, N), x=torch.randn(2, H, P), dt=torch.rand(2, H, P), A=-torch.rand(H),
+        B=torch.randn(2, G, N), C=torch.randn(2, G, N), D=torch.ones(H), z=torch.randn(2, H, P),
+    )  # fmt: skip
+    return selective_state_update(**(base | kw), backend="torch")
+
+
+def _ssd_culprit_call(**kw):
+    return ssd_combined_fwd_varlen(**(_ssd_base() | kw), backend="torch")
+
+
+# The argument whose shape breaks the majority is the one named, wherever the first failed check falls.
+CULPRIT_CASES = [
+    pytest.param(_ssu_culprit_call, dict(x=torch.randn(2, H + 1, P)), "x", "heads", id="ssu_x_heads"),
+    pytest.param(_ssu_culprit_call, dict(x=torch.randn(2, H, P + 1)), "x", "dim", id="ssu_x_dim"),
+    pytest.param(_ssu_culprit_call, dict(x=torch.randn(3, H, P)), "x", "rows", id="ssu_x_rows"),
+    pytest.param(_ssu_culprit_call, dict(dt=torch.rand(2, H + 1, P)), "dt", "heads", id="ssu_dt_heads"),
+    pytest.param(_ssu_culprit_call, dict(C=torch.randn(2, G, N + 1)), "C", "dstate", id="ssu_C_dstate"),
+    pytest.param(_ssd_culprit_call, dict(x=torch.randn(T, H + 1, P)), "x", "heads", id="ssd_x_heads"),
+    pytest.param(_ssd_culprit_call, dict(x=torch.randn(T + 1, H, P)), "x", "tokens", id="ssd_x_tokens"),
+    pytest.param(_ssd_culprit_call, dict(B=torch.randn(T - 1, G, N)), "B", "tokens", id="ssd_B_tokens"),
+    pytest.param(_ssd_culprit_call, dict(D=torch.ones(H + 1)), "D", "heads", id="ssd_D_heads"),
+    pytest.param(_ssd_culprit_call, dict(seq_idx=_t([0, 0, 1])), "seq_idx", "chunks", id="ssd_seq_idx_chunks"),
+]
+
+
+@pytest.mark.parametrize("call,overrides,name,quantity", CULPRIT_CASES)
+def test_shape_errors_name_the_argument_that_breaks_the_majority(call, overrides, name, quantity):
+    with pytest.raises(ValueError) as info:
+        call(**overrides)
+    assert str(info.value).startswith(f"{name}:"), str(info.value)
+    assert quantity in str(info.value), str(info.value)
+
+
+def test_without_a_majority_the_first_failed_check_names_the_argument():
+    # B and C alone carry the groups: two votes, no majority; the check on C (shaped like B) names C
+    with pytest.raises(ValueError, match="^C:"):
+        _ssu_culprit_call(C=torch.randn(2, G * 2, N))
+
+
+def test_ssd_bad_tables_leave_out_unwritten():
+    """The issue's example: a chunk table ending at 28 of 29 tokens used to leave out[28] as it was (NaN)."""
+    from mate.mamba.chunking import chunk_metadata
+
+    meta = chunk_metadata([20, 9], 16)
+    g = torch.Generator().manual_seed(3)
+    x, B = torch.randn(29, H, P, generator=g), torch.randn(29, G, N, generator=g)
+    out = torch.full_like(x, float("nan"))
+    short = meta.cu_chunk_seqlens.clone()
+    short[-1] = 28
+    with pytest.raises(ValueError, match="^cu_chunk_seqlens:.*token count \\(29\\)"):
+        ssd_combined_fwd_varlen(
+            x, torch.rand(29, H), -torch.rand(H), B, B, 16, meta.cu_seqlens, short, meta.last_chunk_indices,
+            meta.seq_idx, out, backend="torch",
+        )  # fmt: skip
+    assert out.isnan().all()
+
+
+def _tl_stubbed(monkeypatch, module):
+    """The TileLang launcher ``module`` on CPU tensors with its planner replaced by a sentinel: reaching it means
+    the index-data check let the call through."""
+
+    class Planned(Exception):
+        pass
+
+    def planned(*a, **k):
+        raise Planned
+
+    monkeypatch.setattr(module, "plan", planned)
+    return Planned
+
+
+@pytest.mark.parametrize("setting", [pytest.param("1", id="checked"), pytest.param("0", id="unchecked")])
+def test_tilelang_launchers_check_index_data_in_debug_mode(monkeypatch, setting):
+    from mate import settings
+    from mate._tilelang import ssd as tl_ssd
+    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba._ssd_call import normalize_ssd
+
+    kw, _ = _ssu_data_base()
+    kw["state_batch_indices"] = _t([[0, 1], [8, 3]])  # slot 8 of 8
+    ssu_call = normalize_ssu(**kw)
+    ssd_kw = _ssd_base() | dict(seq_idx=_t([0, 2]))
+    ssd_call = normalize_ssd(**ssd_kw)
+    for module, call, name in ((tl_ssu, ssu_call, SBI), (tl_ssd, ssd_call, "seq_idx")):
+        launcher = module.selective_state_update if module is tl_ssu else module.ssd_combined_fwd_varlen
+        Planned = _tl_stubbed(monkeypatch, module)
+        with settings.override(MATE_CHECK_INPUTS=setting):
+            if setting == "1":
+                with pytest.raises(ValueError, match=f"^{name}:"):
+                    launcher(call)
+                # never while a graph is being captured (the check reads the tables back: a sync)
+                monkeypatch.setattr(module, "is_capturing", lambda dev: True)
+            with pytest.raises(Planned):
+                launcher(call)
 
 
 # ----------------------------------------------------------------------------------- backend choice

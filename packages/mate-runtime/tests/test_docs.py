@@ -5,7 +5,8 @@ examples run, the settings table is complete.
   a ``#fragment``, a heading of it).
 - ``docs/mamba.md``'s "Enforced limits" table (between ``<!-- enforced-limits:begin -->`` and ``:end -->``) is
   parsed; each row is probed with values inside and outside its accepted set, and a value outside must raise
-  the documented error. A row without a probe here fails, so a new documented limit needs a check. Limits only
+  the documented error (rows on index data and counts name quantities of the probe's call, which the probe
+  supplies). A row without a probe here fails, so a new documented limit needs a check. Limits only
   a GPU can reach (the TileLang launchers' sequence count) are probed by GPU-marked tests, skipped elsewhere.
 - The README's and ``docs/mamba.md``'s Python examples run on the CPU (the reference backend).
 - Every variable of ``mate.settings`` is in ``docs/mamba.md``'s settings table with its default listed first.
@@ -114,9 +115,46 @@ def documented_limits() -> list[dict]:
     return limits
 
 
-def accepts(spec: str):
+def _clause(text: str, ctx: dict):
+    """A predicate for one clause of an 'accepted' cell on named quantities of the probe's call (``ctx``): index
+    data (a table's values, flattened) or a count."""
+
+    def flat(v):
+        return torch.as_tensor(v).flatten().tolist() if not isinstance(v, int) else [v]
+
+    def ascending(v):
+        return all(a <= b for a, b in zip(v, v[1:], strict=False))
+
+    if m := re.fullmatch(r"non-decreasing from 0 to (\w+)", text):
+        n = ctx[m.group(1)]
+        return lambda v: flat(v)[0] == 0 and ascending(flat(v)) and flat(v)[-1] == n
+    if m := re.fullmatch(r"non-decreasing within \[0, (\w+)\]", text):
+        n = ctx[m.group(1)]
+        return lambda v: flat(v)[0] >= 0 and ascending(flat(v)) and flat(v)[-1] <= n
+    if m := re.fullmatch(r"steps of at most (\w+)", text):
+        n = ctx[m.group(1)]
+        return lambda v: all(b - a <= n for a, b in zip(flat(v), flat(v)[1:], strict=False))
+    if m := re.fullmatch(r"no step across (\w+)", text):
+        cuts = ctx[m.group(1)]
+        return lambda v: not any(a < c < b for a, b in zip(flat(v), flat(v)[1:], strict=False) for c in cuts)
+    if m := re.fullmatch(r"in \[0, (\w+)\)( or pad_slot_id)?", text):
+        n, pad = ctx[m.group(1)], ctx["pad_slot_id"] if m.group(2) else None
+        return lambda v: all(0 <= e < n or e == pad for e in flat(v))
+    if m := re.fullmatch(r"(at most|below) (\w+)", text):
+        n = ctx[m.group(2)]
+        return lambda v: all(e <= n if m.group(1) == "at most" else e < n for e in flat(v))
+    if m := re.fullmatch(r"at least (\w+) / (\w+)", text):
+        n = -(-ctx[m.group(1)] // ctx[m.group(2)])
+        return lambda v: v >= n
+    raise AssertionError(f"test_docs.py cannot read the accepted cell clause {text!r}")
+
+
+def accepts(spec: str, ctx: dict | None = None):
     """A predicate for the table's 'accepted' cell: a comma list, 'multiples of n', 'at most n' or 'powers of two
-    from n'."""
+    from n'; with ``ctx`` (the named quantities of the probe's call), '; '-separated clauses on them."""
+    if ctx is not None:
+        preds = [_clause(c.strip(), ctx) for c in spec.split(";")]
+        return lambda v: all(p(v) for p in preds)
     if m := re.fullmatch(r"powers of two from (\d+)", spec):
         k = int(m.group(1))
         return lambda v: v >= k and not v & (v - 1)
@@ -177,7 +215,62 @@ def tl_check(**kw):
     _check_supported(args["dim"], args["dstate"], args["chunk_size"], args["io_dtype"])
 
 
-# (backend, op, parameter) -> (values to probe, call with one value). The accepted values must pass, the
+def _i(v):
+    return torch.tensor(v, dtype=torch.int32)
+
+
+SSD_TABLES = dict(cu_seqlens=[0, 12, 20], cu_chunk_seqlens=[0, 8, 12, 20], seq_idx=[0, 0, 1], last_chunk_indices=[1, 2])
+SSD_CTX = dict(tokens=20, chunk_size=8, cu_seqlens=[0, 12, 20], batch=2, nchunks=3, slots=3)
+
+
+def ssd_tables(**tables):
+    """A prefill of 20 tokens in two sequences (12 + 8), chunk size 8, with some tables replaced."""
+    from mate.mamba import ssd_combined_fwd_varlen
+
+    t = {k: _i(v) for k, v in (SSD_TABLES | tables).items()}
+    fsi = t.pop("final_state_indices", None)
+    pool = dict(final_states_out=torch.zeros(3, 2, 4, 4), final_state_indices=fsi) if fsi is not None else {}
+    x, B = torch.randn(20, 2, 4), torch.randn(20, 1, 4)
+    return ssd_combined_fwd_varlen(
+        x, torch.rand(20, 2), -torch.rand(2), B, B, 8, t["cu_seqlens"], t["cu_chunk_seqlens"],
+        t["last_chunk_indices"], t["seq_idx"], **pool, backend="torch",
+    )  # fmt: skip
+
+
+def ssd_nchunks(n):
+    """The 20-token prefill chunked into ``n`` chunks of at most 8 tokens where possible (none crossing token 12)."""
+    cuts = {1: [0, 20], 2: [0, 12, 20], 3: [0, 8, 12, 20], 4: [0, 4, 8, 12, 20], 5: [0, 4, 8, 12, 16, 20]}[n]
+    seq = [0 if a < 12 else 1 for a in cuts[:-1]]
+    last = [seq.index(1) - 1 if 1 in seq else 0, n - 1]
+    return ssd_tables(cu_chunk_seqlens=cuts, seq_idx=seq, last_chunk_indices=last)
+
+
+SSU_CTX = dict(slots=4, pad_slot_id=-1, rows=4, columns=2, entries=3, cache_steps=2)
+
+
+def ssu_tables(form, **tables):
+    """A decode call over a 4-slot pool: ``one`` token for 2 sequences, ``packed`` rows (4, cu_seqlens),
+    ``dense`` 2 x 2 tokens with 2-D tables, ``ibuf`` the dense form into a [3, 2] intermediate buffer."""
+    from mate.mamba import selective_state_update
+
+    H, P, N = 2, 4, 8
+    lead = {"one": (2,), "packed": (4,), "dense": (2, 2), "ibuf": (2, 2)}[form]
+    kw = dict(
+        state=torch.zeros(4, H, P, N), x=torch.randn(*lead, H, P), dt=torch.rand(*lead, H, P), A=-torch.rand(H),
+        B=torch.randn(*lead, 1, N), C=torch.randn(*lead, 1, N), D=None,
+    )  # fmt: skip
+    if form == "packed":
+        kw |= dict(cu_seqlens=_i([0, 2, 4]), state_batch_indices=_i([0, 1]))
+    elif form == "dense":
+        kw |= dict(state_batch_indices=_i([[0, 1], [2, 3]]))
+    elif form == "ibuf":
+        kw |= dict(state_batch_indices=_i([0, 1]), intermediate_states_buffer=torch.zeros(3, 2, H, P, N))
+    kw |= {k: _i(v) for k, v in tables.items()}
+    return selective_state_update(**kw, backend="torch")
+
+
+# (backend, op, parameter) -> (values to probe, call with one value[, the named quantities the accepted cell's
+# clauses read]). The accepted values must pass, the
 # others raise the documented error. TileLang probes use the planner's shape check, which needs no GPU.
 PROBES = {
     ("tilelang", "ssd", "dstate"): ((16, 32, 48, 64, 96, 128, 192, 256, 320, 512), lambda v: tl_check(dstate=v)),
@@ -191,6 +284,72 @@ PROBES = {
     ("every", "ssu", "state_dtype"): (FLOATS, lambda v: run_ssu(state=v)),
     ("every", "ssu", "io_dtype"): (FLOATS, lambda v: run_ssu(io=v)),
     ("every", "ssu", "index_dtype"): ((torch.int32, torch.int64, torch.int16, torch.uint8), lambda v: run_ssu(idx=v)),
+    ("every", "ssd", "chunks"): ((1, 2, 3, 4, 5), ssd_nchunks, SSD_CTX),
+    ("index data", "ssd", "cu_seqlens"): (
+        ([0, 12, 20], [0, 8, 20], [0, 20, 12], [0, 12, 19], [1, 12, 20], [0, 12, 21], [-1, 12, 20]),
+        lambda v: ssd_tables(cu_seqlens=v),
+        SSD_CTX,
+    ),
+    ("index data", "ssd", "cu_chunk_seqlens"): (
+        (
+            [0, 8, 12, 20],
+            [0, 4, 12, 20],
+            [0, 8, 12, 12],
+            [0, 8, 16, 20],
+            [0, 8, 12, 19],
+            [0, 12, 8, 20],
+            [0, 2, 12, 20],
+            [1, 8, 12, 20],
+            [0, 8, 12, 21],
+        ),
+        lambda v: ssd_tables(cu_chunk_seqlens=v),
+        SSD_CTX,
+    ),  # fmt: skip
+    ("index data", "ssd", "seq_idx"): (
+        ([0, 0, 1], [0, 1, 1], [1, 1, 1], [0, 0, 2], [-1, 0, 1]),
+        lambda v: ssd_tables(seq_idx=v),
+        SSD_CTX,
+    ),
+    ("index data", "ssd", "last_chunk_indices"): (
+        ([1, 2], [0, 0], [2, 3], [-1, 2]),
+        lambda v: ssd_tables(last_chunk_indices=v),
+        SSD_CTX,
+    ),
+    ("index data", "ssd", "final_state_indices"): (
+        ([0, 2], [2, 1], [0, 3], [-1, 0]),
+        lambda v: ssd_tables(final_state_indices=v),
+        SSD_CTX,
+    ),
+    ("index data", "ssu", "cu_seqlens"): (
+        ([0, 2, 4], [0, 1, 3], [0, 0, 4], [0, 3, 2], [-1, 2, 4], [0, 2, 5]),
+        lambda v: ssu_tables("packed", cu_seqlens=v),
+        SSU_CTX,
+    ),
+    ("index data", "ssu", "state_batch_indices"): (
+        ([0, 1], [3, 2], [-1, 2], [4, 0], [-2, 0]),
+        lambda v: ssu_tables("one", state_batch_indices=v),
+        SSU_CTX,
+    ),
+    ("index data", "ssu", "dst_state_batch_indices"): (
+        ([[0, 1], [2, 3]], [[-1, 1], [2, 3]], [[0, 4], [2, 3]], [[0, 1], [-5, 3]]),
+        lambda v: ssu_tables("dense", dst_state_batch_indices=v),
+        SSU_CTX,
+    ),
+    ("index data", "ssu", "num_accepted_tokens"): (
+        ([1, 2], [0, 0], [2, 2], [3, 1], [1, 5]),
+        lambda v: ssu_tables("dense", num_accepted_tokens=v),
+        SSU_CTX,
+    ),
+    ("index data", "ssu", "intermediate_state_indices"): (
+        ([0, 2], [2, 1], [3, 0], [-1, 0]),
+        lambda v: ssu_tables("ibuf", intermediate_state_indices=v),
+        SSU_CTX,
+    ),
+    ("index data", "ssu", "retrieve_parent_token"): (
+        ([[-1, 0], [-1, 1]], [[-1, -1], [-1, -1]], [[-1, 2], [-1, 0]], [[0, 0], [-1, 3]]),
+        lambda v: ssu_tables("ibuf", retrieve_parent_token=v),
+        SSU_CTX,
+    ),
 }
 # Limits that only a GPU launch reaches: checked by the GPU tests below.
 GPU_ONLY = {("tilelang", "ssu", "sequences"), ("tilelang", "ssd", "sequences")}
@@ -211,8 +370,8 @@ def test_documented_limit_is_enforced(limit):
         pytest.skip("reached only by a TileLang launch on a GPU: test_sequence_limit_on_gpu checks it")
     assert key in PROBES, f"docs/mamba.md documents {key} but test_docs.py has no probe for it: add one"
     error = ERRORS[limit["error"]]
-    ok = accepts(limit["accepted"])
-    values, call = PROBES[key]
+    values, call, *ctx = PROBES[key]
+    ok = accepts(limit["accepted"], *ctx)
     assert any(ok(v) for v in values) and not all(ok(v) for v in values), f"{key}: probes on one side only"
     for v in values:
         if ok(v):

@@ -120,7 +120,12 @@ def test_too_many_sequences_raise():
     x = torch.zeros(rows, 1, 8)
     B = torch.zeros(rows, 1, 16)
     with pytest.raises(NotImplementedError, match="sequences"):
-        tl_ssu.plan(normalize_ssu(state, x, torch.zeros(rows, 1, 8), -torch.ones(1), B, B.clone(), None))
+        pads = torch.full((rows,), -1, dtype=torch.int32)  # (without a table each sequence needs its own slot)
+        tl_ssu.plan(
+            normalize_ssu(
+                state, x, torch.zeros(rows, 1, 8), -torch.ones(1), B, B.clone(), None, state_batch_indices=pads
+            )
+        )
 
 
 def test_nothing_to_launch():

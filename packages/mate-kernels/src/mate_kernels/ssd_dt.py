@@ -18,6 +18,11 @@ One launch of :func:`ssd_dt_kernel` does two independent jobs, so the runs table
   - ``dest [nchunks]``: the row of the state output that receives the end state of chunk ``c``
     (``b`` or ``final_state_indices[b]`` where ``last_chunk_indices[b] == c``, else -1).
 
+Index guards: a tile's first token is clamped into ``[0, T]`` and its valid tokens to the tokens left, so neither
+the dt reads nor the chunk scan's stores of the rows the record calls valid leave the tensors whatever
+``cu_chunk_seqlens`` holds; ``last_chunk_indices`` outside the chunks are ignored, and the scan guards the state
+rows ``final_state_indices`` and ``seq_idx`` name.
+
 Fully parallel: it takes the dt loads, the softplus, the scan and the ``exp2`` of the decays off the chunk scan's
 serial per-tile path.
 """
@@ -172,8 +177,10 @@ def ssd_dt_kernel(
         i = T.get_thread_binding()
         c = vt // S
         sub = vt % S
-        s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
-        n_valid = T.Cast("int32", cu_chunk_seqlens[c + 1]) - s0
+        # clamped into the tokens (a no-op for valid chunk tables): the dt reads below and the scan's stores of the
+        # tile's valid rows stay inside the tensors whatever cu_chunk_seqlens holds
+        s0 = T.min(T.max(T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL, 0), T_)
+        n_valid = T.min(T.Cast("int32", cu_chunk_seqlens[c + 1]), T_) - s0
         if HB == 1:
             a_s = T.alloc_shared((BL,), accum)
             b_s = T.alloc_shared((BL,), accum)

@@ -44,6 +44,11 @@ the runs of k consecutive sequences in one pipelined loop, re-opening the state 
 other kernel). The producer loads the next sequence's first tiles while the consumers finish the current one, and
 the grid has k times fewer CTAs; the CTAs in flight stay on neighbouring heads of the same sequences.
 
+Index guards: the chunk-end state row (``final_state_indices`` through the runs table) and the initial state
+``seq_idx`` names are read or written only inside their tensors (else nothing is written, and the state enters as
+zero); the tile rows stored are the pre-pass's valid ones, clamped into the tokens there; TMA bounds the tile
+loads. Whatever the tables hold, no access leaves the tensors.
+
 Token, chunk and batch counts are ``T.dynamic``. Factories take plain Python values only.
 """
 
@@ -248,10 +253,11 @@ def ssd_fused_kernel(
             if n_tiles > 0:
                 if has_init:
                     sq_first = T.Cast("int32", seq_idx[c_first])
-                    for n, p in T.Parallel(N, BP):
-                        state[n, p] = T.Cast(accum, initial_states[sq_first, h, p0 + p, n])
-                    if prefetch:
-                        prefetch_next_init(initial_states, sq_first + 1, h, p0)
+                    if sq_first >= 0 and sq_first < Bi:  # a seq_idx outside the initial states: zero state
+                        for n, p in T.Parallel(N, BP):
+                            state[n, p] = T.Cast(accum, initial_states[sq_first, h, p0 + p, n])
+                        if prefetch:
+                            prefetch_next_init(initial_states, sq_first + 1, h, p0)
             for j in T.Pipelined(n_tiles, num_stages=num_stages):
                 c = c_first + j // S
                 sub = j % S
@@ -277,7 +283,7 @@ def ssd_fused_kernel(
                 # Entering state (the CTA's first one was loaded before the loop).
                 opens = T.if_then_else(j > 0, opens, 0)
                 if opens == 1:
-                    if has_init:
+                    if has_init and sq < Bi:  # (sq >= 0 where the tile opens; outside the initial states: zero)
                         for n, p in T.Parallel(N, BP):
                             state[n, p] = T.Cast(accum, initial_states[sq, h, p0 + p, n])
                         if prefetch:
@@ -363,7 +369,7 @@ def ssd_fused_kernel(
                     if intermediate:
                         for n, p in T.Parallel(N, BP):
                             states_out[c, h, p0 + p, n] = state[n, p]
-                    elif d_row[0] >= 0:
+                    elif d_row[0] >= 0 and d_row[0] < So:  # a row outside the state output is not written
                         for n, p in T.Parallel(N, BP):
                             states_out[d_row[0], h, p0 + p, n] = state[n, p]
             T.tma_store_wait()  # the last tile's store has read shared memory before the CTA exits

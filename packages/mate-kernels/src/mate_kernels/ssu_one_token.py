@@ -1,13 +1,14 @@
 """The one-token SSU kernel: one token per sequence (rows = sequences), as in a plain decode step.
 
 CTA ``(pb, h, b)`` owns ``block_p`` state rows of head ``h`` for sequence ``b``: it reads the state from slot
-``src(b, 0)`` (or ``b``; the sentinel ``pad`` means no state: zeros, nothing written), updates it once,
-``s = s exp(A dt) + dt x B``, writes ``y = s . C (+ D x) (* silu(z))`` and stores the state once, to ``dst(b, 0)``
-(else the read slot) unless ``mode`` is ``MODE_NONE``. Every input load is issued before the first use of any of
-them (branch-free: absent inputs are read at index 0 of their dummy and masked arithmetically), so the loads'
-latencies overlap. The row reduction of ``y`` is the plain one (every row on its own; lane 0 writes every row's
-``y``): the transposed one measured no faster here (slower with bf16 states, level with fp32; 2026-12-01 at 7390f7b
-on the H200).
+``src(b, 0)`` (or ``b``; the sentinel ``pad`` means no state: zeros, nothing written), updates it once, ``s = s
+exp(A dt) + dt x B``, writes ``y = s . C (+ D x) (* silu(z))`` and stores the state once, to ``dst(b, 0)`` (else the
+read slot) unless ``mode`` is ``MODE_NONE``. Slots outside the pool are guarded: such a read slot reads as the
+sentinel, such a destination is skipped (the slot tables' own extents are the normaliser's to check). Every input
+load is issued before the first use of any of them (branch-free: absent inputs are read at index 0 of their dummy
+and masked arithmetically), so the loads' latencies overlap. The row reduction of ``y`` is the plain one (every row
+on its own; lane 0 writes every row's ``y``): the transposed one measured no faster here (slower with bf16 states,
+level with fp32; 2026-12-01 at 7390f7b on the H200).
 
 ``pack_early`` (2-byte states): each updated state value is converted back to the stored dtype right after its
 recurrence step (into the registers it was loaded into), so no fp32 copy of the whole state stays live across the
@@ -27,7 +28,7 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
     load_A, load_D, fetch_state, convert_state = ops.load_A, ops.load_D, ops.fetch_state, ops.convert_state
     apply_softplus, recur_and_reduce, write_y = ops.apply_softplus, ops.recur_and_reduce, ops.write_y
     store_raw, store_state = ops.store_raw, ops.store_state
-    H = ty.H
+    H, S = ty.H, ty.S
     state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
     z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
     f32 = "float32"
@@ -114,6 +115,9 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                     for i in T.unroll(VEC):
                         rc[v * VEC + i] = Cv[b, g, n0 + i]
             slot = T.if_then_else(hs != 0, src_val, b64)
+            # a read slot outside the pool reads as the sentinel (zero state, nothing written): no access
+            # leaves the pool whatever the table holds
+            slot = T.if_then_else(T.And(slot >= 0, slot < T.cast(S, i64)), slot, pad)
             if slot != pad:
                 fetch_state(raw, pool, slot, h, pb, tx)
             if pack_early:
@@ -135,7 +139,7 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 wslot = slot
                 if (flags & FLAG_DST) != 0:
                     wslot = T.cast(dst[b64 * dst_sb], i64)
-                if wslot != pad:
+                if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):  # a destination outside the pool is skipped
                     if pack_early:
                         store_raw(raw, pool, wslot, h, pb, tx)
                     else:

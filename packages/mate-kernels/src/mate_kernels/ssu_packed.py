@@ -8,6 +8,12 @@ table's slot; ``MODE_INTERMEDIATE``: to the intermediate buffer), once at the en
 ``parent`` (SGLang's tree of draft tokens), token ``t > 0`` first reloads the state its parent token left in the
 intermediate buffer.
 
+Index guards: the row range ``cu_seqlens`` gives a sequence is clamped into the rows of x; a read slot outside
+the pool, or read from past its table (an accepted-token count too large), is the sentinel; a destination outside
+the pool or its table, an intermediate entry outside the buffer, a token past ``cache_steps`` and a parent outside
+``[0, cache_steps)`` are skipped. Whatever the tables hold, no access leaves the tensors (the values themselves are
+checked on the host by the reference and, in the debugging mode, before the kernels).
+
 The per-token inputs (B, C, x, z, dt and the destination slot) of up to ``TMAX`` tokens are staged in shared
 memory at once, all their loads in flight together, so a sequence's tokens do not pay one global-memory latency
 each. The row reduction of ``y`` is the transposed one (see :func:`.ssu_parts.row_ops`): against the plain one
@@ -39,7 +45,7 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
     load_A, load_D, fetch_state, convert_state = ops.load_A, ops.load_D, ops.fetch_state, ops.convert_state
     apply_softplus, recur_and_reduce, write_y = ops.apply_softplus, ops.recur_and_reduce, ops.write_y
     store_state, reload_state = ops.store_state, ops.reload_state
-    H = ty.H
+    H, S, R_, LS, LD, K = ty.H, ty.S, ty.R, ty.LS, ty.LD, ty.K
     state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
     z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
     cu_t, acc_t, ibuf_t, iidx_t, par_t = ty.cu, ty.acc, ty.ibuf, ty.iidx, ty.parent
@@ -63,13 +69,16 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
 
     @T.macro
     def stage(Bs, Cs, xs, dts, zs, dsl, sb, sc, sx, sz, sd, Bv, Cv, x, dt, dt_bias, z, dst, row0, t0, cnt, h, g, pb,
-              tx, flags, mode, b64, dst_sb, dst_st):  # fmt: skip
+              tx, flags, mode, b64, dst_sb, dst_st, pad):  # fmt: skip
         hz = bit(flags, FLAG_Z)
         hb = bit(flags, FLAG_DT_BIAS)
         hw = T.cast(mode == MODE_PER_TOKEN, i64)
         # phase 1: every global load of the chunk into registers (indices clamped into the chunk)
         tw = T.min(tx, cnt - 1)
-        dsl_v = T.cast(dst[(b64 * dst_sb + T.cast(t0 + tw, i64) * dst_st) * hw], i64)
+        # a destination entry past the table (or a slot outside the pool) is skipped: read as the sentinel
+        di = (b64 * dst_sb + T.cast(t0 + tw, i64) * dst_st) * hw
+        dsl_v = T.cast(dst[T.min(di, T.cast(LD, i64) - 1)], i64)
+        dsl_v = T.if_then_else(T.And(di < T.cast(LD, i64), T.And(dsl_v >= 0, dsl_v < T.cast(S, i64))), dsl_v, pad)
         for k in T.unroll(K_BC):
             e = tx + k * TH
             tt = T.min(e // NCH, cnt - 1)
@@ -204,8 +213,9 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
             g = h // ratio
             b64 = T.cast(b, i64)
             if (flags & FLAG_CU) != 0:
-                bos = T.cast(cu[b], "int32")
-                ntok = T.cast(cu[b + 1], "int32") - bos
+                # clamped into the rows of x: no row outside the tensors whatever cu_seqlens holds
+                bos = T.min(T.max(T.cast(cu[b], "int32"), 0), R_)
+                ntok = T.min(T.max(T.cast(cu[b + 1], "int32"), bos), R_) - bos
             else:
                 bos = b * seqlen
                 ntok = seqlen
@@ -214,12 +224,18 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                 rpos = T.max(T.cast(acc_tok[b], i64) - 1, T.int64(0))
             slot = b64
             if (flags & FLAG_SRC) != 0:
-                slot = T.cast(src[b64 * src_sb + rpos * src_st], i64)
+                si = b64 * src_sb + rpos * src_st  # past the table (an accepted count too large): the sentinel
+                slot = T.cast(src[T.min(T.max(si, T.int64(0)), T.cast(LS, i64) - 1)], i64)
+                slot = T.if_then_else(T.And(si >= 0, si < T.cast(LS, i64)), slot, pad)
+            # a read slot outside the pool reads as the sentinel (zero state, nothing written)
+            slot = T.if_then_else(T.And(slot >= 0, slot < T.cast(S, i64)), slot, pad)
             ientry = b64
             if (flags & FLAG_IIDX) != 0:
                 ientry = T.cast(iidx[b], i64)
             elif (flags & FLAG_SRC) != 0:
                 ientry = slot
+            # an intermediate entry outside the buffer: nothing is reloaded from or written to it
+            ilive = T.And(ientry >= 0, ientry < T.cast(K, i64) // T.max(cache_steps, T.int64(1)))
             load_A(Av, A, h, pb, tx)
             load_D(dv, D, h, pb, tx, flags)
             if slot != pad:
@@ -228,16 +244,16 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                 t0 = c * TMAX
                 cnt = T.min(ntok - t0, TMAX)
                 stage(Bs, Cs, xs, dts, zs, dsl, sb, sc, sx, sz, sd, Bv, Cv, x, dt, dt_bias, z, dst, bos + t0, t0, cnt,
-                      h, g, pb, tx, flags, mode, b64, dst_sb, dst_st)  # fmt: skip
+                      h, g, pb, tx, flags, mode, b64, dst_sb, dst_st, pad)  # fmt: skip
                 T.sync_threads()
                 if c == 0:
                     convert_state(s, raw, slot != pad)
                 for tt in T.serial(cnt):
                     t = t0 + tt
                     if (flags & FLAG_PARENT) != 0:
-                        if t > 0 and slot != pad:
+                        if t > 0 and slot != pad and ilive:
                             par = T.cast(parent[b, t], i64)
-                            if par >= 0:
+                            if par >= 0 and par < cache_steps:  # a parent outside the entry is not reloaded
                                 reload_state(s, ibv, ibv_buf, ientry * cache_steps + par, h, pb, tx)
                     token_from_smem(xv, dtv, zv, bv, cv, Bs, Cs, xs, dts, zs, tt, tx)
                     recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
@@ -248,13 +264,14 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                             if wslot != pad:
                                 store_state(s, buf, pool, wslot, h, pb, tx)
                         elif mode == MODE_INTERMEDIATE:
-                            store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
+                            if ilive and t < cache_steps:  # tokens past the entry's steps are not written
+                                store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
                 T.sync_threads()
             if mode == MODE_FINAL and slot != pad and ntok > 0:
                 wslot = slot
                 if (flags & FLAG_DST) != 0:
                     wslot = T.cast(dst[b64 * dst_sb], i64)
-                if wslot != pad:
+                if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):  # a destination outside the pool is skipped
                     store_state(s, buf, pool, wslot, h, pb, tx)
 
     return ssu_packed

@@ -33,6 +33,11 @@ def tensor_types(T, *, dim, dstate, state_dtype, io_dtype, dt_dtype, d_dtype, dt
 
     return SimpleNamespace(
         H=H,
+        S=S,  # pool slots, rows, table lengths and intermediate entries: the bounds the kernels guard indices by
+        R=R_,
+        LS=LS,
+        LD=LD,
+        K=K,
         state=T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype),
         x=T.StridedTensor((R_, H, P), (sx0, sx1, sx2), io_dtype),
         dt=T.StridedTensor((R_, H, P), (sd0, sd1, sd2), dt_dtype),

@@ -22,8 +22,45 @@ def describe(t: Any) -> str:
     return repr(t)
 
 
+class _Shown(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def values(t: torch.Tensor, limit: int = 16) -> str:
+    """The values of an index table for an error message (a long one elided in the middle)."""
+    v = t.tolist()
+    if len(v) <= limit:
+        return _Shown(v)
+    return _Shown(f"[{', '.join(map(str, v[:8]))}, ..., {', '.join(map(str, v[-4:]))}] ({len(v)} entries)")
+
+
 def bad_arg(name: str, value: Any, expected: str) -> NoReturn:
     raise ValueError(f"{name}: got {describe(value)}; expected {expected}")
+
+
+def majority_culprit(quantities: dict[str, list[tuple[str, Any, Any]]]) -> ValueError | None:
+    """The error naming the argument that breaks the majority, for a call whose shapes disagree.
+
+    ``quantities`` maps a quantity (``"heads"``) to ``(argument name, argument, its value of the quantity)`` for
+    every argument that carries it (value None: the argument is absent or not of a form that shows it). For the
+    first quantity on which a strict majority of the arguments agree and some disagree, the first dissenter is
+    named; None when every quantity is unanimous or has no strict majority (the first failed check then names
+    the argument, as it would anyway)."""
+    for quantity, votes in quantities.items():
+        votes = [v for v in votes if v[2] is not None]
+        counts: dict = {}
+        for _, _, value in votes:
+            counts[value] = counts.get(value, 0) + 1
+        if len(counts) < 2:
+            continue
+        value, n = max(counts.items(), key=lambda kv: kv[1])
+        if 2 * n <= len(votes):
+            continue
+        agree = ", ".join(name for name, _, v in votes if v == value)
+        name, arg, got = next(v for v in votes if v[2] != value)
+        return ValueError(f"{name}: got {describe(arg)}; expected {quantity} {value} as in {agree} (it has {got})")
+    return None
 
 
 def unsupported(capability: str, hint: str = "") -> NoReturn:

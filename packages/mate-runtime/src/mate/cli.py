@@ -10,6 +10,9 @@
 - ``mate prewarm [args]``: compile the kernels a model configuration needs (``mate.prewarm_model``).
 - ``mate cache list|verify|clear|export FILE|import FILE``: MATE's compiled-kernel cache (``MATE_CACHE_DIR``).
 
+A user's mistake (a bad option value, a file that cannot be read, a capability the device lacks) ends in one
+line on stderr and exit status 2; ``mate --debug COMMAND ...`` shows the traceback instead.
+
 Heavy imports (torch work, TileLang, the benchmark modules) happen inside the subcommands.
 """
 
@@ -215,8 +218,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return cmd_demo(args)
 
 
-def run_module_main(module: str, argv: list[str]) -> int:
-    """Import ``module`` lazily and call its ``main(argv)``; a missing module is reported, not a traceback."""
+# What a user's mistake raises (reported in one line unless --debug); anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, NotImplementedError, OSError, ModuleNotFoundError)
+
+
+def run_module_main(module: str, argv: list[str], debug: bool = False) -> int:
+    """Import ``module`` lazily and call its ``main(argv)``; a missing module is reported, not a traceback, and so
+    is a user's mistake (unless ``debug``)."""
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -225,7 +233,13 @@ def run_module_main(module: str, argv: list[str]) -> int:
         else:
             print(f"mate: {module} needs the module {exc.name!r}, which is not installed ({exc})", file=sys.stderr)
         return 1
-    rc = mod.main(argv)
+    try:
+        rc = mod.main(argv)
+    except USER_ERRORS as exc:
+        if debug:
+            raise
+        print(f"mate: {exc}", file=sys.stderr)
+        return 2
     return int(rc) if isinstance(rc, int) else 0
 
 
@@ -237,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="mate", description="MATE: Mamba2 state-space kernels in TileLang.")
     p.add_argument("--version", action="version", version=f"mate {__version__}", help="print the version and exit")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     info = sub.add_parser(
@@ -307,11 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = argv[:1] == ["--debug"]
+    rest = argv[1:] if debug else argv
     # bench / prewarm hand every remaining argument (``--help`` included) to the module's own parser.
-    if argv[:1] == ["prewarm"]:
-        return run_module_main(PASSTHROUGH[("prewarm",)][0], argv[1:])
-    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in ("ssu", "ssd"):
-        return run_module_main(PASSTHROUGH[("bench", argv[1])][0], argv[2:])
+    if rest[:1] == ["prewarm"]:
+        return run_module_main(PASSTHROUGH[("prewarm",)][0], rest[1:] + ["--debug"] * debug, debug)
+    if rest[:1] == ["bench"] and len(rest) > 1 and rest[1] in ("ssu", "ssd"):
+        return run_module_main(PASSTHROUGH[("bench", rest[1])][0], rest[2:], debug)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -319,9 +336,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except UsageError as exc:  # a bad option value: one line, not a traceback
+    except (UsageError, *USER_ERRORS) as exc:  # a user's mistake: one line, not a traceback
+        if args.debug:
+            raise
         print(f"mate {args.command}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"mate {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

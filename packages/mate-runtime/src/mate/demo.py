@@ -100,6 +100,36 @@ DEMO_SHAPES = {
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def parse_device(text: str):
+    """The ``--device`` value as a usable torch device, else a UsageError in one line (an unknown name, or an
+    accelerator this torch build or machine does not have)."""
+    import torch
+
+    from ._device import ACCELERATOR_TYPES
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device: got {text!r}; expected auto, cpu, cuda, cuda:N or musa") from None
+    if device.type == "cpu":
+        return device
+    if device.type not in ACCELERATOR_TYPES:
+        raise UsageError(f"--device: got {text!r}; expected auto, cpu, cuda, cuda:N or musa")
+    mod = getattr(torch, device.type, None)
+    try:
+        count = mod.device_count() if mod is not None and mod.is_available() else 0
+    except Exception:  # a torch build without that backend reports through exceptions
+        count = 0
+    if count == 0:
+        build = f"torch {torch.__version__}" + (
+            " (a CPU-only build)" if device.type == "cuda" and not torch.version.cuda else ""
+        )
+        raise UsageError(f"--device: got {text!r}; no {device.type} device is usable with {build}; try --device cpu")
+    if device.index is not None and device.index >= count:
+        raise UsageError(f"--device: got {text!r}; expected an index below {count} (the {device.type} devices here)")
+    return device
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
@@ -111,7 +141,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.device == "auto":
         device = default_accelerator() or torch.device("cpu")
     else:
-        device = torch.device(args.device)
+        device = parse_device(args.device)
     defaults = DEMO_SHAPES["cpu" if device.type == "cpu" else "accelerator"]
     H = args.heads if args.heads is not None else defaults["heads"]
     G = args.groups if args.groups is not None else defaults["groups"]

@@ -50,6 +50,10 @@ class ModelSSM:
     chunk_size: int
 
 
+# The CUDA architectures the kernels run on (wgmma and TMA: Hopper), for --target and the local GPU.
+KERNEL_ARCHS = ("sm_90a",)
+
+
 def _first(cfg: dict, names, default=None):
     for n in names:
         if cfg.get(n) is not None:
@@ -57,27 +61,87 @@ def _first(cfg: dict, names, default=None):
     return default
 
 
+def _field(path: str, cfg: dict, names, default=None, *, number=int):
+    """The first of the fields ``names`` present in ``cfg``, checked to be a positive number (``number`` int:
+    an integer; float: any number), else ``default``. Raises ValueError naming the file and the field."""
+    for n in names:
+        v = cfg.get(n)
+        if v is None:
+            continue
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+        if number is int and isinstance(v, float):
+            ok = ok and v.is_integer()
+        if not ok:
+            kind = "a positive integer" if number is int else "a positive number"
+            raise ValueError(f"{path}: field '{n}': got {v!r}; expected {kind}")
+        return number(v)
+    return default
+
+
 def read_config(path: str) -> ModelSSM:
     """The SSM dimensions of a model's ``config.json`` (a nested ``text_config`` / ``llm_config`` is searched
-    too). Raises ValueError naming the missing field."""
+    too). Raises ValueError naming the file and the field (a file that is not a JSON object, a field missing or
+    not a positive integer); OSError when the file cannot be read."""
     with open(path) as f:
-        cfg = json.load(f)
+        text = f.read()
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(cfg, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(cfg), "a number")
+        raise ValueError(f"{path}: expected a JSON object (a model's config.json), got {kind}")
     for nested in ("text_config", "llm_config", "language_config"):
         if isinstance(cfg.get(nested), dict) and _first(cfg[nested], FIELDS["dstate"]) is not None:
             cfg = {**cfg, **cfg[nested]}
     mtype = str(cfg.get("model_type", "unknown"))
-    dim = _first(cfg, FIELDS["dim"], 64 if mtype == "mamba2" else None)
-    heads = _first(cfg, FIELDS["heads"])
-    if heads is None and dim and cfg.get("hidden_size"):
-        expand = _first(cfg, ("mamba_expand", "expand"), 2)
-        heads = int(expand * cfg["hidden_size"]) // int(dim)
-    dstate = _first(cfg, FIELDS["dstate"])
-    groups = _first(cfg, FIELDS["groups"], 1)
-    chunk = _first(cfg, FIELDS["chunk_size"], 256)
+    dim = _field(path, cfg, FIELDS["dim"], 64 if mtype == "mamba2" else None)
+    heads = _field(path, cfg, FIELDS["heads"])
+    hidden = _field(path, cfg, ("hidden_size",))
+    if heads is None and dim and hidden:
+        expand = _field(path, cfg, ("mamba_expand", "expand"), 2, number=float)
+        heads = int(expand * hidden) // dim
+    dstate = _field(path, cfg, FIELDS["dstate"])
+    groups = _field(path, cfg, FIELDS["groups"], 1)
+    chunk = _field(path, cfg, FIELDS["chunk_size"], 256)
     for field, v in (("heads", heads), ("dim", dim), ("dstate", dstate)):
         if v is None:
             raise ValueError(f"{path}: no Mamba2 '{field}' field found (tried {', '.join(FIELDS[field])})")
-    return ModelSSM(mtype, int(heads), int(dim), int(dstate), int(groups), int(chunk))
+    return ModelSSM(mtype, heads, dim, dstate, groups, chunk)
+
+
+def check_target(arch: str) -> None:
+    """ValueError unless ``arch`` is an architecture the kernels run on (:data:`KERNEL_ARCHS`)."""
+    if arch not in KERNEL_ARCHS:
+        raise ValueError(
+            f"--target: got {arch!r}; expected one of {', '.join(KERNEL_ARCHS)} (the kernels use Hopper's TMA and "
+            "wgmma; MATE serves other devices from the reference backend, which needs no compiling)"
+        )
+
+
+def check_tilelang() -> None:
+    """ValueError (one line) when TileLang, which compiles the kernels, cannot be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec("tilelang") is None:
+        raise ValueError("compiling the kernels needs TileLang, not installed here: pip install 'mate-runtime[cuda]'")
+    try:
+        import tilelang  # noqa: F401
+    except Exception as exc:
+        raise ValueError(f"TileLang is installed but fails to import: {type(exc).__name__}: {exc}") from None
+
+
+def check_device(device) -> None:
+    """ValueError unless the local accelerator runs the kernels (a CUDA device of compute capability 9.x)."""
+    if device.type != "cuda":
+        return  # MUSA: tilelang-musa decides
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
+    if arch not in KERNEL_ARCHS:
+        raise ValueError(
+            f"{device} is {arch} ({torch.cuda.get_device_name(device)}); the kernels run on {', '.join(KERNEL_ARCHS)} "
+            "(there MATE uses the reference backend, which needs no compiling)"
+        )
 
 
 def per_rank(m: ModelSSM, tp: int) -> tuple[int, int]:
@@ -140,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes compiling the kernels not yet cached (default: the cores available; 1: in this process)",
     )  # fmt: skip
     ap.add_argument("--verbose", "-v", action="store_true", help="print each compile's time per phase")
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     args = ap.parse_args(argv)
 
     path = os.path.join(args.config, "config.json") if os.path.isdir(args.config) else args.config
@@ -150,11 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         from ._device import default_accelerator
         from ._tilelang import ssu_plan
 
-        # the kernels as the target or this machine's accelerator runs them (the SSU kernels' PDL build)
+        # the kernels as the target or this machine's accelerator runs them (the SSU kernels' PDL build); an
+        # architecture the kernels cannot run on, or a missing TileLang, is refused before anything compiles
         if args.target:
+            check_target(args.target)
+            if not args.dry_run:
+                check_tilelang()
             device, pdl = None, ssu_plan.pdl_for_arch(args.target)
         else:
             device = default_accelerator()
+            if device is not None and not args.dry_run:
+                check_device(device)
             hw = ssu_plan.hardware(device) if device is not None else None
             pdl = ssu_plan.pdl_for_capability(hw.kind, hw.major) if hw is not None else False
         heads, groups, items = plan_kernels(
@@ -162,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             mtp_tokens=args.mtp_tokens, pdl=pdl,
         )  # fmt: skip
     except (OSError, ValueError, NotImplementedError) as exc:
+        if args.debug:
+            raise
         print(f"mate prewarm: {exc}", file=sys.stderr)
         return 2
     print(

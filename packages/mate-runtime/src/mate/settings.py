@@ -1,7 +1,8 @@
 """Every environment variable MATE reads, in one table: its name, its values, what it does.
 
 MATE's kernels are chosen by the planners from the call alone; the variables here are the few things a user
-really chooses: whether the SSU kernels use programmatic dependent launch, and whether (and where) each
+really chooses: whether the SSU kernels use programmatic dependent launch, whether the kernels' index tables
+are checked on the host (a debugging aid), and whether (and where) each
 adapter plugs MATE into its engine. Each is parsed once, on first use, by :func:`get`; a malformed value raises
 ``ValueError`` naming the variable and the values it takes.
 
@@ -68,6 +69,16 @@ SETTINGS: dict[str, Setting] = {
             "(NotImplementedError where the device cannot), auto on for CUDA compute capability 9.0 and newer. "
             "It lets a decode kernel launch while the previous kernel on the stream drains; it helps behind "
             "another kernel that triggers early and costs 0.2-0.4 us behind one that does not.",
+        ),
+        Setting(
+            "MATE_CHECK_INPUTS",
+            "0",
+            _ON_OFF,
+            "1: the TileLang backend also checks the values of the index tables (cu_seqlens, the chunk tables, "
+            "seq_idx, slot and buffer indices) on every call, as the reference backend always does. It copies "
+            "them to the host (a device sync per call, skipped while a graph is being captured) and sends every "
+            "decode call through the full path. A debugging aid; the kernels skip out-of-range entries either way.",
+            _on_off,
         ),
         Setting("MATE_VLLM_ENABLE", "0", _ON_OFF, "1: the vLLM plugin routes Mamba2 SSU/SSD to MATE.", _on_off),
         Setting(

@@ -351,6 +351,7 @@ def test_graph_replay_equals_eager():
     assert torch.equal(states, ref_states)
 
 
+@pytest.mark.usefixtures("unchecked_inputs")
 def test_steady_state_allocates_only_the_returned_states():
     case = Case(seqlens=(17, 300, 129), z=True)
     kw = build(case)

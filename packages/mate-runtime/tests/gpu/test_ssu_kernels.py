@@ -458,6 +458,7 @@ def test_cuda_graph_replay_equals_eager(case):
         pytest.param(Case(form="packed", T=6, accepted=True, table="2d", dst=True, batch=4), id="mtp"),
     ],
 )
+@pytest.mark.usefixtures("unchecked_inputs")
 def test_no_allocation_in_steady_state(case):
     from mate.mamba import selective_state_update
 
@@ -481,6 +482,7 @@ def test_no_allocation_in_steady_state(case):
         pytest.param(Case(form="packed", T=4, varlen=True, accepted=True, table="2d", dst=True, batch=9), id="varlen"),
     ],
 )
+@pytest.mark.usefixtures("unchecked_inputs")
 def test_no_host_sync(case):
     from mate.mamba import selective_state_update
 

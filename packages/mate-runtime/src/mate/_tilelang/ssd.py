@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..mamba._ssd_call import SSDCall
+from .. import settings
+from .._device import is_capturing
+from ..mamba._ssd_call import SSDCall, check_index_data
 from .cache import CACHE
 from .specs import KernelSpec
 from .ssd_plan import VLLM_DT, _check_supported, dt_spec, plan, scan_spec, serving_specs, tiles
@@ -37,6 +39,8 @@ def kernel(spec: KernelSpec, device):
 
 def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     dev = call.x.device
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(dev):
+        check_index_data(call)  # reads the tables back (a sync): the debugging mode only
     p = plan(call, hardware(dev))
     H, P, N, L = call.heads, call.dim, call.dstate, call.chunk_size
     batch, nchunks = call.batch, call.nchunks

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..mamba._ssu_call import SSUCall, finish
+from .. import settings
+from .._device import is_capturing
+from ..mamba._ssu_call import SSUCall, check_index_data, finish
 from .cache import CACHE
 from .specs import SSUSpec
 from .ssu_plan import hardware, pdl_for_arch, pdl_for_capability, plan, serving_specs, spec_for
@@ -32,7 +34,10 @@ def kernel(spec: SSUSpec, device):
 
 
 def selective_state_update(call: SSUCall) -> torch.Tensor:
-    """Run one normalised call: a single kernel launch on the current stream, no host<->device sync."""
+    """Run one normalised call: a single kernel launch on the current stream, no host<->device sync (with
+    ``MATE_CHECK_INPUTS=1`` the index tables are first read back and checked, except during graph capture)."""
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_index_data(call)
     planned = plan(call)
     if planned is not None:
         spec, args = planned

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._errors import bad_arg, unsupported
+from .._errors import bad_arg, majority_culprit, unsupported, values
 
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IO_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -247,226 +247,381 @@ def normalize_ssu(
     one-final-write rule, and FlashInfer's rule that ``num_accepted_tokens`` without a destination table
     writes only the final state back to the read slot (``accepted_writes_per_token=False``).
     """
-    # ---- capabilities that are valid requests but not implemented (named before anything else)
-    if rand_seed is not None:
-        unsupported("rand_seed (stochastic rounding of the stored state)", "pass rand_seed=None")
-    if state_scale is not None:
-        unsupported("state_scale (int16 block-scaled state)", "pass state_scale=None")
-    if intermediate_state_scales is not None:
-        unsupported("intermediate_state_scales (int16 block-scaled intermediate states)")
-    if isinstance(state, torch.Tensor) and state.dtype == torch.int16:
-        unsupported("an int16 state (block-scaled quantised state)", "use a float32/bfloat16/float16 state")
-    if algorithm not in ALGORITHMS:
-        bad_arg("algorithm", algorithm, f"one of {ALGORITHMS}")
-    if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
-        bad_arg("pad_slot_id", pad_slot_id, "a Python int")
-    if not isinstance(cache_steps, int) or isinstance(cache_steps, bool) or cache_steps < 0:
-        bad_arg("cache_steps", cache_steps, "an int >= 0")
-    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool):
-        bad_arg("philox_rounds", philox_rounds, "an int")
+    try:
+        # ---- capabilities that are valid requests but not implemented (named before anything else)
+        if rand_seed is not None:
+            unsupported("rand_seed (stochastic rounding of the stored state)", "pass rand_seed=None")
+        if state_scale is not None:
+            unsupported("state_scale (int16 block-scaled state)", "pass state_scale=None")
+        if intermediate_state_scales is not None:
+            unsupported("intermediate_state_scales (int16 block-scaled intermediate states)")
+        if isinstance(state, torch.Tensor) and state.dtype == torch.int16:
+            unsupported("an int16 state (block-scaled quantised state)", "use a float32/bfloat16/float16 state")
+        if algorithm not in ALGORITHMS:
+            bad_arg("algorithm", algorithm, f"one of {ALGORITHMS}")
+        if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
+            bad_arg("pad_slot_id", pad_slot_id, "a Python int")
+        if not isinstance(cache_steps, int) or isinstance(cache_steps, bool) or cache_steps < 0:
+            bad_arg("cache_steps", cache_steps, "an int >= 0")
+        if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool):
+            bad_arg("philox_rounds", philox_rounds, "an int")
 
-    # ---- the state pool fixes H, P, N and the device
-    _check_tensor("state", state, ndims=(3, 4), dtypes=STATE_DTYPES, device=None)
-    device = state.device
-    single_head = state.dim() == 3
-    st = state.unsqueeze(1) if single_head else state
-    _, H, P, N = st.shape
-    if st.stride(3) != 1 or (st.stride(2) != N and P > 1) or (st.stride(1) != P * N and H > 1):
-        bad_arg("state", state, "[slots, heads, dim, dstate] with the inner three dims dense (stride(0) is free)")
+        # ---- the state pool fixes H, P, N and the device
+        _check_tensor("state", state, ndims=(3, 4), dtypes=STATE_DTYPES, device=None)
+        device = state.device
+        single_head = state.dim() == 3
+        st = state.unsqueeze(1) if single_head else state
+        _, H, P, N = st.shape
+        if st.stride(3) != 1 or (st.stride(2) != N and P > 1) or (st.stride(1) != P * N and H > 1):
+            bad_arg("state", state, "[slots, heads, dim, dstate] with the inner three dims dense (stride(0) is free)")
 
-    # ---- layout: one-token [R, H, P], packed [R, H, P] + cu_seqlens, dense [bs, T, H, P]
-    _check_tensor("x", x, ndims=(2, 3) if single_head else (3, 4), dtypes=IO_DTYPES, device=device)
-    xh = x.unsqueeze(-2) if single_head else x  # insert the head dim
-    dense = xh.dim() == 4
-    if dense and cu_seqlens is not None:
-        bad_arg("cu_seqlens", cu_seqlens, "None with the dense 4-D x (packed rows use a 3-D x)")
-    if xh.shape[-2:] != (H, P):
-        bad_arg("x", x, f"trailing dims (heads={H}, dim={P}) matching the state")
-    lead = tuple(xh.shape[:-2])  # (R,) or (bs, T)
-    io_dtype = x.dtype
+        # ---- layout: one-token [R, H, P], packed [R, H, P] + cu_seqlens, dense [bs, T, H, P]
+        _check_tensor("x", x, ndims=(2, 3) if single_head else (3, 4), dtypes=IO_DTYPES, device=device)
+        xh = x.unsqueeze(-2) if single_head else x  # insert the head dim
+        dense = xh.dim() == 4
+        if dense and cu_seqlens is not None:
+            bad_arg("cu_seqlens", cu_seqlens, "None with the dense 4-D x (packed rows use a 3-D x)")
+        if xh.shape[-2:] != (H, P):
+            bad_arg("x", x, f"trailing dims (heads={H}, dim={P}) matching the state")
+        lead = tuple(xh.shape[:-2])  # (R,) or (bs, T)
+        io_dtype = x.dtype
 
-    if dense:
-        nseq, seqlen = lead
-    elif cu_seqlens is not None:
-        _check_tensor("cu_seqlens", cu_seqlens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
-        if cu_seqlens.shape[0] < 1:
-            bad_arg("cu_seqlens", cu_seqlens, "[num_sequences + 1] cumulative row offsets")
-        nseq, seqlen = cu_seqlens.shape[0] - 1, None
-    else:
-        nseq, seqlen = lead[0], 1
+        if dense:
+            nseq, seqlen = lead
+        elif cu_seqlens is not None:
+            _check_tensor("cu_seqlens", cu_seqlens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
+            if cu_seqlens.shape[0] < 1:
+                bad_arg("cu_seqlens", cu_seqlens, "[num_sequences + 1] cumulative row offsets")
+            nseq, seqlen = cu_seqlens.shape[0] - 1, None
+        else:
+            nseq, seqlen = lead[0], 1
 
-    def _like_x(name, t, trailing, dtypes):
-        _check_tensor(name, t, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=dtypes, device=device)
-        th = t.unsqueeze(-2) if single_head else t
-        if tuple(th.shape) != lead + trailing:
-            bad_arg(name, t, f"shape {lead + trailing if not single_head else lead + trailing[1:]}")
-        return th
+        def _like_x(name, t, trailing, dtypes):
+            _check_tensor(name, t, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=dtypes, device=device)
+            th = t.unsqueeze(-2) if single_head else t
+            if tuple(th.shape) != lead + trailing:
+                bad_arg(name, t, f"shape {lead + trailing if not single_head else lead + trailing[1:]}")
+            return th
 
-    # dt: like x, or per head without the P dim ([R, H] / [bs, T, H]), which broadcasts over P
-    if isinstance(dt, torch.Tensor) and not single_head and dt.dim() == xh.dim() - 1:
-        _check_tensor("dt", dt, ndims=(dt.dim(),), dtypes=PARAM_DTYPES, device=device)
-        if tuple(dt.shape) != lead + (H,):
-            bad_arg("dt", dt, f"shape {lead + (H, P)} or the per-head {lead + (H,)}")
-        dth = dt.unsqueeze(-1).expand(*lead, H, P)
-    else:
-        dth = _like_x("dt", dt, (H, P), PARAM_DTYPES)
+        # dt: like x, or per head without the P dim ([R, H] / [bs, T, H]), which broadcasts over P
+        if isinstance(dt, torch.Tensor) and not single_head and dt.dim() == xh.dim() - 1:
+            _check_tensor("dt", dt, ndims=(dt.dim(),), dtypes=PARAM_DTYPES, device=device)
+            if tuple(dt.shape) != lead + (H,):
+                bad_arg("dt", dt, f"shape {lead + (H, P)} or the per-head {lead + (H,)}")
+            dth = dt.unsqueeze(-1).expand(*lead, H, P)
+        else:
+            dth = _like_x("dt", dt, (H, P), PARAM_DTYPES)
 
-    # B/C in x's dtype, or fp32 beside a 2-byte x (the engines' ops read either natively)
-    bc_dtypes = (io_dtype,) if io_dtype == torch.float32 else (io_dtype, torch.float32)
-    _check_tensor("B", B, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=bc_dtypes, device=device)
-    Bh = B.unsqueeze(-2) if single_head else B
-    G = Bh.shape[-2]
-    if tuple(Bh.shape) != lead + (G, N) or G < 1 or H % G != 0:
-        bad_arg("B", B, f"shape {lead} + (groups, {N}) with heads ({H}) divisible by groups, dtype {io_dtype}")
-    _check_tensor("C", C, ndims=(B.dim(),), dtypes=(B.dtype,), device=device)
-    if tuple(C.shape) != tuple(B.shape):
-        bad_arg("C", C, f"the shape of B {tuple(B.shape)}")
-    Ch = C.unsqueeze(-2) if single_head else C
-    zh = None if z is None else _like_x("z", z, (H, P), (io_dtype,))
+        # B/C in x's dtype, or fp32 beside a 2-byte x (the engines' ops read either natively)
+        bc_dtypes = (io_dtype,) if io_dtype == torch.float32 else (io_dtype, torch.float32)
+        _check_tensor("B", B, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=bc_dtypes, device=device)
+        Bh = B.unsqueeze(-2) if single_head else B
+        G = Bh.shape[-2]
+        if tuple(Bh.shape) != lead + (G, N) or G < 1 or H % G != 0:
+            bad_arg("B", B, f"shape {lead} + (groups, {N}) with heads ({H}) divisible by groups, dtype {io_dtype}")
+        _check_tensor("C", C, ndims=(B.dim(),), dtypes=(B.dtype,), device=device)
+        if tuple(C.shape) != tuple(B.shape):
+            bad_arg("C", C, f"the shape of B {tuple(B.shape)}")
+        Ch = C.unsqueeze(-2) if single_head else C
+        zh = None if z is None else _like_x("z", z, (H, P), (io_dtype,))
 
-    # ---- A / D / dt_bias
-    _check_tensor("A", A, ndims=(1, 2, 3), dtypes=(torch.float32,), device=device)
-    if A.dim() == 1:
-        _check_shape("A", A, (H,))
-        Ah = A.view(H, 1, 1).expand(H, P, N)
-    elif A.dim() == 2:
-        if not single_head:
-            bad_arg("A", A, f"[heads] or [heads, dim, dstate] = ({H}, {P}, {N}) with a 4-D state")
-        _check_shape("A", A, (P, N))
-        Ah = A.unsqueeze(0)
-    else:
-        _check_shape("A", A, (H, P, N))
-        Ah = A
-    Dh = _per_head("D", D, H, P, device=device)
-    dtbh = _per_head("dt_bias", dt_bias, H, P, device=device)
+        # ---- A / D / dt_bias
+        _check_tensor("A", A, ndims=(1, 2, 3), dtypes=(torch.float32,), device=device)
+        if A.dim() == 1:
+            _check_shape("A", A, (H,))
+            Ah = A.view(H, 1, 1).expand(H, P, N)
+        elif A.dim() == 2:
+            if not single_head:
+                bad_arg("A", A, f"[heads] or [heads, dim, dstate] = ({H}, {P}, {N}) with a 4-D state")
+            _check_shape("A", A, (P, N))
+            Ah = A.unsqueeze(0)
+        else:
+            _check_shape("A", A, (H, P, N))
+            Ah = A
+        Dh = _per_head("D", D, H, P, device=device)
+        dtbh = _per_head("dt_bias", dt_bias, H, P, device=device)
 
-    # ---- out: the caller's tensor (same shape and dtype as x) or a new one
-    if out is None:
-        result = torch.empty(x.shape, dtype=io_dtype, device=device)
-    else:
-        _check_tensor("out", out, ndims=(x.dim(),), dtypes=(io_dtype,), device=device)
-        _check_shape("out", out, x.shape)
-        result = out
-    outh = result.unsqueeze(-2) if single_head else result
-    copy_back = False
-    if dense:
-        try:
-            out_rows = outh.view(nseq * seqlen, H, P)
-        except RuntimeError:  # a dense out that cannot be flattened: compute into scratch, copy back
-            out_rows = torch.empty((nseq * seqlen, H, P), dtype=io_dtype, device=device)
-            copy_back = True
-    else:
-        out_rows = outh
+        # ---- out: the caller's tensor (same shape and dtype as x) or a new one
+        if out is None:
+            result = torch.empty(x.shape, dtype=io_dtype, device=device)
+        else:
+            _check_tensor("out", out, ndims=(x.dim(),), dtypes=(io_dtype,), device=device)
+            _check_shape("out", out, x.shape)
+            result = out
+        outh = result.unsqueeze(-2) if single_head else result
+        copy_back = False
+        if dense:
+            try:
+                out_rows = outh.view(nseq * seqlen, H, P)
+            except RuntimeError:  # a dense out that cannot be flattened: compute into scratch, copy back
+                out_rows = torch.empty((nseq * seqlen, H, P), dtype=io_dtype, device=device)
+                copy_back = True
+        else:
+            out_rows = outh
 
-    # ---- tables, MTP and write modes
-    src = None
-    if state_batch_indices is not None:
-        src = slot_table("state_batch_indices", state_batch_indices, min_rows=nseq, device=device)
-    dst = None
-    if dst_state_batch_indices is not None:
-        dst = slot_table("dst_state_batch_indices", dst_state_batch_indices, min_rows=nseq, device=device)
-    acc = None
-    if num_accepted_tokens is not None:
-        _check_tensor("num_accepted_tokens", num_accepted_tokens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
-        _check_shape("num_accepted_tokens", num_accepted_tokens, (nseq,))
-        if src is None:
-            bad_arg("state_batch_indices", None, "a slot table when num_accepted_tokens is given")
-        acc = num_accepted_tokens
-    if dense and dst is not None and not dst.flat and dst.cols < seqlen and not final_write_to_dst:
-        bad_arg("dst_state_batch_indices", dst_state_batch_indices, f"at least {seqlen} columns (one per token)")
+        # ---- tables, MTP and write modes
+        src = None
+        if state_batch_indices is not None:
+            src = slot_table("state_batch_indices", state_batch_indices, min_rows=nseq, device=device)
+        dst = None
+        if dst_state_batch_indices is not None:
+            dst = slot_table("dst_state_batch_indices", dst_state_batch_indices, min_rows=nseq, device=device)
+        acc = None
+        if num_accepted_tokens is not None:
+            _check_tensor("num_accepted_tokens", num_accepted_tokens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
+            _check_shape("num_accepted_tokens", num_accepted_tokens, (nseq,))
+            if src is None:
+                bad_arg("state_batch_indices", None, "a slot table when num_accepted_tokens is given")
+            acc = num_accepted_tokens
+        if src is None and nseq > st.shape[0]:
+            bad_arg("state", state, f"at least {nseq} slots (sequence b uses slot b without state_batch_indices)")
+        if dense and dst is not None and not dst.flat and dst.cols < seqlen and not final_write_to_dst:
+            bad_arg("dst_state_batch_indices", dst_state_batch_indices, f"at least {seqlen} columns (one per token)")
 
-    ibuf = ibuf_idx = parent = None
-    if intermediate_states_buffer is not None:
-        if dst is not None:
-            bad_arg(
-                "dst_state_batch_indices",
-                dst_state_batch_indices,
-                "None when intermediate_states_buffer is given (the two write modes are exclusive)",
-            )
-        buf = intermediate_states_buffer
-        _check_tensor("intermediate_states_buffer", buf, ndims=(4, 5), dtypes=STATE_DTYPES, device=device)
-        if buf.dim() == 5:
-            if tuple(buf.shape[2:]) != (H, P, N) or (cache_steps not in (0, buf.shape[1])):
+        ibuf = ibuf_idx = parent = None
+        if intermediate_states_buffer is not None:
+            if dst is not None:
+                bad_arg(
+                    "dst_state_batch_indices",
+                    dst_state_batch_indices,
+                    "None when intermediate_states_buffer is given (the two write modes are exclusive)",
+                )
+            buf = intermediate_states_buffer
+            _check_tensor("intermediate_states_buffer", buf, ndims=(4, 5), dtypes=STATE_DTYPES, device=device)
+            if buf.dim() == 5:
+                if tuple(buf.shape[2:]) != (H, P, N) or (cache_steps not in (0, buf.shape[1])):
+                    bad_arg(
+                        "intermediate_states_buffer",
+                        buf,
+                        f"[entries, cache_steps, {H}, {P}, {N}] with cache_steps ({cache_steps}) 0 or equal to dim 1",
+                    )
+                cache_steps = buf.shape[1]
+                try:
+                    ibuf = buf.view(buf.shape[0] * buf.shape[1], H, P, N)
+                except RuntimeError:
+                    bad_arg("intermediate_states_buffer", buf, "a buffer whose (entry, step) dims flatten to one")
+            else:
+                if tuple(buf.shape[1:]) != (H, P, N) or cache_steps < 1:
+                    bad_arg(
+                        "intermediate_states_buffer",
+                        buf,
+                        f"[entries * cache_steps, {H}, {P}, {N}] with cache_steps >= 1",
+                    )
+                ibuf = buf
+            if ibuf.stride(3) != 1 or ibuf.stride(2) != N or ibuf.stride(1) != P * N:
+                bad_arg("intermediate_states_buffer", buf, "the inner (heads, dim, dstate) dims dense")
+            if dense and seqlen > cache_steps:
+                bad_arg("cache_steps", cache_steps, f">= the tokens per sequence ({seqlen})")
+            if intermediate_state_indices is not None:
+                _check_tensor(
+                    "intermediate_state_indices",
+                    intermediate_state_indices,
+                    ndims=(1,),
+                    dtypes=INDEX_DTYPES,
+                    device=device,
+                )
+                if intermediate_state_indices.shape[0] < nseq:
+                    bad_arg("intermediate_state_indices", intermediate_state_indices, f"at least {nseq} entries")
+                ibuf_idx = intermediate_state_indices
+            elif src is None and nseq > ibuf.shape[0] // max(cache_steps, 1):
                 bad_arg(
                     "intermediate_states_buffer",
                     buf,
-                    f"[entries, cache_steps, {H}, {P}, {N}] with cache_steps ({cache_steps}) 0 or equal to dim 1",
+                    f"at least {nseq} entries (sequence b writes entry b without a table or entry indices)",
                 )
-            cache_steps = buf.shape[1]
-            try:
-                ibuf = buf.view(buf.shape[0] * buf.shape[1], H, P, N)
-            except RuntimeError:
-                bad_arg("intermediate_states_buffer", buf, "a buffer whose (entry, step) dims flatten to one")
+            write_mode = "intermediate"
         else:
-            if tuple(buf.shape[1:]) != (H, P, N) or cache_steps < 1:
+            if intermediate_state_indices is not None:
                 bad_arg(
-                    "intermediate_states_buffer", buf, f"[entries * cache_steps, {H}, {P}, {N}] with cache_steps >= 1"
+                    "intermediate_state_indices", intermediate_state_indices, "None without intermediate_states_buffer"
                 )
-            ibuf = buf
-        if ibuf.stride(3) != 1 or ibuf.stride(2) != N or ibuf.stride(1) != P * N:
-            bad_arg("intermediate_states_buffer", buf, "the inner (heads, dim, dstate) dims dense")
-        if dense and seqlen > cache_steps:
-            bad_arg("cache_steps", cache_steps, f">= the tokens per sequence ({seqlen})")
-        if intermediate_state_indices is not None:
+            if disable_state_update:
+                write_mode = "none"
+            elif dst is not None and final_write_to_dst:
+                write_mode = "final"
+            elif dst is not None or (acc is not None and accepted_writes_per_token):
+                write_mode = "per_token"
+                if dst is None:
+                    dst = src
+            else:
+                write_mode = "final"
+        if retrieve_parent_token is not None:
+            if ibuf is None:
+                bad_arg("retrieve_parent_token", retrieve_parent_token, "None without intermediate_states_buffer")
             _check_tensor(
-                "intermediate_state_indices", intermediate_state_indices, ndims=(1,), dtypes=INDEX_DTYPES, device=device
+                "retrieve_parent_token", retrieve_parent_token, ndims=(2,), dtypes=INDEX_DTYPES, device=device
             )
-            if intermediate_state_indices.shape[0] < nseq:
-                bad_arg("intermediate_state_indices", intermediate_state_indices, f"at least {nseq} entries")
-            ibuf_idx = intermediate_state_indices
-        write_mode = "intermediate"
-    else:
-        if intermediate_state_indices is not None:
-            bad_arg("intermediate_state_indices", intermediate_state_indices, "None without intermediate_states_buffer")
-        if disable_state_update:
-            write_mode = "none"
-        elif dst is not None and final_write_to_dst:
-            write_mode = "final"
-        elif dst is not None or (acc is not None and accepted_writes_per_token):
-            write_mode = "per_token"
-            if dst is None:
-                dst = src
-        else:
-            write_mode = "final"
-    if retrieve_parent_token is not None:
-        if ibuf is None:
-            bad_arg("retrieve_parent_token", retrieve_parent_token, "None without intermediate_states_buffer")
-        _check_tensor("retrieve_parent_token", retrieve_parent_token, ndims=(2,), dtypes=INDEX_DTYPES, device=device)
-        if not dense or tuple(retrieve_parent_token.shape) != (nseq, seqlen):
-            bad_arg("retrieve_parent_token", retrieve_parent_token, "[batch, T] with the dense 4-D x [batch, T, H, P]")
-        parent = retrieve_parent_token
+            if not dense or tuple(retrieve_parent_token.shape) != (nseq, seqlen):
+                bad_arg(
+                    "retrieve_parent_token", retrieve_parent_token, "[batch, T] with the dense 4-D x [batch, T, H, P]"
+                )
+            parent = retrieve_parent_token
 
-    return _new_call(
-        state=st,
-        x=_rows_view("x", xh, dense),
-        dt=_rows_view("dt", dth, dense),
-        A=Ah,
-        B=_rows_view("B", Bh, dense),
-        C=_rows_view("C", Ch, dense),
-        D=Dh,
-        z=None if zh is None else _rows_view("z", zh, dense),
-        dt_bias=dtbh,
-        out=out_rows,
-        result=result,
-        copy_back=copy_back,
-        dt_softplus=bool(dt_softplus),
-        nseq=nseq,
-        seqlen=seqlen,
-        cu_seqlens=cu_seqlens,
-        num_accepted=acc,
-        src=src,
-        dst=dst,
-        write_mode=write_mode,
-        pad_slot_id=pad_slot_id,
-        ibuf=ibuf,
-        ibuf_indices=ibuf_idx,
-        cache_steps=cache_steps,
-        parent=parent,
-        dt_tied=dth.stride(-1) == 0 or P == 1,
-        A_tied=(Ah.stride(1) == 0 or P == 1) and (Ah.stride(2) == 0 or N == 1),
-        D_tied=Dh is None or Dh.stride(1) == 0 or P == 1,
-        dt_bias_tied=dtbh is None or dtbh.stride(1) == 0 or P == 1,
-    )
+        return _new_call(
+            state=st,
+            x=_rows_view("x", xh, dense),
+            dt=_rows_view("dt", dth, dense),
+            A=Ah,
+            B=_rows_view("B", Bh, dense),
+            C=_rows_view("C", Ch, dense),
+            D=Dh,
+            z=None if zh is None else _rows_view("z", zh, dense),
+            dt_bias=dtbh,
+            out=out_rows,
+            result=result,
+            copy_back=copy_back,
+            dt_softplus=bool(dt_softplus),
+            nseq=nseq,
+            seqlen=seqlen,
+            cu_seqlens=cu_seqlens,
+            num_accepted=acc,
+            src=src,
+            dst=dst,
+            write_mode=write_mode,
+            pad_slot_id=pad_slot_id,
+            ibuf=ibuf,
+            ibuf_indices=ibuf_idx,
+            cache_steps=cache_steps,
+            parent=parent,
+            dt_tied=dth.stride(-1) == 0 or P == 1,
+            A_tied=(Ah.stride(1) == 0 or P == 1) and (Ah.stride(2) == 0 or N == 1),
+            D_tied=Dh is None or Dh.stride(1) == 0 or P == 1,
+            dt_bias_tied=dtbh is None or dtbh.stride(1) == 0 or P == 1,
+        )
+    except ValueError:
+        culprit = _ssu_culprit(state, x, dt, A, B, C, D, z, dt_bias, out, intermediate_states_buffer)
+        if culprit is None:
+            raise
+        raise culprit from None
+
+
+def _ssu_culprit(state, x, dt, A, B, C, D, z, dt_bias, out, ibuf) -> ValueError | None:
+    """For a call whose shapes disagree: the error naming the argument that breaks the majority (e.g. an x with
+    the wrong head count, not the dt that agrees with the state and A), or None (``_errors.majority_culprit``).
+    Multi-head pools only (a 4-D state); each argument votes with the dims its form shows."""
+    if not isinstance(state, torch.Tensor) or state.dim() != 4 or not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return None
+    rank = x.dim()
+
+    def dims(t, ndims):
+        return isinstance(t, torch.Tensor) and t.dim() in ndims
+
+    def last(t, k, ndims):  # the k-th dim from the end, for a tensor of one of these ranks
+        return t.shape[-k] if dims(t, ndims) and t.dim() >= k else None
+
+    def lead(t, trailing):
+        return tuple(t.shape[: t.dim() - trailing]) if dims(t, (rank, rank - 1)) else None
+
+    dt_full = dims(dt, (rank,))  # like x; else the per-head [.., H] form
+    per_head = [("A", A, last(A, 1, (1,)) if dims(A, (1,)) else last(A, 3, (3,)))]
+    per_head += [(n, t, t.shape[0] if dims(t, (1, 2)) else None) for n, t in (("D", D), ("dt_bias", dt_bias))]
+    return majority_culprit({
+        "heads": [("state", state, state.shape[1]), ("x", x, x.shape[-2]),
+                  ("dt", dt, last(dt, 2, (rank,)) if dt_full else last(dt, 1, (rank - 1,))), *per_head,
+                  ("z", z, last(z, 2, (rank,))), ("out", out, last(out, 2, (rank,))),
+                  ("intermediate_states_buffer", ibuf, last(ibuf, 3, (4, 5)))],
+        "dim": [("state", state, state.shape[2]), ("x", x, x.shape[-1]), ("dt", dt, last(dt, 1, (rank,))),
+                ("z", z, last(z, 1, (rank,))), ("out", out, last(out, 1, (rank,))),
+                ("A", A, last(A, 2, (3,))), ("D", D, last(D, 1, (2,))), ("dt_bias", dt_bias, last(dt_bias, 1, (2,))),
+                ("intermediate_states_buffer", ibuf, last(ibuf, 2, (4, 5)))],
+        "dstate": [("state", state, state.shape[3]), ("B", B, last(B, 1, (rank,))), ("C", C, last(C, 1, (rank,))),
+                   ("A", A, last(A, 1, (3,))), ("intermediate_states_buffer", ibuf, last(ibuf, 1, (4, 5)))],
+        "groups": [("B", B, last(B, 2, (rank,))), ("C", C, last(C, 2, (rank,)))],
+        "rows": [("x", x, lead(x, 2)), ("dt", dt, lead(dt, 2 if dt_full else 1)), ("B", B, lead(B, 2)),
+                 ("C", C, lead(C, 2)), ("z", z, lead(z, 2)), ("out", out, lead(out, 2))],
+    })  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ index data
+
+
+def host_ints(t: torch.Tensor | None) -> torch.Tensor | None:
+    """An index tensor as int64 on the CPU (one copy: a device-to-host sync for an accelerator tensor)."""
+    return None if t is None else t.detach().to("cpu", torch.int64)
+
+
+def _host_table(table: SlotTable | None) -> SlotTable | None:
+    if table is None:
+        return None
+    return SlotTable(host_ints(table.base), table.stride_b, table.stride_t, table.rows, table.cols, table.flat)
+
+
+def _entries(name: str, table: SlotTable, b: torch.Tensor, t: torch.Tensor, why: str = "") -> torch.Tensor:
+    """Entries ``(b, t)`` of a host table after checking that each exists: a 2-D table has a column per position,
+    a flat table an entry per packed row (stride addressing would otherwise read the next row's entries)."""
+    if b.numel() == 0:
+        return b
+    if not table.flat and int(t.max()) >= table.cols:
+        bad_arg(name, f"a [{table.rows}, {table.cols}] table", f"a column for position {int(t.max())}{why}")
+    flat = b * table.stride_b + t * table.stride_t
+    if int(flat.max()) >= table.base.numel():
+        n = table.base.numel()
+        bad_arg(name, f"a flat table of {n} entries", f"an entry for row b + t = {int(flat.max())}{why}")
+    return table.base[flat]
+
+
+def _in_pool(name: str, slots: torch.Tensor, pool: int, pad: int) -> None:
+    bad = (slots != pad) & ((slots < 0) | (slots >= pool))
+    if bool(bad.any()):
+        bad_arg(name, int(slots[bad][0]), f"slots in [0, {pool}) or pad_slot_id ({pad})")
+
+
+def check_index_data(call: SSUCall) -> None:
+    """The checks on the index tables' values, which the normaliser cannot make without reading device memory:
+    row offsets, every slot the call reads or writes, accepted-token counts, intermediate-buffer entries and
+    parent tokens. The reference backend runs them on every call before anything is written; the TileLang
+    backend with ``MATE_CHECK_INPUTS=1`` (the tables are copied to the host: a device sync per table)."""
+    nseq, S, pad = call.nseq, call.state.shape[0], call.pad_slot_id
+    if nseq == 0:
+        return
+    cu = host_ints(call.cu_seqlens)
+    if cu is not None:
+        if int(cu[0]) < 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) > call.rows:
+            bad_arg("cu_seqlens", values(cu), f"non-decreasing row offsets within [0, {call.rows}] (the rows of x)")
+        lens = cu[1:] - cu[:-1]
+    else:
+        lens = torch.full((nseq,), call.seqlen, dtype=torch.int64)
+    b = torch.arange(nseq, dtype=torch.int64)
+    acc = host_ints(call.num_accepted)
+    src, dst = _host_table(call.src), _host_table(call.dst)
+    if src is None:
+        slot = b  # nseq <= S: checked by the normaliser
+    else:
+        if acc is None:
+            slot = _entries("state_batch_indices", src, b, torch.zeros_like(b))
+        else:
+            pos = (acc - 1).clamp(min=0)
+            slot = _entries("num_accepted_tokens", src, b, pos, " of state_batch_indices (read slot max(acc - 1, 0))")
+        _in_pool("state_batch_indices", slot, S, pad)
+    writers = b[(slot != pad) & (lens > 0)]
+    wlens = lens[writers]
+    if call.write_mode == "per_token" and writers.numel():
+        name = "state_batch_indices" if call.dst is call.src else "dst_state_batch_indices"
+        bb = writers.repeat_interleave(wlens)
+        tt = torch.arange(bb.numel()) - (wlens.cumsum(0) - wlens).repeat_interleave(wlens)
+        _in_pool(name, _entries(name, dst, bb, tt, " of a sequence (one per token)"), S, pad)
+    elif call.write_mode == "final" and dst is not None and writers.numel():
+        name = "dst_state_batch_indices"
+        _in_pool(name, _entries(name, dst, writers, torch.zeros_like(writers)), S, pad)
+    elif call.write_mode == "intermediate" and writers.numel():
+        if int(wlens.max()) > call.cache_steps:
+            bad_arg("cache_steps", call.cache_steps, f">= the longest sequence ({int(wlens.max())} tokens)")
+        entries = call.ibuf.shape[0] // call.cache_steps
+        if call.ibuf_indices is not None:
+            idx = host_ints(call.ibuf_indices)[:nseq][writers]
+            bad = (idx < 0) | (idx >= entries)
+            if bool(bad.any()):
+                bad_arg("intermediate_state_indices", int(idx[bad][0]), f"entries in [0, {entries}) of the buffer")
+        elif int(slot[writers].max()) >= entries:  # the entry is the read slot
+            bad_arg(
+                "intermediate_states_buffer",
+                call.ibuf,
+                f"an entry for read slot {int(slot[writers].max())} (no intermediate_state_indices given)",
+            )
+        if call.parent is not None:
+            par = host_ints(call.parent)[writers]
+            if bool((par >= call.cache_steps).any()):
+                bad_arg("retrieve_parent_token", int(par.max()), f"parents below cache_steps ({call.cache_steps})")
 
 
 def finish(call: SSUCall) -> torch.Tensor:
@@ -476,4 +631,4 @@ def finish(call: SSUCall) -> torch.Tensor:
     return call.result
 
 
-__all__ = ["SSUCall", "SlotTable", "normalize_ssu", "slot_table", "finish"]
+__all__ = ["SSUCall", "SlotTable", "check_index_data", "finish", "host_ints", "normalize_ssu", "slot_table"]

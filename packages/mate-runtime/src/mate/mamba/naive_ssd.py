@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._errors import bad_arg
-from ._ssd_call import SSDCall
+from ._ssd_call import SSDCall, check_index_data
 from .naive_ssu import softplus
 
 
@@ -42,29 +41,6 @@ def chunk_entering_states(call: SSDCall, dA_last: torch.Tensor, chunk_states: to
         entering[c] = prev
         end[c] = torch.exp(dA_last[c]).view(H, 1, 1) * prev + chunk_states[c]
     return entering, end
-
-
-def check_index_data(call: SSDCall) -> None:
-    """The data-dependent checks the normaliser cannot make without reading device memory, before anything
-    is written: chunk offsets (non-decreasing, within the tokens, no chunk longer than ``chunk_size`` --
-    the chunked stages would drop its tail), ``seq_idx`` naming a sequence, ``last_chunk_indices`` naming a
-    chunk, ``final_state_indices`` naming a pool slot."""
-    T, nc, batch = call.tokens, call.nchunks, call.batch
-    cu = call.cu_chunk_seqlens.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    if int(cu[0]) < 0 or bool((lens < 0).any()) or int(cu[-1]) > T:
-        bad_arg("cu_chunk_seqlens", cu.tolist(), f"non-decreasing token offsets within [0, {T}]")
-    if int(lens.max()) > call.chunk_size:
-        bad_arg("cu_chunk_seqlens", cu.tolist(), f"chunks of at most chunk_size ({call.chunk_size}) tokens")
-    for name, t, n in (("seq_idx", call.seq_idx, batch), ("last_chunk_indices", call.last_chunk_indices, nc)):
-        t = t.to(torch.int64)
-        if bool(((t < 0) | (t >= n)).any()):
-            bad_arg(name, t.tolist(), f"values in [0, {n})")
-    if call.final_state_indices is not None:
-        slots = call.final_states_out.shape[0]
-        t = call.final_state_indices.to(torch.int64)
-        if bool(((t < 0) | (t >= slots)).any()):
-            bad_arg("final_state_indices", t.tolist(), f"slots in [0, {slots}) of final_states_out")
 
 
 @torch.no_grad()

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._errors import bad_arg
-from ._ssu_call import SlotTable, SSUCall, finish
+from ._ssu_call import SlotTable, SSUCall, check_index_data, finish
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -47,75 +46,6 @@ def read_slots(call: SSUCall) -> torch.Tensor:
         return b
     pos = torch.zeros_like(b) if call.num_accepted is None else (call.num_accepted.to(torch.int64) - 1).clamp(min=0)
     return table_lookup(call.src, b, pos)
-
-
-def _entries(name: str, table: SlotTable, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Entries ``(b, t)`` after checking that each exists: a 2-D table has a column per position, a flat
-    table an entry per packed row (stride addressing would otherwise read the next row's entries)."""
-    if b.numel() == 0:
-        return b.to(torch.int64)
-    if not table.flat and int(t.max()) >= table.cols:
-        bad_arg(name, f"a [{table.rows}, {table.cols}] table", f"a column for position {int(t.max())} of a sequence")
-    flat = b.to(torch.int64) * table.stride_b + t.to(torch.int64) * table.stride_t
-    if int(flat.max()) >= table.base.numel():
-        bad_arg(name, f"a flat table of {table.rows} entries", f"an entry for row b + t = {int(flat.max())}")
-    return table.base[flat].to(torch.int64)
-
-
-def _in_pool(name: str, slots: torch.Tensor, pool: int, pad: int) -> None:
-    bad = (slots != pad) & ((slots < 0) | (slots >= pool))
-    if bool(bad.any()):
-        bad_arg(name, int(slots[bad][0]), f"slots in [0, {pool}) or pad_slot_id ({pad})")
-
-
-def check_index_data(call: SSUCall) -> None:
-    """The data-dependent checks the normaliser cannot make without reading device memory: row offsets,
-    every slot the call reads or writes, and intermediate-buffer positions. Runs before anything is written,
-    so a rejected call leaves the pool, the buffer and ``out`` as they were."""
-    S, pad, dev = call.state.shape[0], call.pad_slot_id, call.state.device
-    if call.cu_seqlens is not None and call.nseq:
-        cu = call.cu_seqlens.to(torch.int64)
-        if int(cu[0]) < 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) > call.rows:
-            bad_arg("cu_seqlens", call.cu_seqlens.tolist(), f"non-decreasing row offsets within [0, {call.rows}]")
-    _, lens = sequence_bounds(call)
-    b = torch.arange(call.nseq, device=dev, dtype=torch.int64)
-    if call.src is None:
-        if call.nseq > S:
-            bad_arg("state", call.state, f"at least {call.nseq} slots (sequence b uses slot b without a table)")
-        slot = b
-    else:
-        pos = torch.zeros_like(b) if call.num_accepted is None else (call.num_accepted.to(torch.int64) - 1).clamp(min=0)
-        slot = _entries("state_batch_indices", call.src, b, pos)
-        _in_pool("state_batch_indices", slot, S, pad)
-    writers = b[(slot != pad) & (lens > 0)]
-    wlens = lens[writers]
-    if call.write_mode == "per_token" and writers.numel():
-        name = "state_batch_indices" if call.dst is call.src else "dst_state_batch_indices"
-        bb = writers.repeat_interleave(wlens)
-        tt = torch.arange(bb.numel(), device=dev) - (wlens.cumsum(0) - wlens).repeat_interleave(wlens)
-        _in_pool(name, _entries(name, call.dst, bb, tt), S, pad)
-    elif call.write_mode == "final" and call.dst is not None and writers.numel():
-        name = "dst_state_batch_indices"
-        _in_pool(name, _entries(name, call.dst, writers, torch.zeros_like(writers)), S, pad)
-    elif call.write_mode == "intermediate" and writers.numel():
-        if int(wlens.max()) > call.cache_steps:
-            bad_arg("cache_steps", call.cache_steps, f">= the longest sequence ({int(wlens.max())} tokens)")
-        entries = call.ibuf.shape[0] // call.cache_steps
-        if call.ibuf_indices is not None:
-            idx = call.ibuf_indices[: call.nseq].to(torch.int64)[writers]
-            bad = (idx < 0) | (idx >= entries)
-            if bool(bad.any()):
-                bad_arg("intermediate_state_indices", int(idx[bad][0]), f"entries in [0, {entries}) of the buffer")
-        elif int(slot[writers].max()) >= entries:  # the entry is the read slot
-            bad_arg(
-                "intermediate_states_buffer",
-                call.ibuf,
-                f"an entry for read slot {int(slot[writers].max())} (no intermediate_state_indices given)",
-            )
-        if call.parent is not None:
-            par = call.parent[writers].to(torch.int64)
-            if bool((par >= call.cache_steps).any()):
-                bad_arg("retrieve_parent_token", int(par.max()), f"parents below cache_steps ({call.cache_steps})")
 
 
 def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import settings
 from .._backends import resolve_backend, run_ssu
 from .._errors import bad_arg
 from .._ops import SSU, trace_ssu
@@ -104,7 +105,9 @@ def selective_state_update(
 # (``mate._tilelang.ssu_recipe.make_recipe``, derived from the slow path's own result) with the new tensors; the only
 # per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on every call. The
 # reference backend keeps its full validation (it also checks index data): its metadata is remembered as
-# slow so the key is not analysed twice. ``eager_ssu`` (generated from the op's parameter table,
+# slow so the key is not analysed twice; so is a TileLang call made with ``MATE_CHECK_INPUTS=1``, whose index data
+# is checked on every call (a form remembered with a recipe before the setting was turned on keeps replaying it:
+# ``clear_fast_path_cache`` forgets it). ``eager_ssu`` (generated from the op's parameter table,
 # ``mate._ops.SSU_PARAMS``, whose order it takes) hands ``_eager`` the keyed tensors and either the scalar options
 # (every scalar of its exact class, every unimplemented option None) or, for a call that cannot be keyed, the
 # whole argument tuple: the normaliser then decides (a truthy int is valid but not keyed; an unimplemented
@@ -190,7 +193,9 @@ def _eager(tensors: tuple, scalars: tuple | None, args: tuple | None) -> torch.T
 
     result = tl_ssu.selective_state_update(call)
     if key is not None:
-        recipe = ssu_recipe.make_recipe(call, dict(zip(FAST_TENSOR_ARGS, tensors, strict=True)), FAST_TENSOR_ARGS)
+        recipe = None
+        if not settings.get("MATE_CHECK_INPUTS"):  # checking the index data needs the full path on every call
+            recipe = ssu_recipe.make_recipe(call, dict(zip(FAST_TENSOR_ARGS, tensors, strict=True)), FAST_TENSOR_ARGS)
         _remember(key, _SLOW if recipe is None else recipe)
     return result
 
