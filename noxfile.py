@@ -1,6 +1,6 @@
 """nox sessions of the MATE monorepo: every distribution under packages/ installed together into one environment.
 
-    nox -s tests      CPU tests (-m "not gpu") of every package; extra arguments go to pytest
+    nox -s tests      CPU tests (-m "not gpu and not engine") of every package; extra arguments go to pytest
     nox -s lint       ruff check + ruff format --check
     nox -s compile    lower and compile every TileLang kernel configuration for sm_90a with nvcc (no GPU), then
                       check the SSD kernels' generated CUDA for warp-specialisation hazards

@@ -468,6 +468,38 @@ def test_gpu_ssu_dtype_mix_and_eagle_tree(bc, T):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("src_dt", "ibuf_dt", "parent_dt"),
+    [
+        pytest.param(torch.int32, torch.int32, torch.int32, id="all-int32"),
+        pytest.param(torch.int64, torch.int64, torch.int64, id="all-int64"),
+        pytest.param(torch.int32, torch.int32, torch.int64, id="parents-int64(sglang-eagle)"),
+        pytest.param(torch.int64, torch.int32, torch.int32, id="src-int64"),
+        pytest.param(torch.int32, torch.int64, torch.int64, id="ibuf-parents-int64"),
+    ],
+)  # fmt: skip
+def test_gpu_eagle_tree_mixed_index_dtypes(src_dt, ibuf_dt, parent_dt):
+    """The EAGLE verify on the TileLang kernels with state_batch_indices, intermediate_state_indices and
+    retrieve_parent_token each in its own int dtype (the planner widens a mix to int64 once)."""
+    bs, T = 3, 4
+    t = ssu_tensors(bs, T=T, H=8, P=64, N=128, G=2, seed=23, io=BF16, dev="cuda")
+    pool0 = t.state.clone()
+    buf = torch.zeros(bs, T, 8, 64, 128, device="cuda")
+    kw = dict(
+        state_batch_indices=torch.tensor([6, -1, 0], dtype=src_dt, device="cuda"), disable_state_update=True,
+        cache_steps=T, intermediate_state_indices=torch.tensor([2, 0, 1], dtype=ibuf_dt, device="cuda"),
+        retrieve_parent_token=torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2], [-1, 0, 1, 1]], dtype=parent_dt,
+                                           device="cuda"),
+    )  # fmt: skip
+    call_ssu(t, intermediate_states_buffer=buf, **kw)
+    torch.cuda.synchronize()
+    exp = oracle_ssu(t, pool0, intermediate_states_buffer=torch.zeros_like(buf), **kw)
+    assert torch.equal(t.state, pool0)
+    assert rel(t.out, exp.y64) < 2e-2 and rel(buf, exp.ibuf.double()) < 2e-3
+    assert buf[0].abs().sum() == 0  # entry 0 belongs to the pad row
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("chunk_size", [64, 128, 256])
 def test_gpu_prefill_return_forms_and_track_states(chunk_size):
     c = prefill([5, 150, 40], seed=21, H=8, P=64, N=128, io=BF16, dev="cuda")

@@ -362,12 +362,26 @@ def test_gpu_decode_without_a_table_bf16_x_fp32_bc():
     assert e.written == {0, 1, 2}
 
 
+I32, I64 = torch.int32, torch.int64
+
+
 @pytest.mark.gpu
-def test_gpu_decode_n_by_1_plus_k_tables_bf16_a():
-    cu = torch.tensor([0, 3, 5, 8], dtype=torch.int32)
-    src = torch.tensor([[1, 2, 3], [0, 0, 0], [7, 8, 9]], dtype=torch.int32)
-    dst = torch.tensor([[10, 11, 12], [13, 14, 15], [16, 0, 18]], dtype=torch.int64)
-    acc = torch.tensor([2, 1, 3], dtype=torch.int32)
+@pytest.mark.parametrize(
+    ("src_dt", "dst_dt", "acc_dt", "cu_dt"),
+    [
+        pytest.param(I32, I32, I32, I32, id="all-int32"),
+        pytest.param(I64, I64, I64, I64, id="all-int64"),
+        pytest.param(I32, I64, I32, I32, id="dst-int64"),
+        pytest.param(I64, I32, I32, I64, id="src-cu-int64"),
+        pytest.param(I32, I32, I64, I32, id="acc-int64"),
+    ],
+)  # fmt: skip
+def test_gpu_decode_n_by_1_plus_k_tables_bf16_a(src_dt, dst_dt, acc_dt, cu_dt):
+    """vLLM's spec decode on the TileLang kernels with each index tensor in its own int dtype."""
+    cu = torch.tensor([0, 3, 5, 8], dtype=cu_dt)
+    src = torch.tensor([[1, 2, 3], [0, 0, 0], [7, 8, 9]], dtype=src_dt)
+    dst = torch.tensor([[10, 11, 12], [13, 14, 15], [16, 0, 18]], dtype=dst_dt)
+    acc = torch.tensor([2, 1, 3], dtype=acc_dt)
     t = decode_tensors(rows=8, S=20, io=BF16, a_dtype=BF16, device="cuda", seed=31, **GPU_SHAPE)
     pool0 = t.state.cpu()
     e = vllm_expect(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, src=src, dst=dst, cu=cu, acc=acc)
