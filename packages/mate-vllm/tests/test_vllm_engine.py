@@ -20,7 +20,8 @@ from mate import settings
 from mate_vllm import ops
 
 pytestmark = pytest.mark.engine
-pytest.importorskip("vllm", reason="the real vLLM is installed by `nox -s engines`")
+# the whole release (vllm.plugins, vllm.config, ...), not just its Mamba ops as some GPU boxes carry for benchmarks
+pytest.importorskip("vllm.plugins", reason="the real vLLM is installed by `nox -s engines`")
 
 import vllm  # noqa: E402
 from test_vllm_conformance import _tol, check_ssu, decode_tensors, oracle, prefill_tensors, vllm_expect  # noqa: E402

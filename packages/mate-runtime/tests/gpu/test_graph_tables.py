@@ -70,9 +70,11 @@ def _check_rounds(captured: dict, pool: torch.Tensor, out: torch.Tensor, graph, 
         y_r = selective_state_update(**kw_r, backend="torch")
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, y_e), "replayed y differs from the eager call's"
+        # packed rows past the last sequence (cu_seqlens[-1]) belong to no sequence: no backend writes them
+        rows = int(new["cu_seqlens"][-1]) if "cu_seqlens" in new else out.shape[0]
+        assert torch.equal(out[:rows], y_e[:rows]), "replayed y differs from the eager call's"
         assert torch.equal(pool, pool_e), "replayed pool writes differ from the eager call's"
-        torch.testing.assert_close(out.float(), y_r.float(), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(out[:rows].float(), y_r[:rows].float(), atol=3e-2, rtol=3e-2)
         torch.testing.assert_close(pool, kw_r["state"], atol=2e-2, rtol=2e-2)
 
 
