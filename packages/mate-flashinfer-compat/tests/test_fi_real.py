@@ -240,3 +240,87 @@ def test_alias_beside_the_real_flashinfer_keeps_it():
         "alias",
     )
     assert "MATE_FLASHINFER_COMPAT=alias, but a real FlashInfer is installed" in out, out
+
+
+@pytest.mark.gpu
+def test_gpu_mate_inside_flashinfer_matches_flashinfer_s_own_kernel():
+    """On the GPU, in this (already started) interpreter: ``flashinfer.mamba.selective_state_update`` (MATE's)
+    against FlashInfer's own kernel (its implementation module), same inputs, for SGLang's one-token decode,
+    vLLM's packed MTP and SGLang's dense verify with an intermediate buffer (bf16 inputs, fp32 state)."""
+    import importlib
+
+    import flashinfer.mamba as fm
+    import torch
+    from mate_flashinfer_compat.mamba import selective_state_update as mine
+    from test_fi_conformance import BF16, F32, tensors
+
+    theirs = importlib.import_module("flashinfer.mamba.selective_state_update").selective_state_update
+    assert fm.selective_state_update is mine and theirs is not mine
+    dev = "cuda"
+    i32 = dict(dtype=torch.int32, device=dev)
+
+    def both(rows, S, call, seed):
+        got = []
+        for fn in (mine, theirs):
+            t = tensors(rows=rows, S=S, H=8, P=64, N=128, G=2, io=BF16, weight=BF16, state_dtype=F32, device=dev,
+                        seed=seed)  # fmt: skip
+            got.append((t, *call(fn, t)))
+        return got
+
+    def close(a, b):
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+
+    # SGLang decode: 1-D slots with a -1 pad, philox_rounds=10 without rand_seed
+    src = torch.tensor([5, -1, 2, 9, 0, 7], **i32)
+
+    def decode(fn, t):
+        out = torch.empty_like(t.x)
+        fn(t.state, t.x, t.dt, t.A, t.B, t.C, D=t.D, z=t.z, dt_bias=t.dt_bias, dt_softplus=True,
+           state_batch_indices=src, pad_slot_id=-1, out=out, disable_state_update=False, cache_steps=0,
+           rand_seed=None, philox_rounds=10)  # fmt: skip
+        return (out,)
+
+    (ta, ya), (tb, yb) = both(6, 12, decode, seed=21)
+    live = src != -1  # a pad row's output is not part of the contract compared here
+    close(ya[live], yb[live])
+    close(ta.state, tb.state)
+
+    # vLLM packed MTP: [N, 1 + K] tables, num_accepted_tokens, cache_steps = 1 + K, null block 0
+    cu = torch.tensor([0, 3, 4, 7], **i32)
+    msrc = torch.tensor([[1, 2, 3], [0, 0, 0], [4, 5, 6]], **i32)
+    mdst = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 0, 15]], **i32)
+    acc = torch.tensor([2, 1, 3], **i32)
+
+    def mtp(fn, t):
+        out = torch.empty_like(t.x)
+        fn(t.state, t.x, t.dt, t.A, t.B, t.C, D=t.D, z=t.z, dt_bias=t.dt_bias, dt_softplus=True,
+           state_batch_indices=msrc, dst_state_batch_indices=mdst, cu_seqlens=cu, num_accepted_tokens=acc,
+           cache_steps=3, pad_slot_id=0, out=out, rand_seed=None, philox_rounds=10, algorithm="auto")  # fmt: skip
+        return (out,)
+
+    (ta, ya), (tb, yb) = both(7, 16, mtp, seed=22)
+    live = torch.tensor([0, 1, 2, 4, 5, 6], device=dev)  # row 3 is the null-block sequence
+    close(ya[live], yb[live])
+    close(ta.state, tb.state)
+
+    # SGLang dense verify: disable_state_update=True, 5-D intermediate buffer, intermediate_state_indices
+    b, T = 3, 4
+    vsrc = torch.tensor([5, -1, 1], **i32)
+    idx = torch.tensor([2, 0, 1], **i32)
+
+    def verify(fn, t):
+        d4 = lambda v: v.reshape(b, T, *v.shape[1:])  # noqa: E731
+        buf = torch.zeros(3, T, 8, 64, 128, device=dev)
+        out = torch.empty(b, T, 8, 64, dtype=BF16, device=dev)
+        fn(t.state, d4(t.x), d4(t.dt), t.A, d4(t.B), d4(t.C), D=t.D, z=d4(t.z), dt_bias=t.dt_bias,
+           dt_softplus=True, state_batch_indices=vsrc, pad_slot_id=-1, out=out, disable_state_update=True,
+           intermediate_states_buffer=buf, cache_steps=T, intermediate_state_indices=idx, rand_seed=None,
+           philox_rounds=10)  # fmt: skip
+        return out, buf
+
+    (ta, ya, ba), (tb, yb, bb) = both(b * T, 6, verify, seed=23)
+    for r in range(b):
+        if int(vsrc[r]) != -1:
+            close(ya[r], yb[r])
+            close(ba[int(idx[r])], bb[int(idx[r])])
+    close(ta.state, tb.state)
