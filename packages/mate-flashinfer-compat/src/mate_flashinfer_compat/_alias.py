@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
-import logging
+import os
 import sys
 import types
 import warnings
@@ -42,7 +42,7 @@ OWNER = "mate-flashinfer-compat"
 TARGET = "mate_flashinfer_compat.mamba"
 PROVIDED = "flashinfer.mamba"
 
-log = logging.getLogger("mate_flashinfer_compat")
+INFO, WARNING = 20, 30  # logging's levels; logging itself is imported only to report
 _reported: set = set()
 _armed = {"hook": False}
 _served: dict = {}  # what the provider hook did in the real flashinfer.mamba: name -> "mate" or why not
@@ -56,15 +56,17 @@ def _mode() -> str:
     return settings.get(ENV)
 
 
-def report_once(key: str, message: str, level: int = logging.INFO) -> None:
+def report_once(key: str, message: str, level: int = INFO) -> None:
     """One line per process and event: an INFO log for what is served, a warning for what is not as asked."""
     if key in _reported:
         return
     _reported.add(key)
-    if level >= logging.WARNING:
+    if level >= WARNING:
         warnings.warn(message, stacklevel=4)
     else:
-        log.info(message)
+        import logging
+
+        logging.getLogger("mate_flashinfer_compat").info(message)
 
 
 def real_flashinfer_spec():
@@ -94,7 +96,7 @@ def _on_flashinfer_mamba(module) -> None:
             "serve-failed",
             f"mate-flashinfer-compat: serving flashinfer.mamba from MATE failed and was skipped ({e!r}); "
             "FlashInfer's own functions serve",
-            logging.WARNING,
+            WARNING,
         )
 
 
@@ -193,7 +195,7 @@ class MateFlashInferFinder(importlib.abc.MetaPathFinder):
                     "alias-beside-real",
                     f"mate-flashinfer-compat: {ENV}=alias, but a real FlashInfer is installed ({real.origin}); it "
                     f"stays FlashInfer and MATE serves {', '.join(SERVED)} inside its flashinfer.mamba, as auto does",
-                    logging.WARNING,
+                    WARNING,
                 )
                 return None
             return importlib.machinery.ModuleSpec("flashinfer", _ShimLoader(), is_package=True)
@@ -247,7 +249,8 @@ def install_from_env() -> None:
     finder, which raises the ``ValueError`` naming the variable at the first ``flashinfer`` import; without a
     MATE runtime nothing can be served and nothing is installed."""
     try:
-        mode = _mode()
+        # unset: the setting's default (auto), without importing mate.settings at every interpreter start
+        mode = "auto" if not os.environ.get(ENV) else _mode()
     except ValueError:
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import sys
 
-from ._alias import ENV, OWNER, PROVIDED, report_once
+from ._alias import ENV, OWNER, PROVIDED, WARNING, report_once
 from ._names import NOT_SERVED, SERVED
 
 KNOWN_VERSIONS = ("0.7.2",)  # the FlashInfer releases whose flashinfer.mamba contract MATE reproduces
@@ -50,7 +49,7 @@ def serve(module, served: dict) -> None:
                 f"signature-{name}",
                 f"mate-flashinfer-compat: FlashInfer {version}'s {PROVIDED}.{name} takes {got}, not FlashInfer "
                 f"0.7.2's {want}; MATE does not serve it and FlashInfer's own function stays",
-                logging.WARNING,
+                WARNING,
             )
             continue
         ledger(OWNER, "flashinfer.").set_entry(module.__dict__, f"{PROVIDED}.{name}", name, mine)
