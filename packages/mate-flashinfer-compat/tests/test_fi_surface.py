@@ -291,7 +291,7 @@ def test_off_leaves_flashinfer_alone(tmp_path, beside):
 
 @pytest.mark.parametrize("value", [pytest.param(v, id=v) for v in ("auto", "alias", "off", "force", "bogus")])
 def test_pth_line_reads_the_switch_through_mate_settings_without_importing_torch(tmp_path, value):
-    """A malformed value (``force`` is no value any more) installs the finder, which raises the ValueError naming
+    """A value outside auto / alias / off (``force``, ``bogus``) installs the finder, which raises the ValueError naming
     the variable at the first ``flashinfer`` import, beside a FlashInfer or not."""
     out = run(
         """
