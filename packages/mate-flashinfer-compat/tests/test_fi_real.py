@@ -206,6 +206,90 @@ def test_flashinfer_call_forms_give_the_recurrences_numbers():
     assert "ok" in out
 
 
+@pytest.mark.parametrize("engine", [pytest.param("sglang", id="sglang"), pytest.param("vllm", id="vllm")])
+def test_the_engines_own_flashinfer_backend_runs_mate(engine):
+    """The engine's real ``FlashInferSSUBackend`` (SGLang 0.5.23's / vLLM 0.33's ``ssu_dispatch``), constructed as
+    the engine constructs it, takes ``flashinfer.mamba.selective_state_update`` and so calls MATE: decode and
+    verify (SGLang) or decode and packed MTP (vLLM) give the recurrence's numbers. Skips where the engine does
+    not import."""
+    module = {
+        "sglang": "sglang.kernels.ops.mamba.triton_ops.ssu_dispatch",
+        "vllm": "vllm.model_executor.layers.mamba.ops.ssu_dispatch",
+    }[engine]
+    out = run(
+        f"""
+        import importlib, torch
+        try:
+            sd = importlib.import_module({module!r})
+        except Exception as e:  # noqa: BLE001
+            print("SKIP", repr(e)); raise SystemExit(0)
+        from mate_flashinfer_compat.mamba import selective_state_update as mate_ssu
+        from test_fi_conformance import BF16, F32, check, expect, tensors
+        ENGINE = {engine!r}
+        """
+        + """
+        if ENGINE == "sglang":
+            backend = sd.FlashInferSSUBackend(enable_stochastic_rounding=False, cache_philox_rounds=0)
+        else:
+            from vllm.config.mamba import MambaConfig
+            backend = sd.FlashInferSSUBackend(MambaConfig())
+        assert backend._kernel is mate_ssu, backend._kernel
+        t = tensors(rows=4, S=9, H=4, G=2, io=BF16, weight=F32, seed=31)
+        pool0 = t.state.clone()
+        out = torch.empty_like(t.x)
+        if ENGINE == "sglang":  # decode: 1-D slots, -1 pad
+            src = torch.tensor([6, -1, 2, 0], dtype=torch.int32)
+            e = expect(t, z=t.z, state_batch_indices=src, pad_slot_id=-1, final_write_to_dst=True)
+            backend(t.state, t.x, t.dt, t.A, t.B, t.C, D=t.D, z=t.z, dt_bias=t.dt_bias, dt_softplus=True,
+                    state_batch_indices=src, pad_slot_id=-1, out=out)
+        else:  # decode: flat src / dst, null block 0
+            src = torch.tensor([3, 0, 5, 7], dtype=torch.int32)
+            dst = torch.tensor([4, 0, 6, 8], dtype=torch.int32)
+            e = expect(t, z=t.z, state_batch_indices=src, dst_state_batch_indices=dst, pad_slot_id=0,
+                       final_write_to_dst=True)
+            backend(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, dt_softplus=True,
+                    state_batch_indices=src, dst_state_batch_indices=dst, null_block_id=0, out=out)
+        check(t, out, e, pool0, BF16)
+
+        if ENGINE == "sglang":  # verify: dense 4-D, disable_state_update, 5-D intermediate buffer
+            b, T = 2, 3
+            t = tensors(rows=b * T, S=5, H=4, G=2, seed=32)
+            pool0 = t.state.clone()
+            d4 = lambda v: v.reshape(b, T, *v.shape[1:])
+            src = torch.tensor([4, 1], dtype=torch.int32)
+            idx = torch.tensor([1, 0], dtype=torch.int32)
+            buf = torch.zeros(2, T, 4, 4, 8)
+            out = torch.empty(b, T, 4, 4)
+            e = expect(t, x=d4(t.x), dt=d4(t.dt), B=d4(t.B), C=d4(t.C), z=d4(t.z), state_batch_indices=src,
+                       intermediate_states_buffer=buf, intermediate_state_indices=idx, cache_steps=T)
+            backend(t.state, d4(t.x), d4(t.dt), t.A, d4(t.B), d4(t.C), D=t.D, z=d4(t.z), dt_bias=t.dt_bias,
+                    dt_softplus=True, state_batch_indices=src, out=out, disable_state_update=True,
+                    intermediate_states_buffer=buf, cache_steps=T, intermediate_state_indices=idx)
+            check(t, out, e, pool0)
+            torch.testing.assert_close(buf.double(), e.ibuf.double(), atol=1e-4, rtol=1e-4)
+        else:  # packed MTP: [N, 1 + K] tables, num_accepted_tokens
+            cu = torch.tensor([0, 3, 4, 7], dtype=torch.int32)
+            src = torch.tensor([[1, 2, 3], [0, 0, 0], [4, 5, 6]], dtype=torch.int32)
+            dst = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 0, 15]], dtype=torch.int32)
+            acc = torch.tensor([2, 1, 3], dtype=torch.int32)
+            t = tensors(rows=7, S=16, H=4, G=2, io=BF16, weight=F32, seed=33)
+            pool0 = t.state.clone()
+            out = torch.empty_like(t.x)
+            e = expect(t, z=t.z, state_batch_indices=src, dst_state_batch_indices=dst, cu_seqlens=cu,
+                       num_accepted_tokens=acc, pad_slot_id=0)
+            backend(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, dt_softplus=True,
+                    state_batch_indices=src, dst_state_batch_indices=dst, null_block_id=0, out=out,
+                    num_accepted_tokens=acc, cu_seqlens=cu)
+            check(t, out, e, pool0, BF16)
+            assert e.written == {7, 8, 9, 13, 15}
+        print("ok")
+        """
+    )
+    if "SKIP" in out:
+        pytest.skip(f"{engine} does not import here: {out.split('SKIP', 1)[1].strip()}")
+    assert "ok" in out, out
+
+
 @pytest.mark.parametrize("how", [pytest.param("off", id="off"), pytest.param("uninstall", id="uninstall")])
 def test_off_and_uninstall_leave_flashinfer_its_own(how):
     out = run(
