@@ -190,17 +190,20 @@ def build(session: nox.Session) -> None:
         with zipfile.ZipFile(whl) as zf:
             tops = {n.split("/", 1)[0] for n in zf.namelist() if "/" in n}
         modules += sorted(t for t in tops if not t.endswith((".dist-info", ".data")) and t not in modules)
-    # mate-flashinfer-compat serves `flashinfer.mamba` through an import alias its wheel installs (a .pth).
-    aliases = ["flashinfer.mamba"] if any(w.name.startswith("mate_flashinfer_compat-") for w in wheels) else []
-    session.log(f"importing {modules + aliases}")
+    # mate-flashinfer-compat: its FlashInfer-shaped package, and (its .pth hook in the default mode) no `flashinfer`
+    # module where no real FlashInfer is installed.
+    compat = any(w.name.startswith("mate_flashinfer_compat-") for w in wheels)
+    shaped = ["mate_flashinfer_compat.mamba"] if compat else []
+    session.log(f"importing {modules + shaped}")
     code = (
-        "import importlib, sys\n"
+        "import importlib, importlib.util, sys\n"
         f"for m in {modules!r}:\n"
         "    mod = importlib.import_module(m)\n"
         "    assert mod.__file__ and '/site-packages/' in mod.__file__, (m, mod.__file__)\n"
         "    print('import', m, 'ok')\n"
-        f"for m in {aliases!r}:\n"
+        f"for m in {shaped!r}:\n"
         "    print('import', m, 'ok:', importlib.import_module(m).selective_state_update)\n"
+        "    assert importlib.util.find_spec('flashinfer') is None, 'a flashinfer module without FlashInfer'\n"
         "assert 'tilelang' not in sys.modules, 'importing the packages pulled in TileLang'\n"
     )
     session.run(py, "-c", code, external=True)

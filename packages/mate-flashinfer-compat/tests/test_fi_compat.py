@@ -1,28 +1,21 @@
-"""flashinfer.mamba served by MATE: vLLM's FlashInferSSUBackend calls and FlashInfer's own write rules, checked
-against a float64 recurrence with hand-written slot expectations (mate.testing)."""
+"""FlashInfer's selective_state_update served by MATE (mate_flashinfer_compat.mamba): vLLM's FlashInferSSUBackend
+calls and FlashInfer's own write rules, checked against a float64 recurrence with hand-written slot expectations
+(mate.testing)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
-import mate_flashinfer_compat
+import mate_flashinfer_compat.mamba
 import pytest
 import torch
 from mate.testing import consumer_tensors, run_sequence
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-RUNTIME_SRC = Path(__file__).resolve().parents[2] / "mate-runtime" / "src"
-KERNELS_SRC = Path(__file__).resolve().parents[2] / "mate-kernels" / "src"
 ATOL = dict(atol=2e-5, rtol=2e-5)
 
 
 def fi_ssu():
-    mate_flashinfer_compat.install()
-    from flashinfer.mamba import selective_state_update
+    """MATE's FlashInfer-shaped function (without a real FlashInfer no ``flashinfer`` module exists by default;
+    beside one, ``flashinfer.mamba.selective_state_update`` is this same function: test_fi_real.py)."""
+    from mate_flashinfer_compat.mamba import selective_state_update
 
     return selective_state_update
 
@@ -38,18 +31,6 @@ def vllm_flashinfer_backend_call(t, src, dst, cu_seqlens=None, acc=None, null_bl
 
 
 # ---------------------------------------------------------------------------------------- import surface
-
-
-def test_flashinfer_mamba_is_mates_without_a_real_flashinfer():
-    import flashinfer
-    import flashinfer.mamba as fm
-
-    assert getattr(flashinfer, "__mate_compat__", False) and fm.__mate_compat__
-    assert fm.selective_state_update is mate_flashinfer_compat.mamba.selective_state_update
-    assert fm.mamba_chunk_scan_combined_varlen is mate_flashinfer_compat.mamba.mamba_chunk_scan_combined_varlen
-    assert mate_flashinfer_compat.alias_status()["flashinfer.mamba"] == "mate"
-    with pytest.raises(ImportError):
-        import flashinfer.sampling  # noqa: F401  (the shim provides flashinfer.mamba only)
 
 
 def test_signature_matches_flashinfer_0_7_2():
@@ -68,100 +49,6 @@ def test_signature_matches_flashinfer_0_7_2():
     for p, (_, default) in zip(params[7:], expected[7:], strict=True):
         assert p.default == default, p.name
     assert params[6].default is inspect.Parameter.empty  # D has no default in FlashInfer
-
-
-def _run(code, env_extra, pythonpath):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MATE_FLASHINFER_COMPAT")}
-    env.update(env_extra)
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True)
-
-
-@pytest.fixture
-def real_flashinfer(tmp_path):
-    pkg = tmp_path / "flashinfer"
-    (pkg / "mamba").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("REAL = True\nfrom . import mamba as mamba\n")
-    (pkg / "mamba" / "__init__.py").write_text("REAL_MAMBA = True\ndef selective_state_update(*a, **k): return 'fi'\n")
-    return tmp_path
-
-
-def test_real_flashinfer_is_not_shadowed_and_the_choice_is_reported(real_flashinfer):
-    code = """
-        import warnings
-        warnings.simplefilter("always")
-        import mate_flashinfer_compat
-        with warnings.catch_warnings(record=True) as w:
-            import flashinfer, flashinfer.mamba
-        assert flashinfer.REAL and flashinfer.mamba.REAL_MAMBA, "the real FlashInfer must win in auto mode"
-        assert any("MATE_FLASHINFER_COMPAT=force" in str(x.message) for x in w), [str(x.message) for x in w]
-        assert mate_flashinfer_compat.alias_status()["flashinfer.mamba"] == "flashinfer"
-        print("ok")
-    """
-    r = _run(code, {}, [real_flashinfer, SRC, RUNTIME_SRC, KERNELS_SRC])
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
-
-
-def test_force_routes_only_flashinfer_mamba_to_mate(real_flashinfer):
-    code = """
-        import mate_flashinfer_compat
-        import flashinfer, flashinfer.mamba
-        assert flashinfer.REAL  # the rest of FlashInfer stays FlashInfer's
-        assert flashinfer.mamba.__mate_compat__ and not hasattr(flashinfer.mamba, "REAL_MAMBA")
-        assert flashinfer.mamba.selective_state_update is mate_flashinfer_compat.mamba.selective_state_update
-        print("ok")
-    """
-    r = _run(code, {"MATE_FLASHINFER_COMPAT": "force"}, [real_flashinfer, SRC, RUNTIME_SRC, KERNELS_SRC])
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
-
-
-def test_off_never_aliases():
-    code = """
-        import mate_flashinfer_compat
-        try:
-            import flashinfer
-        except ImportError:
-            print("ok")
-    """
-    r = _run(code, {"MATE_FLASHINFER_COMPAT": "off"}, [SRC, RUNTIME_SRC, KERNELS_SRC])
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
-
-
-def test_pth_line_installs_the_alias_without_importing_torch():
-    line = (SRC / "mate_flashinfer_compat.pth").read_text().strip()
-    assert line.startswith("import ")
-    code = f"""
-        import sys
-        {line}
-        assert "torch" not in sys.modules, "the start-up hook must stay light"
-        import flashinfer.mamba
-        print("ok")
-    """
-    r = _run(code, {}, [SRC, RUNTIME_SRC, KERNELS_SRC])
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
-
-
-CALL = """
-    import torch, flashinfer.mamba as fm
-    s = torch.zeros(2, 1, 4, 4); x = torch.zeros(1, 1, 4)
-    try:
-        fm.selective_state_update(s, x, x, -torch.ones(1), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), None)
-    except ImportError as e:
-        print("ERR", e)
-"""
-
-
-def test_missing_mate_is_reported_as_missing():
-    hide = "import sys\nsys.modules['mate'] = None  # as if mate-runtime were not installed\n"
-    r = _run(hide + "import mate_flashinfer_compat\n" + textwrap.dedent(CALL), {}, [SRC])
-    assert r.returncode == 0 and "not installed" in r.stdout, (r.stdout, r.stderr)
-
-
-def test_broken_mate_is_reported_as_broken(tmp_path):
-    (tmp_path / "mate").mkdir()
-    (tmp_path / "mate" / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
-    r = _run("import mate_flashinfer_compat\n" + textwrap.dedent(CALL), {}, [tmp_path, SRC])
-    assert r.returncode == 0 and "installed but broken" in r.stdout and "half-installed" in r.stdout, r.stdout
 
 
 # --------------------------------------------------------------------- vLLM's FlashInferSSUBackend calls
@@ -389,8 +276,6 @@ def test_gpu_vllm_spec_decode_matches_cpu():
     for k, v in vars(gpu).items():
         if isinstance(v, torch.Tensor):
             setattr(gpu, k, v.cuda())
-    # The compat function itself: on the GPU machine a real FlashInfer sits on the path, and in the default
-    # ``auto`` mode ``flashinfer.mamba`` is then the real one (which rejects CPU tensors).
     from mate_flashinfer_compat.mamba import selective_state_update as fn
 
     vllm_flashinfer_backend_call(cpu, src, dst, cu_seqlens=cu, acc=acc, fn=fn)
@@ -400,7 +285,7 @@ def test_gpu_vllm_spec_decode_matches_cpu():
 
 
 def test_prefill_names_are_served():
-    from flashinfer.mamba import mamba_chunk_scan_combined_varlen, ssd_combined_fwd_varlen
+    from mate_flashinfer_compat.prefill import mamba_chunk_scan_combined_varlen, ssd_combined_fwd_varlen
 
     g = torch.Generator().manual_seed(11)
     T, H, P, N = 5, 2, 4, 8
@@ -442,26 +327,3 @@ def test_sglang_flashinfer_backend_verify_call():
         if read != -1:
             torch.testing.assert_close(buf[int(idx[b])].double(), torch.stack(states), **ATOL)
     assert buf[2].abs().sum() == 0
-
-
-@pytest.mark.parametrize("value", ["force", "off", "bogus"])
-def test_pth_line_reads_the_switch_through_mate_settings_without_importing_torch(value):
-    """A set switch is parsed by ``mate.settings`` (stdlib only) at start-up; a malformed one installs the finder,
-    which raises the ValueError naming the variable at the first ``flashinfer`` import."""
-    line = (SRC / "mate_flashinfer_compat.pth").read_text().strip()
-    code = f"""
-        import sys
-        {line}
-        assert "torch" not in sys.modules and "mate.settings" in sys.modules, sorted(sys.modules)
-        import mate_flashinfer_compat._alias as alias
-        print("INSTALLED", alias._FINDER in sys.meta_path)
-        try:
-            import flashinfer.mamba
-        except (ValueError, ImportError) as e:  # off: no flashinfer at all
-            print("ERR", e)
-    """
-    r = _run(code, {"MATE_FLASHINFER_COMPAT": value}, [SRC, RUNTIME_SRC, KERNELS_SRC])
-    assert r.returncode == 0, r.stderr
-    assert f"INSTALLED {value != 'off'}" in r.stdout
-    if value == "bogus":
-        assert "ERR MATE_FLASHINFER_COMPAT='bogus': expected one of auto, force, off" in r.stdout

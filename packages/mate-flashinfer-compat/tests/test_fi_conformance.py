@@ -28,11 +28,18 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 
 
 def fi():
-    """MATE's ``flashinfer.mamba`` surface itself (with a real FlashInfer installed, as on the GPU machine,
-    ``import flashinfer.mamba`` is FlashInfer's own under ``MATE_FLASHINFER_COMPAT=auto``)."""
+    """MATE's ``flashinfer.mamba`` surface itself (beside a real FlashInfer, as on the GPU machine, the real
+    ``flashinfer.mamba.selective_state_update`` is this same function under ``MATE_FLASHINFER_COMPAT=auto``)."""
     import mate_flashinfer_compat.mamba
 
     return mate_flashinfer_compat.mamba
+
+
+def prefill():
+    """The packed SSD prefill under mate.mamba's and vLLM's names (not FlashInfer API)."""
+    import mate_flashinfer_compat.prefill
+
+    return mate_flashinfer_compat.prefill
 
 
 def _tol(dtype):
@@ -266,7 +273,7 @@ def test_vllm_named_prefill_chunk_sizes_and_return_dtype(chunk_size):
     seqlens = [chunk_size + 3, 2 * chunk_size]
     c = prefill_case(seqlens, chunk_size, io=BF16, seed=chunk_size)
     out = torch.empty_like(c.x)
-    final = fi().mamba_chunk_scan_combined_varlen(
+    final = prefill().mamba_chunk_scan_combined_varlen(
         c.x, c.dt, c.A, c.B, c.C, chunk_size, c.cu, c.cu_chunk, c.last, c.seq_idx, out, c.D, None, c.dt_bias,
         c.init, True,
     )  # fmt: skip
@@ -282,7 +289,7 @@ def test_seed_named_prefill_returns_the_initial_states_dtype():
     c = prefill_case(seqlens, 16, io=BF16, seed=3)
     c.A = c.A.float()
     out = torch.empty_like(c.x)
-    final = fi().ssd_combined_fwd_varlen(
+    final = prefill().ssd_combined_fwd_varlen(
         c.x, c.dt, c.A, c.B, c.C, 16, c.cu, c.cu_chunk, c.last, c.seq_idx, out, c.D, None, c.dt_bias,
         dt_softplus=True, initial_states=c.init,
     )  # fmt: skip
@@ -332,9 +339,9 @@ def test_gpu_vllm_named_prefill(chunk_size):
             c.init, True)  # fmt: skip
     if chunk_size < 64:
         with pytest.raises(NotImplementedError, match="chunk_size"):
-            fi().mamba_chunk_scan_combined_varlen(*args)
+            prefill().mamba_chunk_scan_combined_varlen(*args)
         return
-    final = fi().mamba_chunk_scan_combined_varlen(*args)
+    final = prefill().mamba_chunk_scan_combined_varlen(*args)
     e = _prefill_oracle(c, seqlens)
     assert final.dtype == BF16
     scale = max(1.0, float(e.y.abs().max()))

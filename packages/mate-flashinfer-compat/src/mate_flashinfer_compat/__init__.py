@@ -1,30 +1,36 @@
 """MATE behind FlashInfer's ``flashinfer.mamba`` import surface.
 
-``import flashinfer.mamba`` resolves to :mod:`mate_flashinfer_compat.mamba` through an import alias (see
-:mod:`mate_flashinfer_compat._alias`), never through files that would overwrite a real FlashInfer. The
-names are importable from here too. Importing this package is cheap: torch and MATE load on first use.
+:mod:`mate_flashinfer_compat.mamba` is a package shaped like FlashInfer 0.7.2's ``flashinfer.mamba``, holding
+the functions MATE serves (``selective_state_update``). ``MATE_FLASHINFER_COMPAT`` decides where else they
+appear (see :mod:`mate_flashinfer_compat._alias`): ``auto`` (default) serves them inside a real FlashInfer's
+``flashinfer.mamba`` and creates no ``flashinfer`` module without one; ``alias`` also provides a
+``flashinfer`` package with only ``flashinfer.mamba`` where no real FlashInfer is installed; ``off`` never
+touches ``flashinfer``. :func:`status` says where each name resolves.
 
-``MATE_FLASHINFER_COMPAT`` chooses: ``auto`` (default) provides ``flashinfer.mamba`` only where no real
-FlashInfer is installed, and warns once when one is; ``force`` routes ``flashinfer.mamba`` to MATE even beside a
-real FlashInfer (the rest of FlashInfer stays FlashInfer's); ``off`` never aliases.
+:mod:`mate_flashinfer_compat.prefill` has the packed SSD prefill under ``mate.mamba``'s and vLLM's names (not
+FlashInfer API). Importing this package is cheap: torch and MATE load on first use.
 """
 
 from __future__ import annotations
 
-from ._alias import alias_status, install, install_from_env, uninstall
+from ._alias import install, install_from_env, status, uninstall
 
 __version__ = "0.1.0"
-_LAZY = ("selective_state_update", "ssd_combined_fwd_varlen", "mamba_chunk_scan_combined_varlen")
+_LAZY = {
+    "selective_state_update": "mamba",
+    "ssd_combined_fwd_varlen": "prefill",
+    "mamba_chunk_scan_combined_varlen": "prefill",
+}
 
 install_from_env()
 
 
 def __getattr__(name):
     if name in _LAZY:
-        from . import mamba
+        import importlib
 
-        return getattr(mamba, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'mate_flashinfer_compat' has no attribute {name!r}")
 
 
-__all__ = [*_LAZY, "alias_status", "install", "install_from_env", "uninstall"]
+__all__ = [*_LAZY, "install", "install_from_env", "status", "uninstall"]

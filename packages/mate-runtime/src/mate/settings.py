@@ -101,8 +101,11 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "MATE_FLASHINFER_COMPAT",
             "auto",
-            ("auto", "force", "off"),
-            "flashinfer.mamba served by MATE: auto where no real FlashInfer is installed, force always, off never.",
+            ("auto", "alias", "off"),
+            "FlashInfer's Mamba ops served by MATE. auto: beside a real FlashInfer, flashinfer.mamba."
+            "selective_state_update becomes MATE's and the rest stays FlashInfer's; without one, no flashinfer "
+            "module (import mate_flashinfer_compat.mamba). alias: also a flashinfer package serving only "
+            "flashinfer.mamba where no real FlashInfer is installed. off: never.",
         ),
         Setting(
             "MATE_CACHE_DIR",

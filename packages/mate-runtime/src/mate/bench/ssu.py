@@ -150,9 +150,13 @@ def _load_vllm():
 
 
 def _load_flashinfer():
-    import flashinfer.mamba
+    # FlashInfer's own kernel, from its implementation module: beside mate-flashinfer-compat the package attribute
+    # flashinfer.mamba.selective_state_update is MATE's (MATE_FLASHINFER_COMPAT=auto), this one stays FlashInfer's.
+    import flashinfer.mamba.selective_state_update  # noqa: F401
 
-    fn = flashinfer.mamba.selective_state_update
+    fn = sys.modules["flashinfer.mamba.selective_state_update"].selective_state_update
+    if fn.__module__ != "flashinfer.mamba.selective_state_update":  # MATE_FLASHINFER_COMPAT=alias: no FlashInfer
+        raise ImportError(f"flashinfer.mamba.selective_state_update is {fn.__module__}'s, not FlashInfer's")
 
     def call(st: Setup, w: Window):
         T = st.case.T

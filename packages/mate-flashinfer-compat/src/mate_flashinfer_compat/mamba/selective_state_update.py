@@ -1,5 +1,5 @@
-"""``flashinfer.mamba`` served by MATE: FlashInfer 0.7.2's ``selective_state_update`` (names, order, defaults,
-return value, semantics) and the SSD varlen prefill names consumers look up.
+"""FlashInfer 0.7.2's ``flashinfer.mamba.selective_state_update`` served by MATE (names, order, defaults, return
+value, semantics).
 
 FlashInfer semantics reproduced here (read from FlashInfer 0.7.2's Python wrapper and CUDA kernels), where they
 differ from ``mate.mamba``:
@@ -34,19 +34,13 @@ differ from ``mate.mamba``:
 MATE is more permissive than FlashInfer's kernels in what it accepts (untied dt/A/D/dt_bias, ``D=None``,
 strided x/B/C rows, D/dt_bias in another dtype than dt, source/destination/intermediate tables of different
 int dtypes, B/C in fp32 beside a bf16/fp16 x); every form FlashInfer accepts means the same here.
-
-``mamba_chunk_scan_combined_varlen`` is vLLM's prefill op (names, order, and its return dtype: ``state_dtype``,
-else ``C``'s dtype); ``ssd_combined_fwd_varlen`` is ``mate.mamba``'s (``state_dtype``, else the initial
-states' dtype, else ``C``'s).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ._runtime import mate_mamba
+from .._runtime import mate_mamba
 
 ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
 _BACKENDS = {"auto": "auto", "flashinfer": "auto", "cake": "auto", "tilelang": "tilelang", "torch": "torch"}
@@ -200,81 +194,4 @@ def selective_state_update(
     return result
 
 
-def ssd_combined_fwd_varlen(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    chunk_size: int,
-    cu_seqlens: torch.Tensor,
-    cu_chunk_seqlens: torch.Tensor,
-    last_chunk_indices: torch.Tensor,
-    seq_idx: torch.Tensor,
-    out: torch.Tensor | None = None,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    *,
-    dt_softplus: bool = False,
-    dt_limit: tuple[float, float] = (0.0, math.inf),
-    initial_states: torch.Tensor | None = None,
-    return_intermediate_states: bool = False,
-    state_dtype: torch.dtype | None = None,
-    checkpoint_token_indices: torch.Tensor | None = None,
-    checkpoint_state_slots: torch.Tensor | None = None,
-    checkpoint_states: torch.Tensor | None = None,
-    final_states_out: torch.Tensor | None = None,
-    final_state_indices: torch.Tensor | None = None,
-    backend: str = "auto",
-) -> torch.Tensor | None:
-    """The packed SSD prefill under the seed's name and order (= ``mate.mamba.ssd_combined_fwd_varlen``)."""
-    return mate_mamba().ssd_combined_fwd_varlen(
-        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
-        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
-        checkpoint_token_indices=checkpoint_token_indices, checkpoint_state_slots=checkpoint_state_slots,
-        checkpoint_states=checkpoint_states, final_states_out=final_states_out,
-        final_state_indices=final_state_indices, backend=_BACKENDS.get(backend, backend),
-    )  # fmt: skip
-
-
-def mamba_chunk_scan_combined_varlen(
-    x,
-    dt,
-    A,
-    B,
-    C,
-    chunk_size,
-    cu_seqlens,
-    cu_chunk_seqlens,
-    last_chunk_indices,
-    seq_idx,
-    out,
-    D=None,
-    z=None,
-    dt_bias=None,
-    initial_states=None,
-    dt_softplus=False,
-    dt_limit=(0.0, float("inf")),
-    return_intermediate_states=False,
-    state_dtype=None,
-    final_states_out=None,
-    final_state_indices=None,
-):
-    """vLLM's name and positional order for the same prefill (``initial_states`` right after ``dt_bias``);
-    ``out`` is required and written in place. Returns the final states ``[batch, H, P, N]``, every chunk's
-    end state with ``return_intermediate_states``, or None when they went into ``final_states_out``."""
-    if out is None:
-        _bad("out", out, "a preallocated [tokens, heads, dim] tensor (vLLM's prefill writes it in place)")
-    if state_dtype is None and isinstance(C, torch.Tensor):
-        state_dtype = C.dtype  # vLLM: the states come back in C's dtype unless state_dtype says otherwise
-    return mate_mamba().ssd_combined_fwd_varlen(
-        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
-        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
-        final_states_out=final_states_out, final_state_indices=final_state_indices,
-    )  # fmt: skip
-
-
-__all__ = ["selective_state_update", "ssd_combined_fwd_varlen", "mamba_chunk_scan_combined_varlen"]
+__all__ = ["selective_state_update"]

@@ -1,0 +1,28 @@
+"""MATE's ``flashinfer.mamba``: a package shaped like FlashInfer 0.7.2's, holding the functions MATE serves.
+
+As in FlashInfer's, the package attribute ``selective_state_update`` is the function and shadows the submodule
+of the same name (:mod:`mate_flashinfer_compat.mamba.selective_state_update`, which defines it). Code written
+against FlashInfer imports it from here where no real FlashInfer is installed (``MATE_FLASHINFER_COMPAT=alias``
+also makes this package ``flashinfer.mamba``); beside a real FlashInfer, the default ``auto`` puts
+:data:`SERVED` into FlashInfer's own ``flashinfer.mamba`` instead.
+
+:data:`NOT_SERVED` names FlashInfer 0.7.2's other ``flashinfer.mamba`` functions, which MATE does not implement;
+asking for one raises ``AttributeError`` saying so.
+"""
+
+from __future__ import annotations
+
+from .._names import NOT_SERVED as NOT_SERVED
+from .._names import SERVED as SERVED
+from .._names import SUBMODULES as SUBMODULES
+from .._names import not_served_message
+from .selective_state_update import selective_state_update
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(not_served_message(f"{__name__}.{name}"))
+
+
+__all__ = ["selective_state_update"]
