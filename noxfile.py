@@ -124,6 +124,10 @@ def engines(session: nox.Session) -> None:
         "MATE_VLLM_ENABLE": "1",
         "MATE_SGLANG_ENABLE": "1",
     }
+    # the engines import whole (a missing pinned module is an error here, not a silently skipped test module)
+    imports = "vllm.plugins, vllm.model_executor.layers.mamba.mamba_mixer2, sglang.srt.server_args, "
+    imports += "sglang.srt.layers.attention.mamba.mamba, flashinfer.mamba"
+    session.run("python", "-c", f"import {imports}", env=env)
     for name in ADAPTERS:
         tests = ROOT / "packages" / name / "tests"
         session.run("pytest", "-m", "engine", "-p", "no:cacheprovider", str(tests.relative_to(ROOT)),

@@ -1,4 +1,4 @@
-"""A test marked ``gpu`` (the marker is declared in the root pyproject.toml) is skipped, with the reason, where
+"""A test marked ``gpu`` (the markers are declared in the root pyproject.toml) is skipped, with the reason, where
 it cannot run: without a CUDA or MUSA device or without TileLang (``mate.testing.gpu_skip_reason``). A test
 marked ``engine`` needs the real FlashInfer (``flashinfer-python``) and skips itself, saying why, without it."""
 
@@ -6,12 +6,6 @@ from __future__ import annotations
 
 import pytest
 from mate.testing import gpu_skip_reason
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "engine: needs the real engines' packages (flashinfer-python); skips itself without them"
-    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
