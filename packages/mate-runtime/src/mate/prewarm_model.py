@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", "-v", action="store_true", help="print each compile's time per phase")
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     args = ap.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:  # an argument mistake: named before anything is read or checked
+        print(f"mate prewarm: --jobs: got {args.jobs}; expected a positive int", file=sys.stderr)
+        return 2
 
     path = os.path.join(args.config, "config.json") if os.path.isdir(args.config) else args.config
     try:
@@ -263,9 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         from ._device import tilelang_target
 
         target = tilelang_target(device)
-    if args.jobs is not None and args.jobs < 1:
-        print(f"mate prewarm: --jobs: got {args.jobs}; expected a positive int", file=sys.stderr)
-        return 2
     t_import = time.perf_counter()
     try:
         import tilelang  # noqa: F401  (timed apart from the prewarm work: the cache key names its version)
