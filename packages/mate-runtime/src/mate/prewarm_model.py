@@ -222,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         # architecture the kernels cannot run on, or a missing TileLang, is refused before anything compiles
         if args.target:
             check_target(args.target)
-            if not args.dry_run:
-                check_tilelang()
             device, pdl = None, ssu_plan.pdl_for_arch(args.target)
         else:
             device = default_accelerator()
@@ -254,25 +252,26 @@ def main(argv: list[str] | None = None) -> int:
     from ._tilelang.cache import CACHE, default_jobs
     from ._tilelang.store import store
 
-    target = None
+    if not args.target and device is None:
+        print("mate prewarm: no GPU here; use --target sm_90a to compile only", file=sys.stderr)
+        return 2
+    # TileLang is checked (and imported) before anything compiles; its import is timed apart from the prewarm
+    # work (the cache key names its version)
+    t_import = time.perf_counter()
+    try:
+        check_tilelang()
+    except ValueError as exc:
+        if args.debug:
+            raise
+        print(f"mate prewarm: {exc}", file=sys.stderr)
+        return 2
+    t_import = time.perf_counter() - t_import
     if args.target:
         target = {"kind": "cuda", "arch": args.target}
     else:
-        from ._backends import tilelang_installed
-
-        if device is None or not tilelang_installed():
-            print("mate prewarm: no GPU with TileLang here; use --target sm_90a to compile only", file=sys.stderr)
-            return 2
         from ._device import tilelang_target
 
         target = tilelang_target(device)
-    t_import = time.perf_counter()
-    try:
-        import tilelang  # noqa: F401  (timed apart from the prewarm work: the cache key names its version)
-    except ImportError as exc:
-        print(f"mate prewarm: compiling needs TileLang (pip install 'mate-runtime[cuda]'): {exc}", file=sys.stderr)
-        return 2
-    t_import = time.perf_counter() - t_import
     st = store()
     if args.verbose:
         from ._tilelang.store import versions
