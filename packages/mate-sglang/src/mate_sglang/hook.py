@@ -234,8 +234,7 @@ def _check_sglang(mod) -> bool:
             f"SGLang {version} has no {SSU_DISPATCH} (mate-sglang knows the layout of SGLang "
             f"{', '.join(TESTED_VERSIONS)}); nothing is patched and SGLang serves its own kernels"
         )
-        _ledger().restore()  # the pending hooks of the other modules are dropped with it
-        return False
+        return False  # (the other modules' hooks are armed only after this check)
     if version not in TESTED_VERSIONS:
         _warn(
             f"mate-sglang is tested against SGLang {', '.join(TESTED_VERSIONS)}, found {version}: MATE is registered "
