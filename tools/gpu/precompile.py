@@ -101,6 +101,9 @@ def ssd_specs() -> list:
         specs += planned
         if c in several or c == t.GRAPH_CASE:
             specs += [dataclasses.replace(s, prefetch=True) for s in planned if s.factory == "ssd_fused_kernel"]
+        # every case as the split design plans it too (the split tests force it on these shapes)
+        with ssd_plan.forcing("split", runs=3):
+            specs += plan_ssd_combined_fwd_varlen(**kw)
     for shape_name, _batches, chunks in PLAN:
         s = SSD_SHAPES[shape_name]
         for L in chunks:

@@ -230,26 +230,103 @@ def test_serving_specs_cover_every_launch_form():
     kw = dict(heads=4, groups=2, dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16,
               state_dtype=torch.float32, dt_dtype=torch.float32)  # fmt: skip
     served = set(ssd_plan.serving_specs(**kw))
-    assert len(served) == 6
+    # 4 heads may split on an H200: the two scans with and without the prefetch, both pre-passes, the split scan
+    # per state output form, the state pass and the hand-over
+    assert len(served) == 10
     meta = chunk_metadata([5, 300], 128)
     for hw in (Hardware("cuda", 9, 1), H200):
         for kwargs in ({}, {"return_intermediate_states": True}, {"initial_states": torch.zeros(2, 4, 64, 128)}):
             call = _call(D=torch.zeros(4), dt_bias=torch.zeros(4), dt_softplus=True, state_dtype=torch.float32,
                          **kwargs)  # fmt: skip
             assert call.last_chunk_indices.dtype == meta.last_chunk_indices.dtype
-            p = ssd_plan.plan(call, hw)
-            assert p.scan in served and p.dt in served
+            for design in ssd_plan.DESIGNS:
+                with ssd_plan.forcing(design):
+                    assert set(ssd_plan.plan(call, hw).specs()) <= served
+    # 128 heads never split on 132 SMs: no split kernels to compile
+    many = dict(kw, heads=128, groups=8)
+    assert len(ssd_plan.serving_specs(**many)) == 6
+    assert len(ssd_plan.serving_specs(**many, sms=1024)) == 10
 
 
-def test_public_plan_query():
-    from mate.mamba.planning import plan_ssd_combined_fwd_varlen
+# (heads x P blocks per sequence, batch, chunks, tiles per chunk, mean tiles per sequence) -> runs on 132 SMs
+@pytest.mark.parametrize(
+    ("ctas", "batch", "nchunks", "tpc", "mean", "runs"),
+    [
+        pytest.param(16, 1, 64, 1, 64, 8, id="H16_1x8192_c128_8-runs"),
+        pytest.param(16, 1, 256, 1, 256, 8, id="H16_1x32768_8-runs"),
+        pytest.param(64, 1, 64, 1, 64, 2, id="H64_1x8192_2-runs"),
+        pytest.param(48, 1, 32, 2, 64, 5, id="H24-P128_1x8192_c256_5-runs"),
+        pytest.param(128, 1, 64, 1, 64, 0, id="H128_1x8192_serial"),
+        pytest.param(128, 64, 64, 1, 1, 0, id="H128_64x64_serial"),
+        pytest.param(16, 16, 128, 1, 8, 0, id="H16_16x1024_serial"),
+        pytest.param(16, 1, 1, 1, 1, 0, id="one-chunk_serial"),
+    ],
+)
+def test_split_rule(ctas, batch, nchunks, tpc, mean, runs):
+    got = ssd_plan.split_runs(batch=batch, nchunks=nchunks, tiles_per_chunk=tpc, ctas_per_run=ctas, sms=132,
+                              mean_tiles=mean)  # fmt: skip
+    assert got == runs
+    if runs:  # the pick beats the plain scan's prediction and its neighbours
+        cost = ssd_plan.split_makespan(runs, nchunks, tpc, ctas, 132)
+        assert cost < ssd_plan.serial_makespan(batch, ctas, 132, mean)
+        for other in (runs - 1, runs + 1):
+            if other >= 2:
+                assert cost <= ssd_plan.split_makespan(other, nchunks, tpc, ctas, 132)
 
-    meta = chunk_metadata([5, 300], 128)
-    T, H, P, N, G = 305, 4, 64, 128, 2
-    dt_spec, scan = plan_ssd_combined_fwd_varlen(
-        torch.zeros(T, H, P, dtype=torch.bfloat16), torch.zeros(T, H), torch.zeros(H),
-        torch.zeros(T, G, N, dtype=torch.bfloat16), torch.zeros(T, G, N, dtype=torch.bfloat16), 128,
-        meta.cu_seqlens, meta.cu_chunk_seqlens, meta.last_chunk_indices, meta.seq_idx,
+
+def _long_call(H=16, G=1, tokens=8192, **kw):
+    meta = chunk_metadata([tokens], 128)
+    P, N = 64, 128
+    return normalize_ssd(
+        torch.zeros(tokens, H, P, dtype=torch.bfloat16), torch.zeros(tokens, H), torch.zeros(H),
+        torch.zeros(tokens, G, N, dtype=torch.bfloat16), torch.zeros(tokens, G, N, dtype=torch.bfloat16), 128,
+        meta.cu_seqlens, meta.cu_chunk_seqlens, meta.last_chunk_indices, meta.seq_idx, **kw,
     )  # fmt: skip
-    assert dt_spec.factory == "ssd_dt_kernel" and scan.factory == "ssd_fused_kernel"
-    assert scan == specs(_call())[0]
+
+
+def test_plan_picks_the_split_design_from_the_shape():
+    few = ssd_plan.plan(_long_call(), H200)
+    assert (few.design, few.runs, few.scan.split, few.scan.prefetch) == ("split", 8, True, False)
+    assert [s.factory for s in few.specs()] == ["ssd_dt_kernel", "ssd_run_states_kernel", "ssd_combine_kernel",
+                                                "ssd_fused_kernel"]  # fmt: skip
+    assert (few.states.block_L, few.states.block_P) == (few.scan.block_L, few.scan.block_P)
+    many = ssd_plan.plan(_long_call(H=128, G=8), H200)
+    assert (many.design, many.scan.split) == ("serial", False)
+
+
+def test_forcing_a_design():
+    call = _long_call()
+    with ssd_plan.forcing("serial"):
+        assert ssd_plan.plan(call, H200).design == "serial"
+    with ssd_plan.forcing("split", runs=3):
+        assert (ssd_plan.plan(call, H200).design, ssd_plan.plan(call, H200).runs) == ("split", 3)
+    with ssd_plan.forcing("split"):
+        assert ssd_plan.plan(_long_call(H=128, G=8), H200).runs >= 2
+    with ssd_plan.forcing("split"), pytest.raises(NotImplementedError, match="fewer than 2 chunks"):
+        ssd_plan.plan(_long_call(tokens=100), H200)
+    assert ssd_plan.plan(call, H200).design == "split"  # the context is gone
+    with pytest.raises(ValueError, match="design must be one of"):
+        with ssd_plan.forcing("chunked"):
+            pass
+    with pytest.raises(ValueError, match="runs"):
+        with ssd_plan.forcing("serial", runs=2):
+            pass
+
+
+@pytest.mark.parametrize("intermediate", [False, True], ids=["final-states", "intermediate-states"])
+def test_launcher_runs_the_split_design(monkeypatch, intermediate):
+    """The pre-pass, the state pass over even run bounds computed on the device, the hand-over, then the split
+    scan over the same runs reading the run states the hand-over made true."""
+    call = _long_call(return_intermediate_states=intermediate)
+    launched = _launch(monkeypatch, call, 132)
+    assert [s.factory for s, _ in launched] == ["ssd_dt_kernel", "ssd_run_states_kernel", "ssd_combine_kernel",
+                                                "ssd_fused_kernel"]  # fmt: skip
+    (_, dt_args), (_, pargs), (_, cargs), (scan, sargs) = launched
+    assert scan.split and scan.intermediate is intermediate and len(sargs) == 16
+    runs = sargs[5]
+    assert runs.tolist() == [r * 64 // 8 for r in range(9)]  # 8 runs of 8 chunks
+    assert pargs[3] is runs and pargs[5] is dt_args[5] and pargs[6] is dt_args[6]  # the pre-pass's rows, records
+    run_states, run_dec = pargs[7], pargs[8]
+    assert run_states.shape == (8, 16, 64, 128) and run_dec.shape == (8, 16)
+    assert cargs[0].data_ptr() == run_states.data_ptr() and cargs[0].shape == (8, 16, 64 * 128)
+    assert cargs[1] is run_dec and sargs[15] is run_states and pargs[-1] == sargs[14]

@@ -9,12 +9,17 @@ names. Two kernels serve one call, in this order:
     five stages of the contract per tile of ``block_L`` tokens; :func:`fused_smem_bytes` is its shared memory, to
     pick the tile.
 
+With the split design (:mod:`.ssd_split`: a sequence's chunks over several scan CTAs) two more run between the
+pre-pass and the scan: :func:`ssd_run_states_kernel` (each run's end state from the state recurrence alone) and
+:func:`ssd_combine_kernel` (the hand-over of the fp32 states across the runs).
+
 :mod:`.ssd_common` holds what the two agree on (the pre-pass output's layout).
 """
 
 from .ssd_common import DT_ROWS, LOG2E, META_WIDTH
 from .ssd_dt import dt_prime, ssd_dt_kernel
 from .ssd_scan import FLAG_INIT, FLAG_Z, THREADS, fused_smem_bytes, ssd_fused_kernel
+from .ssd_split import SPLIT_OPENED, ssd_combine_kernel, ssd_run_states_kernel, states_smem_bytes
 
 __all__ = [
     "DT_ROWS",
@@ -22,8 +27,12 @@ __all__ = [
     "FLAG_Z",
     "LOG2E",
     "META_WIDTH",
+    "SPLIT_OPENED",
     "THREADS",
     "dt_prime",
+    "ssd_combine_kernel",
+    "ssd_run_states_kernel",
+    "states_smem_bytes",
     "fused_smem_bytes",
     "ssd_dt_kernel",
     "ssd_fused_kernel",

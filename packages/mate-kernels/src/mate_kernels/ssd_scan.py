@@ -115,6 +115,7 @@ def ssd_fused_kernel(
     scores_in_shared: bool = False,
     narrow_p: bool = False,
     prefetch: bool = False,
+    split: bool = False,
 ):
     """The chunk scan (see the module doc).
 
@@ -129,11 +130,17 @@ def ssd_fused_kernel(
     of order only makes it useless. Same arithmetic. A launch-time choice: the launcher builds both variants and
     picks one per launch.
 
+    ``split``: runs may start mid-sequence (:mod:`.ssd_split`'s design: ``bounds`` cuts the chunks into even
+    runs, whatever the sequences). A run whose first tile opens no sequence enters with ``run_states[r - 1]``
+    (``run_states [R, H, P, N]`` fp32: the true state at the end of each run, from the split design's state pass
+    and hand-over), so every output and state is written once, exact as in the plain scan.
+
     Arguments in order: ``x [T, H, P]``, ``B, C [T, G, N]``, ``cu_chunk_seqlens [nchunks + 1]``,
     ``seq_idx [nchunks]``, ``bounds [batch + 1]``, ``dest [nchunks]`` (the runs table), ``D [H]`` or ``[H, P]``,
     ``z [Tz, H, P]``, ``initial_states [Bi, H, P, N]``, ``out [T, H, P]``, ``states_out [S, H, P, N]``,
     ``dtA``, ``tmeta`` (the pre-pass's rows and records, :func:`.ssd_dt.ssd_dt_kernel` with the same
-    ``block_L``), ``flags`` (``FLAG_Z | FLAG_INIT``: z and the initial states are runtime options). Unused
+    ``block_L``), ``flags`` (``FLAG_Z | FLAG_INIT``: z and the initial states are runtime options); with ``split``
+    then ``run_states``. Unused
     optional inputs are still passed (any tensor of the declared form; a 1-row dummy works) and never read.
     ``out`` must be TMA-compatible (16-byte aligned base and row strides).
     """
@@ -194,23 +201,24 @@ def ssd_fused_kernel(
                         "handle", "mate_prefetch_l2", T.address_of(initial_states[nxt, hh, p0 + e // N, e % N])
                     )
 
-    @T.prim_func
-    def fused(
-        x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
-        B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
-        C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
-        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
-        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
-        bounds: T.StridedTensor((batch1,), (bnd_s,), "int32"),
-        dest: T.Tensor((nchunks,), "int32"),
-        D: T.Tensor(D_shape, D_dtype),
-        z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
-        initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
-        out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
-        states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
-        dtA: T.Tensor((nvt, H, DT_ROWS, BL), accum),
-        tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
-        flags: T.int32,
+    @T.macro
+    def scan_body(
+        x,
+        B,
+        C,
+        cu_chunk_seqlens,
+        seq_idx,
+        bounds,
+        dest,
+        D,
+        z,
+        initial_states,
+        out,
+        states_out,
+        dtA,
+        tmeta,
+        flags,
+        run_states,
     ):
         with T.Kernel(n_pb, H, batch1 - 1, threads=threads, prelude=prelude) as (pb, h, b):
             x_s = T.alloc_shared((BL, BP), io_dtype)
@@ -250,14 +258,26 @@ def ssd_fused_kernel(
 
             T.clear(state)
             # the first entering state, under the producer's first loads (the loop skips it at j == 0)
+            if split:
+                # a run that starts mid-sequence enters with the true end state of the run before it
+                if n_tiles > 0 and b > 0 and tmeta[c_first * S, 2] < 0:
+                    for n, p in T.Parallel(N, BP):
+                        state[n, p] = run_states[b - 1, h, p0 + p, n]
             if n_tiles > 0:
                 if has_init:
-                    sq_first = T.Cast("int32", seq_idx[c_first])
-                    if sq_first >= 0 and sq_first < Bi:  # a seq_idx outside the initial states: zero state
-                        for n, p in T.Parallel(N, BP):
-                            state[n, p] = T.Cast(accum, initial_states[sq_first, h, p0 + p, n])
-                        if prefetch:
-                            prefetch_next_init(initial_states, sq_first + 1, h, p0)
+                    if split:
+                        # a run may start mid-sequence: only a first tile that opens its sequence loads a state
+                        sq_open = tmeta[c_first * S, 2]
+                        if sq_open >= 0 and sq_open < Bi:
+                            for n, p in T.Parallel(N, BP):
+                                state[n, p] = T.Cast(accum, initial_states[sq_open, h, p0 + p, n])
+                    else:
+                        sq_first = T.Cast("int32", seq_idx[c_first])
+                        if sq_first >= 0 and sq_first < Bi:  # a seq_idx outside the initial states: zero state
+                            for n, p in T.Parallel(N, BP):
+                                state[n, p] = T.Cast(accum, initial_states[sq_first, h, p0 + p, n])
+                            if prefetch:
+                                prefetch_next_init(initial_states, sq_first + 1, h, p0)
             for j in T.Pipelined(n_tiles, num_stages=num_stages):
                 c = c_first + j // S
                 sub = j % S
@@ -373,5 +393,85 @@ def ssd_fused_kernel(
                         for n, p in T.Parallel(N, BP):
                             states_out[d_row[0], h, p0 + p, n] = state[n, p]
             T.tma_store_wait()  # the last tile's store has read shared memory before the CTA exits
+
+    if split:
+        R_ = T.dynamic("R")
+
+        @T.prim_func
+        def fused_split(
+            x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
+            B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
+            C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
+            cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
+            seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
+            bounds: T.StridedTensor((batch1,), (bnd_s,), "int32"),
+            dest: T.Tensor((nchunks,), "int32"),
+            D: T.Tensor(D_shape, D_dtype),
+            z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
+            initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
+            out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
+            states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
+            dtA: T.Tensor((nvt, H, DT_ROWS, BL), accum),
+            tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
+            flags: T.int32,
+            run_states: T.Tensor((R_, H, P, N), accum),
+        ):
+            scan_body(
+                x,
+                B,
+                C,
+                cu_chunk_seqlens,
+                seq_idx,
+                bounds,
+                dest,
+                D,
+                z,
+                initial_states,
+                out,
+                states_out,
+                dtA,
+                tmeta,
+                flags,
+                run_states,
+            )
+
+        return fused_split
+
+    @T.prim_func
+    def fused(
+        x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
+        B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
+        C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
+        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
+        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
+        bounds: T.StridedTensor((batch1,), (bnd_s,), "int32"),
+        dest: T.Tensor((nchunks,), "int32"),
+        D: T.Tensor(D_shape, D_dtype),
+        z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
+        initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
+        out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
+        states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
+        dtA: T.Tensor((nvt, H, DT_ROWS, BL), accum),
+        tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
+        flags: T.int32,
+    ):
+        scan_body(
+            x,
+            B,
+            C,
+            cu_chunk_seqlens,
+            seq_idx,
+            bounds,
+            dest,
+            D,
+            z,
+            initial_states,
+            out,
+            states_out,
+            dtA,
+            tmeta,
+            flags,
+            None,
+        )
 
     return fused

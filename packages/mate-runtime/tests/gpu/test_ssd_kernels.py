@@ -231,7 +231,7 @@ def test_dt_heads_per_cta_matches_reference(case: Case):
     from mate._tilelang.cache import CACHE
 
     test_kernels_match_reference(case)
-    (dt_spec, scan) = plan_ssd_combined_fwd_varlen(**build(case), backend="tilelang")
+    dt_spec, scan = plan_ssd_combined_fwd_varlen(**build(case), backend="tilelang")[:2]
     assert dt_spec.heads_per_cta == max(d for d in (1, 2, 4, 8) if case.H % d == 0)
     assert dt_spec in CACHE.kernels and scan in CACHE.kernels
 
@@ -372,3 +372,61 @@ def test_steady_state_allocates_only_the_returned_states():
     ssd_combined_fwd_varlen(**kw, out=out, final_states_out=pool, final_state_indices=idx, backend="tilelang")
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+
+
+# The split design (mate_kernels.ssd_split): even runs of chunks cut through the sequences; the state pass and the
+# hand-over give each run its true entering state, then the scan walks every run at once. Forced here
+# with a run count that puts the cuts at awkward places: inside a sequence, on a sequence boundary, runs holding
+# several sequences, runs past the last chunk (empty), short last chunks, every state output form.
+SPLIT_CASES = [
+    pytest.param(Case(seqlens=(6000,), H=4, G=1), 5, id="one-sequence_5-runs"),
+    pytest.param(Case(), 4, id="ragged_4-runs"),
+    pytest.param(Case(init=False, seqlens=(2000, 30, 700)), 6, id="no-init_6-runs"),
+    pytest.param(Case(chunk=256, z=True, seqlens=(1, 300, 700, 129)), 4, id="c256_z_4-runs"),
+    pytest.param(Case(intermediate=True, history=(0, 100, 0, 64)), 3, id="intermediate_3-runs"),
+    pytest.param(
+        Case(chunk=256, intermediate=True, state=BF16, z=True, seqlens=(900, 40)),
+        3,
+        id="intermediate_c256_bf16-state_z",
+    ),  # fmt: skip
+    pytest.param(Case(pool="paged", seqlens=(5, 400)), 3, id="paged-pool_3-runs"),
+    pytest.param(Case(pool="dense", seqlens=(1000, 3, 260)), 5, id="dense-pool_5-runs"),
+    pytest.param(Case(state=BF16, seqlens=(700, 33)), 4, id="bf16-state_4-runs"),
+    pytest.param(Case(P=128, io=F16, D="full", z=True, seqlens=(77, 1290, 2)), 6, id="P128_fp16_Dfull_z"),
+    pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 3000, 513)), 5, id="P128_N256_falcon"),
+    pytest.param(Case(P=80, H=4, chunk=256, seqlens=(1, 255, 3000, 513)), 5, id="P80_c256_narrow"),
+    pytest.param(
+        Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D="", seqlens=(900,)), 4, id="dt-limit_no-D"
+    ),  # fmt: skip
+    pytest.param(Case(seqlens=(200,)), 5, id="more-runs-than-chunks"),
+    pytest.param(Case(H=16, G=8, seqlens=(3000, 10, 129, 1), history=(0, 37, 200, 5)), 7, id="G8_continuing"),
+    pytest.param(Case(chunk=64, N=64, G=1, H=4, seqlens=(4000, 1)), 9, id="c64_N64"),
+]
+
+
+@pytest.mark.parametrize(("case", "runs"), SPLIT_CASES)
+def test_split_design_matches_reference(case: Case, runs: int):
+    from mate._tilelang import ssd_plan
+
+    with ssd_plan.forcing("split", runs=runs):
+        kw = build(case)
+        planned = plan_ssd_combined_fwd_varlen(**kw, out=torch.empty_like(kw["x"]))
+        assert [s.factory for s in planned] == ["ssd_dt_kernel", "ssd_run_states_kernel", "ssd_combine_kernel",
+                                                "ssd_fused_kernel"]  # fmt: skip
+        test_kernels_match_reference(case)
+
+
+def test_split_design_graph_replay_equals_eager(monkeypatch):
+    from mate._tilelang import ssd_plan
+
+    monkeypatch.setattr(sys.modules[__name__], "GRAPH_CASE", Case(seqlens=(1, 1000, 300, 64), z=True))
+    with ssd_plan.forcing("split", runs=6):
+        test_graph_replay_equals_eager()
+
+
+def test_planner_splits_a_long_sequence_at_few_heads():
+    """On the device's own SM count: 16 heads x 8192 tokens split, 128 heads do not."""
+    few = build(Case(H=16, G=1, seqlens=(8192,)))
+    many = build(Case(H=128, G=8, seqlens=(8192,)))
+    assert plan_ssd_combined_fwd_varlen(**few, out=torch.empty_like(few["x"]))[1].factory == "ssd_run_states_kernel"
+    assert plan_ssd_combined_fwd_varlen(**many, out=torch.empty_like(many["x"]))[1].factory == "ssd_fused_kernel"

@@ -137,6 +137,41 @@ class SSDScanSpec(KernelSpec):
     scores_in_shared: bool
     narrow_p: bool
     prefetch: bool
+    split: bool = False
+
+
+@dataclass(frozen=True)
+class SSDCombineSpec(KernelSpec):
+    """``mate_kernels.ssd.ssd_combine_kernel``: the split design's hand-over of the run end states."""
+
+    module: ClassVar[str] = "mate_kernels.ssd"
+    factory: ClassVar[str] = "ssd_combine_kernel"
+    family: ClassVar[str] = "ssd"
+
+    heads: int
+    dim: int
+    dstate: int
+
+
+@dataclass(frozen=True)
+class SSDStatesSpec(KernelSpec):
+    """``mate_kernels.ssd.ssd_run_states_kernel``: the split design's state pass (each run's end state and decay
+    from the state recurrence alone)."""
+
+    module: ClassVar[str] = "mate_kernels.ssd"
+    factory: ClassVar[str] = "ssd_run_states_kernel"
+    family: ClassVar[str] = "ssd"
+
+    heads: int
+    groups: int
+    dim: int
+    dstate: int
+    chunk_size: int
+    io_dtype: str
+    init_dtype: str
+    block_P: int
+    block_L: int
+    num_stages: int
 
 
 @dataclass(frozen=True)
@@ -164,4 +199,13 @@ class SSDDtSpec(KernelSpec):
     use_final_indices: bool
 
 
-__all__ = ["KernelSpec", "SSDDtSpec", "SSDScanSpec", "SSUSpec", "SSU_PASS_CONFIGS", "ssu_pass_configs"]
+__all__ = [
+    "KernelSpec",
+    "SSDCombineSpec",
+    "SSDDtSpec",
+    "SSDStatesSpec",
+    "SSDScanSpec",
+    "SSUSpec",
+    "SSU_PASS_CONFIGS",
+    "ssu_pass_configs",
+]

@@ -1,6 +1,7 @@
-"""TileLang launcher for ``ssd_combined_fwd_varlen``: one normalised :class:`SSDCall` -> two kernel launches.
+"""TileLang launcher for ``ssd_combined_fwd_varlen``: one normalised :class:`SSDCall` -> its kernel launches.
 
-:mod:`.ssd_plan` decides the kernels (the dt pre-pass and the chunk scan) and the sequences per scan CTA; this
+:mod:`.ssd_plan` decides the kernels (the dt pre-pass and the chunk scan; with the split design the state pass and
+the hand-over between them) and the sequences or runs per scan CTA; this
 module stages what the kernels cannot read in place, takes scratch from the workspace cache and launches both on
 the current stream. A steady-state call allocates only the returned state tensor, and nothing is read back to the
 host: the call captures into a CUDA graph once its kernels are compiled (``prewarm``).
@@ -107,15 +108,36 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     dtA = WORKSPACE.get(skey, "dtA", (nvt, H, DECAY_ROWS, BL), torch.float32, dev)
     tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
     dtpass(dt, A, dt_bias, cu, seq_idx, dtA, tmeta, last, fsi, bounds, dest)
-    # k sequences per CTA: every k-th run bound (k divides the batch, so the view ends on bounds[batch])
-    spc = p.seqs_per_cta
-    bounds_k = bounds[::spc] if spc > 1 else bounds
-    scan(x, B, C, cu, seq_idx, bounds_k, dest, D, z, init, out, st, dtA, tmeta, flags)
+    if p.design == "split":
+        _split_scan(p, skey, dev, scan, (x, B, C, cu, seq_idx), (dest, D, z, init, out, st, dtA, tmeta, flags))
+    else:
+        # k sequences per CTA: every k-th run bound (k divides the batch, so the view ends on bounds[batch])
+        spc = p.seqs_per_cta
+        bounds_k = bounds[::spc] if spc > 1 else bounds
+        scan(x, B, C, cu, seq_idx, bounds_k, dest, D, z, init, out, st, dtA, tmeta, flags)
     if out is not call.out:
         call.out.copy_(out)
     if staged_states:
         states.copy_(st)
     return None if use_fsi else states
+
+
+def _split_scan(p, skey, dev, scan, inputs, rest) -> None:
+    """The split design (``mate_kernels.ssd_split``): the state pass and the hand-over over ``p.runs`` even runs
+    of chunks, then the scan over the same runs, each entering with the true state. Scratch from the workspace;
+    the run bounds are computed on the device (no host copy: capture-safe)."""
+    x, B, C, cu, seq_idx = inputs
+    dest, D, z, init, out, st, dtA, tmeta, flags = rest
+    R, nchunks = p.runs, seq_idx.shape[0]
+    H, P, N = p.scan.heads, p.scan.dim, p.scan.dstate
+    runs = WORKSPACE.get(skey, "runs", (R + 1,), torch.int32, dev)
+    torch.arange(R + 1, out=runs, dtype=torch.int32)
+    runs.mul_(nchunks).floor_divide_(R)  # run r: chunks [r * nchunks // R, (r + 1) * nchunks // R)
+    run_states = WORKSPACE.get(skey, "run_states", (R, H, P, N), torch.float32, dev)
+    run_dec = WORKSPACE.get(skey, "run_dec", (R, H), torch.float32, dev)
+    kernel(p.states, dev)(x, B, cu, runs, init, dtA, tmeta, run_states, run_dec, flags)
+    kernel(p.combine, dev)(run_states.view(R, H, P * N), run_dec)
+    scan(x, B, C, cu, seq_idx, runs, dest, D, z, init, out, st, dtA, tmeta, flags, run_states)
 
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, target=None):
@@ -124,7 +146,7 @@ def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_d
     _check_supported(dim, dstate, chunk_size, io_dtype)
     specs = serving_specs(
         heads=heads, groups=groups, dim=dim, dstate=dstate, chunk_size=chunk_size, io_dtype=io_dtype,
-        state_dtype=state_dtype, dt_dtype=dt_dtype,
+        state_dtype=state_dtype, dt_dtype=dt_dtype, sms=hardware(device).sms if device is not None else None,
     )  # fmt: skip
     for spec in specs:
         if device is None:

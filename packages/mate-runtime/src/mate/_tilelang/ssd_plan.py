@@ -27,6 +27,8 @@ What the planner decides, and why (docs/ssd-kernels.md; the alternatives measure
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -35,9 +37,10 @@ from dataclasses import dataclass
 import torch
 
 from ..mamba._ssd_call import SSDCall
-from .specs import SSDDtSpec, SSDScanSpec
+from .specs import SSDCombineSpec, SSDDtSpec, SSDScanSpec, SSDStatesSpec
 from .ssu_plan import DTYPE_NAMES, Hardware
 
+H200_SMS = 132  # the SM count prewarm plans for without a device (the compile-only target)
 SMEM_LIMIT = 227 * 1024 - 2048  # the opt-in maximum per block, less static shared memory (barriers)
 SUPPORTED_DSTATE = (64, 128, 256)
 TILELANG_CHUNK_SIZES = (64, 128, 256)
@@ -145,16 +148,113 @@ def wants_prefetch(spc: int, has_initial_states: bool) -> bool:
     return spc > 1 and has_initial_states
 
 
+DESIGNS = ("serial", "split")
+# The split design's cost model, in scan tiles (one tile of block_L tokens of one (head, P block) on one SM, the
+# unit of seqs_per_cta's model): the state pass walks each run before the scan does, at a fraction of a scan tile
+# per tile (one GEMM of four, no output), and the launches it adds (the run bounds, the state pass, the hand-over)
+# cost about a tile.
+SPLIT_STATE_TILES = 0.3
+SPLIT_LAUNCH_TILES = 1.0
+MAX_RUNS = 1024
+_forced: contextvars.ContextVar = contextvars.ContextVar("mate_ssd_design", default=None)
+
+
+@contextlib.contextmanager
+def forcing(design: str, runs: int | None = None):
+    """Plan every SSD call in this context with ``design`` (one of :data:`DESIGNS`) instead of the planner's
+    choice; with ``split``, ``runs`` fixes the number of runs (default: the model's best). For benchmarks that
+    show both designs and for tests of each; a call the forced design cannot serve raises NotImplementedError."""
+    if design not in DESIGNS:
+        raise ValueError(f"design must be one of {', '.join(DESIGNS)}; got {design!r}")
+    if runs is not None and (design != "split" or runs < 1):
+        raise ValueError(f"runs is a positive number of runs of the split design; got {runs!r} with {design!r}")
+    token = _forced.set((design, runs))
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def serial_makespan(batch: int, ctas_per_seq: int, sms: int, mean_tiles: int) -> int:
+    """The plain scan's predicted makespan in tiles (the model of :func:`seqs_per_cta`, at its best k)."""
+    k = seqs_per_cta(batch, ctas_per_seq, sms, mean_tiles)
+    return -(-ctas_per_seq * (batch // k) // sms) * (k * mean_tiles + 1)
+
+
+def split_makespan(runs: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: int, sms: int) -> float:
+    """The split design's predicted makespan in tiles with ``runs`` even runs of chunks: the state pass's and the
+    scan's waves of runs (each as long as its longest run, a CTA start costed as one tile, as in
+    :func:`seqs_per_cta`), plus the launches (:data:`SPLIT_STATE_TILES`, :data:`SPLIT_LAUNCH_TILES`)."""
+    waves = -(-ctas_per_run * runs // sms)
+    tiles_per_run = -(-nchunks // runs) * tiles_per_chunk
+    return waves * ((1 + SPLIT_STATE_TILES) * tiles_per_run + 2) + SPLIT_LAUNCH_TILES
+
+
+def split_runs(*, batch: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: int, sms: int,
+               mean_tiles: int) -> int:  # fmt: skip
+    """The design rule: the number of even runs of chunks the split design cuts the call into, or 0 for the plain
+    scan (one run per sequence, :func:`seqs_per_cta` of them per CTA). Split where its predicted makespan
+    (:func:`split_makespan`, over the run counts that fill up to two waves) beats the plain scan's
+    (:func:`serial_makespan`, which counts every sequence as long as the mean: the plain scan's best case, so a
+    ragged batch splits no more often than it should). Few heads per rank on a long sequence split (H 16 on 132
+    SMs: 8 runs); Nemotron-H 8B (128 heads) never does."""
+    serial = serial_makespan(batch, ctas_per_run, sms, mean_tiles)
+    top = min(nchunks, MAX_RUNS, max(1, 2 * sms // ctas_per_run))
+    best, best_cost = 0, float(serial)
+    for runs in range(2, top + 1):
+        cost = split_makespan(runs, nchunks, tiles_per_chunk, ctas_per_run, sms)
+        if cost < best_cost:
+            best, best_cost = runs, cost
+    return best
+
+
+def best_split_runs(nchunks: int, tiles_per_chunk: int, ctas_per_run: int, sms: int) -> int:
+    """The split design's best run count whatever the plain scan would cost (a forced split)."""
+    top = min(nchunks, MAX_RUNS, max(2, 2 * sms // ctas_per_run))
+    return min(range(2, top + 1), key=lambda r: split_makespan(r, nchunks, tiles_per_chunk, ctas_per_run, sms))
+
+
+def may_split(heads: int, dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype, sms: int) -> bool:
+    """Whether the rule can pick the split design for some call of this shape (prewarm compiles its kernels only
+    then): where one sequence's CTAs fill at most half the SMs."""
+    t = tiles(dim, dstate, chunk_size, io_dtype)
+    return 2 * heads * (dim // t.block_P) <= sms
+
+
 def scan_spec(*, H, G, P, N, L, io, state, init, D, D_per_dim, cu, sq, has_D, intermediate,
-              prefetch=False) -> SSDScanSpec:  # fmt: skip
+              prefetch=False, split=False) -> SSDScanSpec:  # fmt: skip
     """The scan kernel's spec (dtype names in; the tile from :func:`tiles`)."""
     t = tiles(P, N, L, getattr(torch, io))
     return SSDScanSpec(
         heads=H, groups=G, dim=P, dstate=N, chunk_size=L, io_dtype=io, state_dtype=state, init_dtype=init,
         D_dtype=D, cu_dtype=cu, seq_idx_dtype=sq, has_D=has_D, D_per_dim=D_per_dim, intermediate=intermediate,
         block_P=t.block_P, block_L=t.block_L, num_stages=NUM_STAGES, scores_in_shared=t.scores_in_shared,
-        narrow_p=t.narrow_p, prefetch=prefetch,
+        narrow_p=t.narrow_p, prefetch=prefetch, split=split,
     )  # fmt: skip
+
+
+def combine_spec(scan: SSDScanSpec) -> SSDCombineSpec:
+    return SSDCombineSpec(heads=scan.heads, dim=scan.dim, dstate=scan.dstate)
+
+
+def states_spec(scan: SSDScanSpec) -> SSDStatesSpec:
+    """The split design's state pass before ``scan`` (its tile and input dtypes)."""
+    return SSDStatesSpec(
+        heads=scan.heads, groups=scan.groups, dim=scan.dim, dstate=scan.dstate, chunk_size=scan.chunk_size,
+        io_dtype=scan.io_dtype, init_dtype=scan.init_dtype, block_P=scan.block_P, block_L=scan.block_L,
+        num_stages=states_stages(scan.block_P, scan.dstate, scan.block_L),
+    )  # fmt: skip
+
+
+def states_stages(block_P: int, dstate: int, block_L: int) -> int:
+    """The state pass's pipeline depth: 3 tiles in flight where they fit (it is bound by the loads' latency:
+    one GEMM per tile), else 2."""
+    kmod = _kmod()
+    for stages in (3, 2):
+        smem = kmod.states_smem_bytes(dim_block=block_P, dstate=dstate, block_L=block_L, io_bytes=2, num_stages=stages)
+        if smem <= SMEM_LIMIT:
+            return stages
+    return 2
 
 
 def dt_spec(scan: SSDScanSpec, *, dt, dtb, has_dtb, softplus, lo, hi, last, fsi, use_fsi) -> SSDDtSpec:
@@ -170,9 +270,23 @@ def dt_spec(scan: SSDScanSpec, *, dt, dtb, has_dtb, softplus, lo, hi, last, fsi,
 
 @dataclass(frozen=True)
 class SSDPlan:
+    """The kernels of one call: ``design`` "serial" (the pre-pass, then the scan over one run per sequence,
+    ``seqs_per_cta`` sequences per CTA) or "split" (the pre-pass, the state pass ``states`` and the hand-over
+    ``combine`` over ``runs`` even runs of chunks, then the split scan over the same runs)."""
+
     scan: SSDScanSpec
     dt: SSDDtSpec
     seqs_per_cta: int
+    design: str = "serial"
+    runs: int = 0
+    states: SSDStatesSpec | None = None
+    combine: SSDCombineSpec | None = None
+
+    def specs(self) -> tuple:
+        """The specs in launch order."""
+        if self.design == "split":
+            return (self.dt, self.states, self.combine, self.scan)
+        return (self.dt, self.scan)
 
 
 _PLANS: dict = {}
@@ -212,10 +326,29 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
             has_dtb=call.dt_bias is not None, softplus=call.dt_softplus, lo=float(call.dt_limit[0]),
             hi=float(call.dt_limit[1]), last=n[call.last_chunk_indices.dtype], fsi=n[fsi_dt], use_fsi=use_fsi,
         )  # fmt: skip
-        specs = _PLANS[static] = (base, _with_prefetch(base), dt)
-    base, prefetching, dt = specs
+        splitting = dataclasses.replace(base, split=True, prefetch=False)
+        specs = _PLANS[static] = (base, _with_prefetch(base), dt, splitting, states_spec(base), combine_spec(base))
+    base, prefetching, dt, splitting, states, combine = specs
     mean_tiles = max(1, -(-call.tokens // (call.batch * base.block_L)))
-    spc = seqs_per_cta(call.batch, call.heads * (call.dim // base.block_P), hw.sms, mean_tiles)
+    ctas = call.heads * (call.dim // base.block_P)
+    tpc = call.chunk_size // base.block_L
+    forced, forced_runs = _forced.get() or (None, None)
+    if forced == "split":
+        if call.nchunks < 2 and not forced_runs:
+            raise NotImplementedError("the split SSD design with fewer than 2 chunks (nothing to split)")
+        runs = forced_runs or best_split_runs(call.nchunks, tpc, ctas, hw.sms)
+    elif forced == "serial":
+        runs = 0
+    else:
+        runs = split_runs(
+            batch=call.batch, nchunks=call.nchunks, tiles_per_chunk=tpc, ctas_per_run=ctas, sms=hw.sms,
+            mean_tiles=mean_tiles,
+        )  # fmt: skip
+    if runs:
+        if runs > MAX_SEQUENCES:
+            raise NotImplementedError(f"runs={runs} in the split SSD design (at most {MAX_SEQUENCES})")
+        return SSDPlan(splitting, dt, 1, "split", runs, states, combine)
+    spc = seqs_per_cta(call.batch, ctas, hw.sms, mean_tiles)
     scan = prefetching if wants_prefetch(spc, call.initial_states is not None) else base
     return SSDPlan(scan, dt, spc)
 
@@ -228,25 +361,32 @@ def _with_prefetch(spec: SSDScanSpec) -> SSDScanSpec:
 VLLM_DT = dict(dtb="float32", has_dtb=True, softplus=True, lo=0.0, hi=math.inf)
 
 
-def serving_specs(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype) -> list:
+def serving_specs(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, sms=None) -> list:
     """The kernels a served model uses: vLLM's flags (:data:`VLLM_DT`, per-head D, int32 tables), final states
     returned or written into a pool by index, intermediate states, init in the state dtype, the scan with and
-    without the prefetch."""
+    without the prefetch, and where the design rule can split for this shape on ``sms`` SMs (default: an H200's
+    132) the split scan with its state pass and hand-over."""
     io, state = DTYPE_NAMES[io_dtype], DTYPE_NAMES[state_dtype]
-    specs = []
+    split = may_split(heads, dim, dstate, chunk_size, io_dtype, sms or H200_SMS)
+    specs, extra = [], []
     for intermediate in (False, True):
         base = scan_spec(
             H=heads, G=groups, P=dim, N=dstate, L=chunk_size, io=io, state=state, init=state, D="float32",
             D_per_dim=False, cu="int32", sq="int32", has_D=True, intermediate=intermediate,
         )  # fmt: skip
         specs += [base, _with_prefetch(base)]
+        if split:
+            extra.append(dataclasses.replace(base, split=True))
+    if split:
+        extra += [states_spec(specs[0]), combine_spec(specs[0])]
     for use_fsi in (False, True):
         dt = DTYPE_NAMES[dt_dtype]
         specs.append(dt_spec(specs[0], dt=dt, **VLLM_DT, last="int32", fsi="int32", use_fsi=use_fsi))
-    return specs
+    return specs + extra
 
 
 __all__ = [
-    "SSDPlan", "Tiles", "plan", "tiles", "scan_spec", "dt_spec", "serving_specs", "seqs_per_cta", "wants_prefetch",
-    "dt_heads_per_cta", "_check_supported", "SUPPORTED_DSTATE", "MAX_SEQUENCES",
+    "SSDPlan", "Tiles", "plan", "tiles", "scan_spec", "dt_spec", "states_spec", "combine_spec", "serving_specs",
+    "seqs_per_cta", "wants_prefetch", "dt_heads_per_cta", "split_runs", "split_makespan", "serial_makespan",
+    "best_split_runs", "may_split", "forcing", "DESIGNS", "_check_supported", "SUPPORTED_DSTATE", "MAX_SEQUENCES",
 ]  # fmt: skip

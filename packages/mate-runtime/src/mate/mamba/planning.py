@@ -29,15 +29,16 @@ def plan_selective_state_update(*args, backend: str = "auto", **kwargs) -> tuple
 
 
 def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tuple:
-    """The kernel specs ``ssd_combined_fwd_varlen(*args, **kwargs)`` launches on the TileLang backend: the dt
-    pre-pass, then the chunk scan (which also reads ``bounds[::seqs_per_cta]``, a launch-time choice that is the
-    same compiled kernel for every value)."""
+    """The kernel specs ``ssd_combined_fwd_varlen(*args, **kwargs)`` launches on the TileLang backend, in order:
+    the dt pre-pass, then the chunk scan (which also reads ``bounds[::seqs_per_cta]``, a launch-time choice that is
+    the same compiled kernel for every value); with the split design (few heads per rank on long sequences) the
+    scan over even runs of chunks, then the hand-over and the fix-up."""
     from .._tilelang import ssd_plan, ssu_plan
 
     del backend
     call = normalize_ssd(*args, **kwargs)
     p = ssd_plan.plan(call, ssu_plan.hardware(call.x.device))
-    return (p.dt, p.scan)
+    return p.specs()
 
 
 __all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen"]
