@@ -80,7 +80,8 @@ def ssu_specs(pdl: bool) -> list:
 
 def ssd_specs() -> list:
     from mate._tilelang import ssd_plan
-    from mate.bench.ssd import PLAN, SSD_SHAPES
+    from mate.bench.shapes import SSD_CASES
+    from mate.bench.ssd import build_parser, build_plan
     from mate.mamba.planning import plan_ssd_combined_fwd_varlen
 
     t = _test_module("test_ssd_kernels")
@@ -104,13 +105,17 @@ def ssd_specs() -> list:
         # every case as the split design plans it too (the split tests force it on these shapes)
         with ssd_plan.forcing("split", runs=3):
             specs += plan_ssd_combined_fwd_varlen(**kw)
-    for shape_name, _batches, chunks in PLAN:
-        s = SSD_SHAPES[shape_name]
-        for L in chunks:
-            specs += ssd_plan.serving_specs(
-                heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate, chunk_size=L, io_dtype=torch.bfloat16,
-                state_dtype=torch.float32, dt_dtype=torch.float32,
-            )  # fmt: skip
+    bench = [p for quick in ([], ["--quick"]) for p in build_plan(build_parser().parse_args(quick))]
+    for case_name, L in dict.fromkeys((p.case, p.chunk) for p in bench):  # mate bench ssd's cases, with --quick
+        s = SSD_CASES[case_name]
+        served = ssd_plan.serving_specs(
+            heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate, chunk_size=L, io_dtype=torch.bfloat16,
+            state_dtype=torch.float32, dt_dtype=torch.float32,
+        )  # fmt: skip
+        # both designs of every case (`mate bench ssd --designs serial,split`)
+        base = served[0]
+        specs += served + [dataclasses.replace(base, split=True), ssd_plan.states_spec(base),
+                           ssd_plan.combine_spec(base)]  # fmt: skip
     return list(dict.fromkeys(specs))
 
 

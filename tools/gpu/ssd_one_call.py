@@ -16,15 +16,19 @@ import torch
 
 
 def main(argv=None) -> int:
-    from mate.bench.ssd import BATCHES, SSD_SHAPES, make_window, mate_fn
+    from mate.bench.shapes import SSD_BATCHES, SSD_CASES, SSD_MODELS, ssd_case
+    from mate.bench.ssd import make_window, mate_fn
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="nemotron-h-8b", choices=tuple(SSD_SHAPES), help="model shape")
-    ap.add_argument("--batch", default="1x8192", choices=tuple(BATCHES), help="sequences x tokens")
+    ap.add_argument(
+        "--shape", default="nemotron-h-8b", choices=(*SSD_CASES, *(m.name for m in SSD_MODELS)),
+        help="a case, or a model (its smallest TP)",
+    )  # fmt: skip
+    ap.add_argument("--batch", default="1x8192", choices=tuple(SSD_BATCHES), help="sequences x tokens")
     ap.add_argument("--chunk", type=int, default=256, help="chunk size (default 256)")
     ap.add_argument("--warmup", type=int, default=1, help="calls before the profiled one (default 1)")
     args = ap.parse_args(argv)
-    w = make_window(SSD_SHAPES[args.shape], BATCHES[args.batch], args.chunk, 7, torch.device("cuda"))
+    w = make_window(ssd_case(args.shape), SSD_BATCHES[args.batch], args.chunk, 7, torch.device("cuda"))
     fn = mate_fn(w, args.chunk)
     for _ in range(args.warmup + 1):
         fn()

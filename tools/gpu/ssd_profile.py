@@ -1,6 +1,6 @@
 """Per-kernel GPU time of one SSD call, MATE beside vLLM, from torch.profiler:
 
-    python tools/gpu/ssd_profile.py [--shapes nemotron-h-8b:1x8192:256,...] [--reps 5]
+    python tools/gpu/ssd_profile.py [--shapes nemotron-h-8b-tp1:1x8192:256,...] [--reps 5]
 
 The benchmark (``mate bench ssd``) times whole calls; this says which kernel of a call the time goes to (MATE's
 dt pre-pass and chunk scan, vLLM's Triton kernels), so a change can aim at it. Eager calls (the kernels
@@ -33,21 +33,22 @@ def kernel_times(fn, reps: int) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    from mate.bench.ssd import BATCHES, SSD_SHAPES, make_window, mate_fn, vllm_fn
+    from mate.bench.shapes import SSD_BATCHES, ssd_case
+    from mate.bench.ssd import make_window, mate_fn, vllm_fn
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--shapes",
         default="nemotron-h-8b:1x8192:256,nemotron-h-8b:32x512:256,mamba2-2.7b:1x8192:256",
-        help="comma list of shape:batch:chunk (shapes and batches of mate bench ssd)",
+        help="comma list of case:batch:chunk (cases or models, and batches, of mate bench ssd)",
     )
     ap.add_argument("--reps", type=int, default=5, help="profiled calls per implementation (default 5)")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     for item in args.shapes.split(","):
         shape, batch, L = item.split(":")
-        s, L = SSD_SHAPES[shape], int(L)
-        w = make_window(s, BATCHES[batch], L, 7, dev)
+        s, L = ssd_case(shape), int(L)
+        w = make_window(s, SSD_BATCHES[batch], L, 7, dev)
         impls = [("mate", mate_fn(w, L))]
         try:
             impls.append(("vllm", vllm_fn(w, L)))

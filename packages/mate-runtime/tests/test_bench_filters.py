@@ -16,7 +16,7 @@ bench_ssu = pytest.importorskip("mate.bench.ssu")
 @pytest.mark.parametrize(
     "argv, names",
     [
-        pytest.param(["--shapes", "nemotron-h-9b"], "--shapes", id="unknown-shape"),
+        pytest.param(["--models", "nemotron-h-9b"], "--models", id="unknown-model"),
         pytest.param(["--batches", "3x1000"], "--batches", id="unknown-batch"),
         pytest.param(["--impls", "mate-lean"], "--impls", id="deleted-design"),
         pytest.param(["--impls", "mate-lean+overlap,vllm"], "--impls", id="deleted-option"),
@@ -49,8 +49,8 @@ def test_ssu_rejects_bad_values_in_one_line(capsys, argv, names):
 
 @pytest.mark.parametrize("bench", [bench_ssu, bench_ssd], ids=["ssu", "ssd"])
 def test_no_option_variant_machinery(bench, capsys):
-    """The implementations are MATE (the one planned kernel) and the peers: no option that sets kernel
-    options, no design names."""
+    """The implementations are MATE (the planned kernels) and the peers: no option that sets kernel options, no
+    implementation named for a kernel variant (the SSD bench's designs are the planner's, ``--designs``)."""
     with pytest.raises(SystemExit) as exc:
         bench.main(["--env", "MATE_SSU_PDL=1"])
     assert exc.value.code == 2

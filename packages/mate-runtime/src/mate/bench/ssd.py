@@ -1,10 +1,13 @@
 """``mate bench ssd``: SSD varlen prefill, MATE (TileLang) vs vLLM 0.33's Triton ``mamba_chunk_scan_combined_varlen``.
 
 Both run in the same process on the same inputs, each call captured in a CUDA graph (one call per window of
-disjoint inputs so a replay reads cold HBM) and replayed; median time per call. Reported per
-shape and chunk size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak
-~790 TFLOP/s; the device copy bandwidth measured in the same run), MATE's speed-up over vLLM, and each
-implementation's eager host time per call. MATE runs the kernels its planner picks for each call.
+disjoint inputs so a replay reads cold HBM) and replayed; median time per call. The shapes are the registry's
+(``shapes.SSD_MODELS``): each served model's per-rank shape at each tensor-parallel size it is served at, a case
+named ``<model>-tp<N>``, at the registry's batches and the model's chunk size. Reported per case, batch and chunk
+size: µs, M tokens/s, TFLOP/s and TB/s against the ceilings (bf16 dense tensor-core peak ~790 TFLOP/s; the device
+copy bandwidth measured in the same run), MATE's speed-up over vLLM, and each implementation's eager host time
+per call. MATE runs the kernels its planner picks for each call (``--designs auto``), or, one row per design,
+the planner held to a design (``--designs serial,split``).
 
 FLOP count (the algorithm's useful work, identical for both implementations; L = chunk size):
 ``T * (2 G L N  [C B^T]  +  H (L P  [causal intra-chunk scan]  +  4 P N  [chunk state + C·state]))``.
@@ -14,59 +17,56 @@ Bytes: x, B, C, dt read, out written, initial states read and final states writt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from .report import write_report
+from .report import markdown_table, write_report
+from .shapes import REGISTRY_BATCHES, SSD_BATCHES, SSD_CASES, SSD_MODELS, SSDCase
 from .timing import copy_ceiling_tbps, graph_time_us, host_time_us, windows_for
 
 PEAK_TFLOPS_BF16 = 790.0
 
 
-@dataclass(frozen=True)
-class SSDShape:
-    name: str
-    heads: int
-    dim: int
-    dstate: int
-    groups: int
+# The --quick plan: (case, batches, chunk sizes), the headline shape at chunk 128 (its own) and 256.
+QUICK_PLAN = [("nemotron-h-8b-tp1", ["1x8192", "32x512"], [128, 256])]
 
 
-SSD_SHAPES = {
-    "nemotron-h-8b": SSDShape("nemotron-h-8b", 128, 64, 128, 8),
-    "mamba2-2.7b": SSDShape("mamba2-2.7b", 80, 64, 128, 1),
-    "falcon-h1-7b": SSDShape("falcon-h1-7b", 24, 128, 256, 1),
-}
-# (label, sequence lengths)
-BATCHES = {
-    "1x8192": [8192],
-    "1x32768": [32768],
-    "8x2048": [2048] * 8,
-    "32x512": [512] * 32,
-    "ragged5": [137, 4000, 1, 900, 3000],
-}
-# (shape, batches, chunk sizes)
-PLAN = [
-    ("nemotron-h-8b", list(BATCHES), [128, 256]),
-    ("mamba2-2.7b", ["1x8192", "8x2048"], [256]),
-    ("falcon-h1-7b", ["1x8192", "8x2048"], [256]),
-]
-QUICK_PLAN = [("nemotron-h-8b", ["1x8192", "32x512"], [128, 256])]
+class Planned(NamedTuple):
+    """One measured cell: a case of the registry (``shapes.SSD_CASES``), a batch of ``SSD_BATCHES``, a chunk size."""
+
+    case: str
+    batch: str
+    chunk: int
 
 
-def flops(T: int, s: SSDShape, L: int) -> float:
+def build_plan(args) -> list[Planned]:
+    """The cells an argument namespace of :func:`build_parser` measures, in order; nothing runs.
+
+    Without ``--quick``: every selected case (``--models``, default the whole registry) at every selected batch
+    (``--batches``, default the registry's five), each at its model's chunk size. With ``--quick``: the quick plan,
+    less what ``--models`` / ``--batches`` leave out."""
+    models, batches = args.models, args.batches
+    if args.quick:
+        cells = [Planned(c, b, L) for c, bs, Ls in QUICK_PLAN for b in bs for L in Ls]
+        return [p for p in cells if (not models or p.case in models) and (not batches or p.batch in batches)]
+    cases = [SSD_CASES[n] for n in models] if models else list(SSD_CASES.values())
+    return [Planned(c.name, b, c.chunk_size) for c in cases for b in batches or REGISTRY_BATCHES]
+
+
+def flops(T: int, s: SSDCase, L: int) -> float:
     return T * (2 * s.groups * L * s.dstate + s.heads * (L * s.dim + 4 * s.dim * s.dstate))
 
 
-def nbytes(T: int, batch: int, s: SSDShape) -> int:
+def nbytes(T: int, batch: int, s: SSDCase) -> int:
     io = 2 * T * (2 * s.heads * s.dim + 2 * s.groups * s.dstate) + 4 * T * s.heads
     return io + 2 * 4 * batch * s.heads * s.dim * s.dstate
 
 
-def make_window(s: SSDShape, seqlens, L, seed, dev):
+def make_window(s: SSDCase, seqlens, L, seed, dev):
     from ..mamba.chunking import chunk_metadata
 
     meta = chunk_metadata(seqlens, L, device=dev)
@@ -136,8 +136,111 @@ def check_agreement(s, seqlens, L, dev) -> float:
     return max(e_out, e_st)
 
 
-def plot_bars(rows, path: str, device: str = "") -> str | None:
-    """Grouped bars of M tokens/s per batch and implementation, one panel per (shape, chunk)."""
+# ------------------------------------------------------------------------------------------------ designs
+
+# MATE's SSD planner has designs (e.g. one CTA walking a whole sequence, or a sequence spread over several CTAs).
+# ``auto`` is the planner's own choice, the one served; a design name times MATE with the planner held to that
+# design (``mate._tilelang.ssd_plan.forcing``), as a row of its own.
+AUTO = "auto"
+KNOWN_DESIGNS = ("serial", "split")  # where the planner lists none (``ssd_plan.DESIGNS``)
+
+
+def _ssd_plan():
+    try:
+        from .._tilelang import ssd_plan
+    except ImportError:
+        return None
+    return ssd_plan
+
+
+def designs() -> tuple[str, ...]:
+    """The design names ``--designs`` takes besides ``auto``: the planner's ``DESIGNS`` where it has them."""
+    return tuple(getattr(_ssd_plan(), "DESIGNS", KNOWN_DESIGNS))
+
+
+def parse_designs(text: str) -> list[str]:
+    """The ``--designs`` list: ``auto`` and/or design names; a design other than ``auto`` needs the planner's
+    ``forcing`` (argparse.ArgumentTypeError saying so where this MATE has none)."""
+    known = (AUTO, *designs())
+    names = _names(text, known, "designs")
+    forced = [n for n in names if n != AUTO]
+    if forced and not hasattr(_ssd_plan(), "forcing"):
+        raise argparse.ArgumentTypeError(
+            f"timing the design {forced[0]!r} needs mate._tilelang.ssd_plan.forcing, which this MATE does not have; "
+            "use --designs auto (the planner's choice)"
+        )
+    return names
+
+
+def design_impl(design: str) -> str:
+    """The impl name of a MATE row: ``mate`` for the planner's choice, ``mate-<design>`` for a forced design."""
+    return "mate" if design == AUTO else f"mate-{design}"
+
+
+def design_context(design: str):
+    """The context MATE is timed in: the planner held to ``design`` (the warm-up, the graph capture and the
+    eager calls all run inside it; a replay only replays what was captured), nothing for ``auto``."""
+    if design == AUTO:
+        return contextlib.nullcontext()
+    return _ssd_plan().forcing(design)
+
+
+def planned_design(w, L) -> str | None:
+    """The design MATE's planner picks for window ``w``'s call: ``split`` where its kernels include the split
+    design's state pass, else ``serial``; None where the call cannot be planned."""
+    from ..mamba import plan_ssd_combined_fwd_varlen
+
+    args, kwargs = mate_args(w, L)
+    try:
+        planned = plan_ssd_combined_fwd_varlen(*args, **kwargs)
+    except Exception:  # the timing reports what fails; this column stays empty
+        return None
+    return "split" if any(s.factory == "ssd_run_states_kernel" for s in planned) else "serial"
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def is_mate(impl: str) -> bool:
+    return impl == "mate" or impl.startswith("mate-")
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """``speedup_vs_vllm`` (vLLM's µs / the row's) on every timed MATE row of one cell, where vLLM was timed."""
+    vllm = next((r["us"] for r in rows if r["impl"] == "vllm" and r.get("us")), None)
+    for r in rows:
+        if vllm and is_mate(r["impl"]) and r.get("us"):
+            r["speedup_vs_vllm"] = round(vllm / r["us"], 2)
+
+
+def summary_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """(table, columns): one line per (case, batch, chunk), MATE's µs per design, vLLM's µs and each MATE row's
+    speed-up over vLLM (> 1: MATE is faster)."""
+    mates = list(dict.fromkeys(r["impl"] for r in rows if is_mate(r["impl"])))
+    cells = list(dict.fromkeys((r["case"], r["batch"], r["chunk"]) for r in rows))
+    table = []
+    for case, batch, chunk in cells:
+        sel = {r["impl"]: r for r in rows if (r["case"], r["batch"], r["chunk"]) == (case, batch, chunk)}
+        line = dict(case=case, batch=batch, chunk=chunk)
+        if "mate" in sel:
+            line["design"] = sel["mate"].get("design")
+        for impl in mates:
+            line[f"{impl} us"] = sel.get(impl, {}).get("us")
+        line["vllm us"] = sel.get("vllm", {}).get("us")
+        for impl in mates:
+            line[f"vllm / {impl}"] = sel.get(impl, {}).get("speedup_vs_vllm")
+        table.append(line)
+    cols = ["case", "batch", "chunk", *(["design"] if "mate" in mates else [])]
+    cols += [f"{m} us" for m in mates] + ["vllm us"] + [f"vllm / {m}" for m in mates]
+    return table, cols
+
+
+TARGET_SPEEDUP = 1.5  # the line drawn on the speed-up chart
+
+
+def plot_speedups(rows, path: str, device: str = "") -> str | None:
+    """One chart of MATE's speed-up over vLLM: a group of bars per case (and chunk, where a case has several), a
+    bar per batch (and per MATE design, hatched, where several are timed), a line at the target speed-up."""
     try:
         import matplotlib
 
@@ -145,30 +248,46 @@ def plot_bars(rows, path: str, device: str = "") -> str | None:
         import matplotlib.pyplot as plt
     except Exception:  # plotting is optional
         return None
-    panels = list(dict.fromkeys((r["shape"], r["chunk"]) for r in rows))
-    if not panels:
+    timed = [r for r in rows if is_mate(r["impl"]) and r.get("speedup_vs_vllm")]
+    if not timed:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (shape, chunk) in zip(axes[0], panels, strict=True):
-        sel = [r for r in rows if r["shape"] == shape and r["chunk"] == chunk]
-        batches = list(dict.fromkeys(r["batch"] for r in sel))
-        impls = list(dict.fromkeys(r["impl"] for r in sel))
-        width = 0.8 / max(1, len(impls))
-        for k, impl in enumerate(impls):
-            vals = [next((r["mtok_s"] for r in sel if r["batch"] == b and r["impl"] == impl), 0) for b in batches]
-            ax.bar([i + k * width for i in range(len(batches))], vals, width, label=impl)
-        ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(batches))])
-        ax.set_xticklabels(batches, fontsize=8)
-        ax.set_title(f"{shape}, chunk {chunk}", fontsize=9)
-        ax.set_ylabel("M tokens/s")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("SSD varlen prefill throughput (graph-replayed" + (f", {device})" if device else ")"))
+    chunks = {}
+    for r in timed:
+        chunks.setdefault(r["case"], set()).add(r["chunk"])
+    groups = list(dict.fromkeys((r["case"], r["chunk"]) for r in timed))
+    labels = [case if len(chunks[case]) == 1 else f"{case}\nchunk {chunk}" for case, chunk in groups]
+    batches = list(dict.fromkeys(r["batch"] for r in timed))
+    impls = list(dict.fromkeys(r["impl"] for r in timed))
+    series = [(b, i) for b in batches for i in impls]  # a batch's designs side by side
+    width = 0.8 / len(series)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    hatches = ["", "//", "..", "xx", "\\\\"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 3.0 + 0.3 * len(groups) * len(series)), 4.2))
+    for k, (batch, impl) in enumerate(series):
+        vals = [
+            next((r["speedup_vs_vllm"] for r in timed if (r["case"], r["chunk"], r["batch"], r["impl"]) ==
+                  (case, chunk, batch, impl)), 0)
+            for case, chunk in groups
+        ]  # fmt: skip
+        label = batch if len(impls) == 1 else f"{batch}, {impl}"
+        ax.bar([g + k * width for g in range(len(groups))], vals, width, label=label,
+               color=colors[batches.index(batch) % len(colors)], hatch=hatches[impls.index(impl) % len(hatches)],
+               edgecolor="white" if len(impls) == 1 else "black", linewidth=0.4)  # fmt: skip
+    ax.axhline(TARGET_SPEEDUP, color="black", linestyle="--", linewidth=1, label=f"{TARGET_SPEEDUP}x")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel("vLLM µs / MATE µs")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("SSD varlen prefill: MATE's speed-up over vLLM (graph-replayed" + (f", {device})" if device else ")"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
+
+# ------------------------------------------------------------------------------------------------ command line
 
 IMPLS = ("mate", "vllm")
 
@@ -181,12 +300,24 @@ def _names(text: str, known, what: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def parse_models(text: str) -> list[str]:
+    """The ``--models`` list as case names, in the order given: a case name, a model name (each of its
+    tensor-parallel sizes) or ``all`` (the whole registry)."""
+    by_model = {m.name: [c.name for c in SSD_CASES.values() if c.model == m.name] for m in SSD_MODELS}
+    known = ("all", *by_model, *(c for c in SSD_CASES if c not in by_model))
+    out = []
+    for name in _names(text, known, "models or cases"):
+        out += list(SSD_CASES) if name == "all" else by_model.get(name, [name])
+    return list(dict.fromkeys(out))
+
+
 DESCRIPTION = (
     "Benchmark ssd_combined_fwd_varlen (varlen SSD prefill): MATE against vLLM 0.33's Triton "
     "mamba_chunk_scan_combined_varlen on the same inputs, each call captured in a CUDA graph over disjoint input "
-    "windows (each replay reads cold HBM) and replayed. Reports µs, M tokens/s, TFLOP/s and TB/s per shape, "
-    "batch and chunk size, MATE's speed-up over vLLM and the eager host time per call; writes NAME.json, NAME.md "
-    "and NAME.png under --out (after every case, so a time limit keeps the results so far). Needs a CUDA device."
+    "windows (each replay reads cold HBM) and replayed. The shapes are served models' per-rank shapes (a model at "
+    "each tensor-parallel size it is served at). Reports µs, M tokens/s, TFLOP/s and TB/s per case, batch and chunk "
+    "size, MATE's speed-up over vLLM and the eager host time per call; writes NAME.json, NAME.md and NAME.png under "
+    "--out (after every case, so a time limit keeps the results so far). Needs a CUDA device."
 )
 
 
@@ -202,16 +333,24 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(IMPLS)})",
     )  # fmt: skip
     ap.add_argument(
-        "--quick", action="store_true", help="the headline shape (Nemotron-H 8B) at 1x8192 and 32x512 tokens only"
-    )
-    ap.add_argument(
-        "--shapes", type=lambda v: _names(v, SSD_SHAPES, "shapes"), default=[], metavar="LIST",
-        help=f"comma list of model shapes, of {', '.join(SSD_SHAPES)}: only those (default: every shape)",
+        "--quick", action="store_true",
+        help="the headline case (nemotron-h-8b-tp1) at 1x8192 and 32x512 tokens, chunk sizes 128 and 256, only",
     )  # fmt: skip
     ap.add_argument(
-        "--batches", type=lambda v: _names(v, BATCHES, "batches"), default=[], metavar="LIST",
-        help=f"comma list of batches (sequences x tokens), of {', '.join(BATCHES)}: only those, of any shape "
-        "(default: every batch of the plan)",
+        "--models", type=parse_models, default=[], metavar="LIST",
+        help="comma list of per-rank cases (e.g. nemotron-3-super-120b-tp8), models (each tensor-parallel size "
+        f"they are served at) or all: only those. Cases: {', '.join(SSD_CASES)} (default: all)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--batches", type=lambda v: _names(v, SSD_BATCHES, "batches"), default=[], metavar="LIST",
+        help=f"comma list of batches (sequences x tokens), of {', '.join(SSD_BATCHES)}: only those (default: "
+        f"{','.join(REGISTRY_BATCHES)}; with --quick, the quick plan's)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--designs", type=parse_designs, default=[AUTO], metavar="LIST",
+        help=f"comma list of MATE's SSD designs to time, of {AUTO}, {', '.join(designs())}: auto is the planner's "
+        "choice (the mate row, with the design it picked); each other name a row of its own (mate-NAME), the "
+        "planner held to that design (default: auto)",
     )  # fmt: skip
     ap.add_argument(
         "--replays", type=int, default=10, metavar="N", help="graph replays per timed sample (default: %(default)s)"
@@ -223,9 +362,72 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+COLUMNS = ["model", "tp", "H", "P", "N", "G", "batch", "tokens", "chunk", "impl", "design", "us", "mtok_s", "tflops",
+           "pct_peak", "tbps", "pct_copy", "speedup_vs_vllm", "max_rel_diff_vs_vllm", "host_us"]  # fmt: skip
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}"[:300]
+
+
+def measure(case: SSDCase, bname: str, L: int, impls, mate_designs, dev, ceiling, args) -> list[dict]:
+    """The rows of one cell: a MATE row per design of ``mate_designs`` and vLLM's, with the speed-ups."""
+    seqlens = SSD_BATCHES[bname]
+    T = sum(seqlens)
+    per_call = nbytes(T, len(seqlens), case)
+    nwin = min(windows_for(per_call), 4)
+    wins = [make_window(case, seqlens, L, 17 + i, dev) for i in range(nwin)]
+    runs = []  # (impl, design): design None for vLLM
+    for impl in impls:
+        runs += [(design_impl(d), d) for d in mate_designs] if impl == "mate" else [(impl, None)]
+    rows = []
+    for impl, design in runs:
+        row = dict(
+            case=case.name, model=case.model, tp=case.tp, H=case.heads, P=case.dim, N=case.dstate, G=case.groups,
+            batch=bname, tokens=T, chunk=L, impl=impl,
+        )  # fmt: skip
+        if design is not None:
+            row["design"] = planned_design(wins[0], L) if design == AUTO else design
+        try:
+            with contextlib.nullcontext() if design is None else design_context(design):
+                if design is not None and "vllm" in impls:
+                    try:
+                        row["max_rel_diff_vs_vllm"] = f"{check_agreement(case, seqlens, L, dev):.1e}"
+                    except Exception as exc:  # report, keep measuring (a design's refusal is the timing's to say)
+                        if not isinstance(exc, NotImplementedError):
+                            print(f"{impl} agreement check failed: {_short(exc)}", flush=True)
+                fns = [(vllm_fn if design is None else mate_fn)(w, L) for w in wins]
+                us = graph_time_us(fns, replays=args.replays, repeats=args.repeats, device=dev)
+                try:
+                    row["host_us"] = round(host_time_us(fns[0], iters=20, device=dev), 1)
+                except Exception as exc:  # report, keep measuring
+                    print(f"{impl} host time: {_short(exc)}", flush=True)
+        except Exception as exc:
+            print(f"{impl} {case.name} {bname} chunk{L}: {_short(exc)}", flush=True)
+            if design not in (None, AUTO) and isinstance(exc, NotImplementedError):
+                row["error"] = _short(exc)  # the design cannot serve this call: a row that says so
+                rows.append(row)
+            continue
+        row.update(
+            us=round(us, 1), mtok_s=round(T / us, 2), tflops=round(flops(T, case, L) / us / 1e6, 1),
+            pct_peak=round(100 * flops(T, case, L) / us / 1e6 / PEAK_TFLOPS_BF16, 1),
+            tbps=round(per_call / us / 1e6, 2), pct_copy=round(100 * per_call / us / 1e6 / ceiling, 1),
+        )  # fmt: skip
+        rows.append(row)
+        print(row, flush=True)
+    add_speedups(rows)
+    del wins
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # bad names exit 2 with one line, before any device is needed
-    impls, only, only_shapes = args.impls, args.batches, args.shapes
+    plan = build_plan(args)
+    if not plan:
+        print("mate bench ssd: the options select no case (see --models, --batches, --quick)", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("mate bench ssd: needs a CUDA device", file=sys.stderr)
         return 2
@@ -238,74 +440,31 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(dev), copy_ceiling_tbps=round(ceiling, 2), peak_tflops=PEAK_TFLOPS_BF16,
             timing="CUDA graph, one call per window of disjoint inputs, replayed; median of repeats",
             dtypes="x/B/C bf16, dt/A/D/dt_bias fp32, initial and returned states fp32, dt_softplus, D [H], dt_bias",
-            flops=__doc__.split("FLOP count")[1].split("\n\n")[0].strip(),
+            flops=__doc__.split("FLOP count")[1].split("\n\n")[0].strip(), designs=args.designs,
         )  # fmt: skip
-        cols = ["shape", "batch", "chunk", "impl", "us", "mtok_s", "tflops", "tbps", "pct_copy", "speedup_vs_vllm",
-                "max_rel_diff_vs_vllm", "host_us"]  # fmt: skip
+        cols = COLUMNS + (["error"] if any("error" in r for r in rows) else [])
+        table, table_cols = summary_rows(rows)
         preface = (
             f"# SSD varlen prefill: MATE vs vLLM 0.33 Triton\n\n{meta['device']}; copy ceiling {ceiling:.2f} TB/s; "
             f"{meta['timing']}.\n{meta['dtypes']}.\nTFLOP/s counts {meta['flops']}\n"
+            f"pct_peak: of the bf16 dense tensor-core peak, {PEAK_TFLOPS_BF16:.0f} TFLOP/s.\n"
+            "Shapes per tensor-parallel rank (case = model-tpN). `mate`: the planner's choice (design: the one it "
+            "picked, where the plan names it); `mate-NAME`: the planner held to design NAME.\n"
             "host_us: eager host time per call (the time the Python caller is blocked, the device running behind; "
-            "best of 3 loops of 20 calls)."
+            "best of 3 loops of 20 calls).\n\n## Summary\n\n`vllm / X` > 1: MATE is faster.\n\n"
+            + markdown_table(table, table_cols)
+            + "\n## Every row"
         )
         paths = write_report(args.name, rows, args.out, meta=meta, columns=cols, preface=preface)
-        png = plot_bars(rows, os.path.join(args.out, f"{args.name}.png"), meta["device"])
+        png = plot_speedups(rows, os.path.join(args.out, f"{args.name}.png"), meta["device"])
         if png:
             paths["png"] = png
         return paths
 
     rows = []
-    for shape_name, batches, chunks in QUICK_PLAN if args.quick else PLAN:
-        if only_shapes and shape_name not in only_shapes:
-            continue
-        s = SSD_SHAPES[shape_name]
-        for bname in batches:
-            if only and bname not in only:
-                continue
-            seqlens = BATCHES[bname]
-            T = sum(seqlens)
-            for L in chunks:
-                per_call = nbytes(T, len(seqlens), s)
-                nwin = min(windows_for(per_call), 4)
-                wins = [make_window(s, seqlens, L, 17 + i, dev) for i in range(nwin)]
-                base = {}
-                agree = {}
-                for impl in impls:
-                    if "vllm" in impls and impl == "mate":
-                        try:
-                            agree[impl] = check_agreement(s, seqlens, L, dev)
-                        except Exception as exc:  # report, keep measuring
-                            print(f"{impl} agreement check failed: {type(exc).__name__}: {exc}", flush=True)
-                for impl in impls:
-                    try:
-                        fns = [(mate_fn if impl == "mate" else vllm_fn)(w, L) for w in wins]
-                        us = graph_time_us(fns, replays=args.replays, repeats=args.repeats, device=dev)
-                    except Exception as exc:
-                        print(f"{impl} {shape_name} {bname} chunk{L}: {type(exc).__name__}: {exc}", flush=True)
-                        continue
-                    base[impl] = us
-                    row = dict(
-                        shape=shape_name, H=s.heads, P=s.dim, N=s.dstate, G=s.groups, batch=bname, tokens=T,
-                        chunk=L, impl=impl, us=round(us, 1), mtok_s=round(T / us, 2),
-                        tflops=round(flops(T, s, L) / us / 1e6, 1), tbps=round(per_call / us / 1e6, 2),
-                        pct_copy=round(100 * per_call / us / 1e6 / ceiling, 1),
-                        pct_peak=round(100 * flops(T, s, L) / us / 1e6 / PEAK_TFLOPS_BF16, 1),
-                    )  # fmt: skip
-                    if impl in agree:
-                        row["max_rel_diff_vs_vllm"] = f"{agree[impl]:.1e}"
-                    try:
-                        row["host_us"] = round(host_time_us(fns[0], iters=20, device=dev), 1)
-                    except Exception as exc:  # report, keep measuring
-                        print(f"{impl} host time: {type(exc).__name__}: {exc}", flush=True)
-                    rows.append(row)
-                    print(row, flush=True)
-                if "vllm" in base:
-                    for r in rows[-len(base) :]:
-                        if r["impl"] == "mate":
-                            r["speedup_vs_vllm"] = round(base["vllm"] / base[r["impl"]], 2)
-                del wins
-                torch.cuda.empty_cache()
-                report()  # partial results survive a time limit
+    for cell in plan:
+        rows += measure(SSD_CASES[cell.case], cell.batch, cell.chunk, args.impls, args.designs, dev, ceiling, args)
+        report()  # partial results survive a time limit
     paths = report()
     print("wrote " + ", ".join(paths.values()))
     return 0
@@ -315,4 +474,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["main", "plot_bars", "SSD_SHAPES", "BATCHES", "flops", "nbytes"]
+__all__ = [
+    "main", "build_parser", "build_plan", "Planned", "QUICK_PLAN", "plot_speedups", "summary_rows", "add_speedups",
+    "parse_models", "parse_designs", "designs", "flops", "nbytes",
+]  # fmt: skip
