@@ -180,13 +180,14 @@ def async_wgmma_problems(src: str) -> list[str]:
     return problems
 
 
-def _spec(*, H, G, P, N, L, has_D=True, D_per_dim=False, prefetch=False):
-    from mate._tilelang.ssd_plan import scan_spec
+def _spec(*, H, G, P, N, L, has_D=True, D_per_dim=False, prefetch=False, split=False, states=False):
+    from mate._tilelang.ssd_plan import scan_spec, states_spec
 
-    return scan_spec(
+    scan = scan_spec(
         H=H, G=G, P=P, N=N, L=L, io="bfloat16", D="float32", D_per_dim=D_per_dim, cu="int32", has_D=has_D,
-        state="float32", init="float32", sq="int32", intermediate=False, prefetch=prefetch,
+        state="float32", init="float32", sq="int32", intermediate=False, prefetch=prefetch, split=split,
     )  # fmt: skip
+    return states_spec(scan) if states else scan
 
 
 @functools.cache
@@ -205,6 +206,14 @@ KERNELS = [
     pytest.param(dict(FALCON), id="tile64_P128_N256"),
     pytest.param(dict(SMALL, P=80), id="narrow-P80"),  # the K-major tiling: GEMMs waited one by one
     pytest.param(dict(SMALL, prefetch=True), id="prefetch"),  # the L2 prefetch of the next entering state
+    pytest.param(dict(SMALL, split=True), id="split"),  # runs entering mid-sequence with the handed-over state
+    pytest.param(dict(SMALL, P=80, split=True), id="split-narrow-P80"),
+]
+# the split design's state pass: TMA loads through its own pipeline, one GEMM per tile
+STATE_PASSES = [
+    pytest.param(dict(SMALL, states=True), id="state-pass_c128"),
+    pytest.param(dict(FALCON, states=True), id="state-pass_P128_N256"),
+    pytest.param(dict(SMALL, P=80, states=True), id="state-pass_narrow-P80"),
 ]
 
 
@@ -220,7 +229,12 @@ def test_producer_branch_only_issues_tma(spec):
     assert any("z[" in line for line in consumer)
 
 
-@pytest.mark.parametrize("spec", KERNELS)
+@pytest.mark.parametrize("spec", STATE_PASSES)
+def test_state_pass_producer_only_issues_tma(spec):
+    assert producer_foreign(_source(spec)) == []
+
+
+@pytest.mark.parametrize("spec", KERNELS + STATE_PASSES)
 def test_tma_buffers_are_waited_on_before_use(spec):
     assert tma_wait_problems(_source(spec)) == []
 
@@ -245,7 +259,7 @@ def test_overlap_waits_once_per_pair(spec):
     assert waits == [("warpgroup_wait", "0")] * (4 if spec.get("P") == 80 else 2)
 
 
-@pytest.mark.parametrize("spec", KERNELS)
+@pytest.mark.parametrize("spec", KERNELS + STATE_PASSES)
 def test_no_buffer_is_released_or_written_under_a_wgmma_in_flight(spec):
     assert async_wgmma_problems(_source(spec)) == []
 

@@ -180,8 +180,13 @@ def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens, pdl=Fals
     ):  # fmt: skip
         if spec.factory == "ssd_dt_kernel":
             label = f"ssd dt pre-pass{' (final states into a pool)' if spec.use_final_indices else ''}"
+        elif spec.factory == "ssd_run_states_kernel":
+            label = "ssd split state pass"
+        elif spec.factory == "ssd_combine_kernel":
+            label = "ssd split hand-over"
         else:
-            label = f"ssd chunk scan{' intermediate' if spec.intermediate else ''}{' L2 prefetch' * spec.prefetch}"
+            label = (f"ssd chunk scan{' split' * spec.split}{' intermediate' if spec.intermediate else ''}"
+                     f"{' L2 prefetch' * spec.prefetch}")  # fmt: skip
         items.append((label, spec))
     return heads, groups, items
 

@@ -9,6 +9,8 @@ host: the call captures into a CUDA graph once its kernels are compiled (``prewa
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .. import settings
@@ -16,7 +18,17 @@ from .._device import is_capturing
 from ..mamba._ssd_call import SSDCall, check_index_data
 from .cache import CACHE
 from .specs import KernelSpec
-from .ssd_plan import VLLM_DT, _check_supported, dt_spec, plan, scan_spec, serving_specs, tiles
+from .ssd_plan import (
+    VLLM_DT,
+    _check_supported,
+    combine_spec,
+    dt_spec,
+    plan,
+    scan_spec,
+    serving_specs,
+    states_spec,
+    tiles,
+)  # fmt: skip
 from .ssu_plan import hardware
 from .workspace import WORKSPACE
 
@@ -185,6 +197,16 @@ def compile_grid() -> list[KernelSpec]:
         cu="int32", sq="int32", has_D=True, intermediate=False,
     )  # fmt: skip
     specs.append(dt_spec(odd, dt="float32", **VLLM_DT, last="int32", fsi="int32", use_fsi=False))
+    # the split design: its scan (final states by index; intermediate states at 64-token tiles; a head dim of 80),
+    # the state pass (128 threads; 256 at N 256; K-major at a head dim of 80) and the hand-over
+    few = scan_spec(
+        H=16, G=1, P=64, N=128, L=128, io="bfloat16", state="float32", init="float32", D="float32", D_per_dim=False,
+        cu="int32", sq="int32", has_D=True, intermediate=False, split=True,
+    )  # fmt: skip
+    specs += [few, states_spec(few), combine_spec(few)]
+    for i in (5, 6):  # (24, 1, 128, 256, 256 intermediate) and (32, 4, 80, 128, 256)
+        split = dataclasses.replace(specs[i], split=True)
+        specs += [split, states_spec(split)]
     # dt options away from vLLM's: no softplus, no bias, a dt limit, bf16 dt
     limited = dict(dt="bfloat16", dtb="float32", has_dtb=False, softplus=False, lo=0.02, hi=0.15)
     specs.append(dt_spec(specs[0], **limited, last="int32", fsi="int32", use_fsi=False))

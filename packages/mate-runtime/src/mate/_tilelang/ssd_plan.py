@@ -1,6 +1,6 @@
-"""The SSD planner: one normalised :class:`SSDCall` -> the specs of its two kernels and the launch choices.
+"""The SSD planner: one normalised :class:`SSDCall` -> the specs of its kernels and the launch choices.
 
-A call launches two kernels (:mod:`mate_kernels.ssd`):
+A call with the serial design launches two kernels (:mod:`mate_kernels.ssd`):
 
 1. the dt pre-pass (:class:`SSDDtSpec`) computes every tile's dt', its cumsum, the per-row decay factors and the
    tile records in parallel, and derives on the GPU the runs table (each CTA row's chunk range) and the
@@ -9,7 +9,14 @@ A call launches two kernels (:mod:`mate_kernels.ssd`):
    registers: a producer warpgroup loads x/B/C and the pre-pass's tiles by TMA, two consumer warpgroups run the
    GEMMs and store ``out`` by TMA and the requested chunk-end states.
 
+With the split design (:mod:`mate_kernels.ssd_split`: few heads per rank on long sequences) the state pass
+(:class:`SSDStatesSpec`) and the hand-over (:class:`SSDCombineSpec`) run between the two, over even runs of chunks
+that the scan then walks all at once.
+
 What the planner decides, and why (docs/ssd-kernels.md; the alternatives measured: docs/design/decisions.md):
+
+* the design (:func:`split_runs`): the split design's run count where its predicted makespan beats the serial
+  scan's, else the serial design; :func:`forcing` holds the planner to one (benchmarks, tests);
 
 * the tile (:func:`tiles`): the P block (64 where it divides the head dim; else the largest multiple of 16 up to
   128 that does, the K-major ``narrow_p`` tiling), the longest token tile (128, else 64) whose shared memory fits,
@@ -150,11 +157,20 @@ def wants_prefetch(spc: int, has_initial_states: bool) -> bool:
 
 DESIGNS = ("serial", "split")
 # The split design's cost model, in scan tiles (one tile of block_L tokens of one (head, P block) on one SM, the
-# unit of seqs_per_cta's model): the state pass walks each run before the scan does, at a fraction of a scan tile
-# per tile (one GEMM of four, no output), and the launches it adds (the run bounds, the state pass, the hand-over)
-# cost about a tile.
+# unit of seqs_per_cta's model), fitted to the H200 (2026-12-02, docs/design/ssd-split.md): the state pass walks
+# each run before the scan does at 0.3 of a scan tile per tile (one GEMM of four, no output) plus about two tiles
+# per CTA (its pipeline fill and the run's end state), the scan's CTA start is one tile, and the launches it adds
+# (the run bounds, the state pass, the hand-over) about one tile.
 SPLIT_STATE_TILES = 0.3
+SPLIT_CTA_TILES = 3.0
 SPLIT_LAUNCH_TILES = 1.0
+# With several sequences the plain scan's prediction counts each as long as the mean. Where its CTAs fit in one
+# wave that is its best case: the wave waits on the longest sequence, which the planner cannot see without a sync
+# (over several waves the scheduler evens the lengths out); the split design's prediction is exact whatever the
+# lengths. So there the split design is taken where it is predicted within this margin of the plain scan's best
+# case (ragged 137/4000/1/900/3000 at 16 heads: 70.8 us split against 134.6 us plain; 16 x 1024, where the mean
+# is the truth, stays plain).
+RAGGED_MARGIN = 1.25
 MAX_RUNS = 1024
 _forced: contextvars.ContextVar = contextvars.ContextVar("mate_ssd_design", default=None)
 
@@ -182,12 +198,12 @@ def serial_makespan(batch: int, ctas_per_seq: int, sms: int, mean_tiles: int) ->
 
 
 def split_makespan(runs: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: int, sms: int) -> float:
-    """The split design's predicted makespan in tiles with ``runs`` even runs of chunks: the state pass's and the
-    scan's waves of runs (each as long as its longest run, a CTA start costed as one tile, as in
-    :func:`seqs_per_cta`), plus the launches (:data:`SPLIT_STATE_TILES`, :data:`SPLIT_LAUNCH_TILES`)."""
+    """The split design's predicted makespan in tiles with ``runs`` even runs of chunks: the waves of runs, each
+    as long as its longest run through the state pass and the scan (:data:`SPLIT_STATE_TILES`,
+    :data:`SPLIT_CTA_TILES`), plus the launches (:data:`SPLIT_LAUNCH_TILES`)."""
     waves = -(-ctas_per_run * runs // sms)
     tiles_per_run = -(-nchunks // runs) * tiles_per_chunk
-    return waves * ((1 + SPLIT_STATE_TILES) * tiles_per_run + 2) + SPLIT_LAUNCH_TILES
+    return waves * ((1 + SPLIT_STATE_TILES) * tiles_per_run + SPLIT_CTA_TILES) + SPLIT_LAUNCH_TILES
 
 
 def split_runs(*, batch: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: int, sms: int,
@@ -195,10 +211,13 @@ def split_runs(*, batch: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: 
     """The design rule: the number of even runs of chunks the split design cuts the call into, or 0 for the plain
     scan (one run per sequence, :func:`seqs_per_cta` of them per CTA). Split where its predicted makespan
     (:func:`split_makespan`, over the run counts that fill up to two waves) beats the plain scan's
-    (:func:`serial_makespan`, which counts every sequence as long as the mean: the plain scan's best case, so a
-    ragged batch splits no more often than it should). Few heads per rank on a long sequence split (H 16 on 132
-    SMs: 8 runs); Nemotron-H 8B (128 heads) never does."""
+    (:func:`serial_makespan`, which counts every sequence as long as the mean; where that is one wave, its best
+    case, so there the margin :data:`RAGGED_MARGIN`). Few heads per rank on a long sequence split (H 16 on 132 SMs:
+    8 runs; H 64: 2); Nemotron-H 8B (128 heads) never does."""
     serial = serial_makespan(batch, ctas_per_run, sms, mean_tiles)
+    k = seqs_per_cta(batch, ctas_per_run, sms, mean_tiles)
+    if batch > 1 and ctas_per_run * (batch // k) <= sms:  # one wave of unknown lengths: the mean is its best case
+        serial *= RAGGED_MARGIN
     top = min(nchunks, MAX_RUNS, max(1, 2 * sms // ctas_per_run))
     best, best_cost = 0, float(serial)
     for runs in range(2, top + 1):
