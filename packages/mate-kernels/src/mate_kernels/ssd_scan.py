@@ -53,7 +53,7 @@ Token, chunk and batch counts are ``T.dynamic``. Factories take plain Python val
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the T.Tensor annotations.
-from .ssd_common import DT_ROWS, LOG2E, META_WIDTH
+from .ssd_common import DT_ROWS, LOG2E, META_WIDTH, check_tiling
 
 # wgmma issued without waiting for it: the next GEMM's wait completes it
 NO_WAIT = {"wg_wait": -1}
@@ -145,14 +145,7 @@ def ssd_fused_kernel(
     ``out`` must be TMA-compatible (16-byte aligned base and row strides).
     """
     H, G, P, N, L = heads, groups, dim, dstate, chunk_size
-    if H % G:
-        raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
-    if P % block_P:
-        raise ValueError(f"block_P ({block_P}) must divide dim ({P})")
-    if L % block_L:
-        raise ValueError(f"block_L ({block_L}) must divide chunk_size ({L})")
-    if block_P % 16:
-        raise ValueError(f"block_P ({block_P}) must be a multiple of 16")
+    check_tiling(heads=H, groups=G, dim=P, chunk_size=L, block_P=block_P, block_L=block_L)
     if block_P % 64 and not narrow_p:
         raise ValueError(f"block_P ({block_P}) not a multiple of 64 needs narrow_p (K-major B operands)")
     import tilelang.language as T  # (after the argument checks: they need no toolchain)
@@ -394,6 +387,8 @@ def ssd_fused_kernel(
                             states_out[d_row[0], h, p0 + p, n] = state[n, p]
             T.tma_store_wait()  # the last tile's store has read shared memory before the CTA exits
 
+    # TileLang reads a kernel's parameters from the Python signature, so the split scan (one more input) is a
+    # second signature around the same body; the plain scan's generated code is unchanged by it.
     if split:
         R_ = T.dynamic("R")
 

@@ -26,7 +26,7 @@ state only inside ``initial_states``); run ``r`` writes only its own rows.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the T.Tensor annotations.
-from .ssd_common import DT_ROWS, META_WIDTH
+from .ssd_common import DT_ROWS, META_WIDTH, check_tiling
 
 FLAG_INIT = 2  # the chunk scan's runtime flag: initial states are given
 # the log2 decay recorded for a run in which a sequence opens (exp2 of it is 0; any real decay sum stays far above
@@ -94,12 +94,7 @@ def ssd_run_states_kernel(
     (the runs), ``initial_states [Bi, H, P, N]``, ``dtA``, ``tmeta`` (the pre-pass's), ``run_states [R, H, P, N]``
     fp32 and ``run_dec [R, H]`` fp32 (written), ``flags`` (the scan's: ``FLAG_INIT``)."""
     H, G, P, N, L = heads, groups, dim, dstate, chunk_size
-    if H % G:
-        raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
-    if P % block_P or block_P % 16:
-        raise ValueError(f"block_P ({block_P}) must be a multiple of 16 dividing dim ({P})")
-    if L % block_L:
-        raise ValueError(f"block_L ({block_L}) must divide chunk_size ({L})")
+    check_tiling(heads=H, groups=G, dim=P, chunk_size=L, block_P=block_P, block_L=block_L)
     import tilelang.language as T
 
     rep = H // G
