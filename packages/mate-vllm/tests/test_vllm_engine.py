@@ -153,3 +153,37 @@ def test_an_empty_prefill_sequence_from_vllms_metadata_is_refused_by_name(monkey
     t = prefill_tensors(seqlens, seed=12)
     with pytest.raises(ValueError, match="last_chunk_indices"):
         mixer.mamba_chunk_scan_combined_varlen(t.x, t.dt, t.A, t.B, t.C, 16, cu, cu_chunk, last, seq_idx, t.out)
+
+
+def test_prefix_caching_align_mode_prefill_with_vllms_checkpoint_chunks(monkeypatch):
+    """``--mamba-cache-mode align``: vLLM's own chunking rule with prefill checkpoints
+    (``BaseMambaAttentionMetadataBuilder._compute_chunk_metadata``) forces a chunk end inside a sequence, so the
+    chunk after it is short and not the sequence's last (and a continuing sequence opens with a short chunk too);
+    the mixer then asks for every chunk-end state (``return_intermediate_states``, no pool write) and reads the
+    checkpoint and final states out of them. MATE's states at the checkpoint chunks and the last chunks equal the
+    recurrence's."""
+    from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder as Builder
+
+    monkeypatch.setattr("vllm.utils.torch_utils.PIN_MEMORY", False)
+    seqlens, chunk = [45, 30, 21], 16
+    computed = torch.tensor([0, 5, 32])  # tokens already in the cache: the second sequence continues mid-chunk
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32)
+    checkpoints = [20, 0, 9]  # a checkpoint 20 tokens into the first query and 9 into the third
+    cu_chunk, seq_idx, last, ckpt = Builder._compute_chunk_metadata(chunk, 3, computed, cu, checkpoints)
+    sizes = torch.tensor(cu_chunk).diff().tolist()
+    assert any(s < chunk and c not in last for c, s in enumerate(sizes)), "no short chunk inside a sequence"
+    assert ckpt[1] == -1 and ckpt[0] >= 0 and ckpt[2] >= 0
+    meta = tuple(torch.tensor(v, dtype=torch.int32) for v in (cu_chunk, last, seq_idx))
+    t = prefill_tensors(seqlens, H=4, G=2, seed=13)
+    states = mixer.mamba_chunk_scan_combined_varlen(
+        t.x, t.dt, t.A, t.B, t.C, chunk_size=chunk, D=t.D, z=None, dt_bias=t.dt_bias, seq_idx=meta[2],
+        cu_seqlens=cu, cu_chunk_seqlens=meta[0], last_chunk_indices=meta[1], initial_states=t.init,
+        return_intermediate_states=True, dt_softplus=True, dt_limit=(0.0, float("inf")), out=t.out,
+        state_dtype=torch.float32, final_states_out=None, final_state_indices=None,
+    )  # fmt: skip
+    e = oracle(t, seqlens, (cu, meta[0], meta[1], meta[2]), D=t.D, dt_bias=t.dt_bias, initial_states=t.init,
+               dt_softplus=True)  # fmt: skip
+    assert states.shape == (len(sizes), 4, 4, 8)
+    torch.testing.assert_close(t.out.double(), e.y, **_tol(torch.float32))
+    torch.testing.assert_close(states.double(), e.chunk_end, **_tol(torch.float32))
+    torch.testing.assert_close(states[meta[1].long()].double(), e.final, **_tol(torch.float32))
