@@ -33,13 +33,16 @@ FACTORY_PARAMETERS = {
     ),
     ssd.ssd_fused_kernel: (
         "heads groups dim dstate chunk_size io_dtype state_dtype init_dtype D_dtype cu_dtype seq_idx_dtype has_D "
-        "D_per_dim intermediate block_P block_L num_stages scores_in_shared narrow_p prefetch"
+        "D_per_dim intermediate block_P block_L num_stages scores_in_shared narrow_p prefetch split"
     ),
+    ssd.ssd_run_states_kernel: ("heads groups dim dstate chunk_size io_dtype init_dtype block_P block_L num_stages"),
+    ssd.ssd_combine_kernel: "heads dim dstate",
     ssd.ssd_dt_kernel: (
         "heads chunk_size block_L dt_dtype dt_bias_dtype cu_dtype seq_idx_dtype has_dt_bias dt_softplus dt_min "
         "dt_max heads_per_cta last_dtype fsi_dtype use_final_indices"
     ),
     ssd.fused_smem_bytes: "dim_block dstate block_L io_bytes num_stages scores_in_shared narrow_p",
+    ssd.states_smem_bytes: "dim_block dstate block_L io_bytes num_stages",
 }
 
 
@@ -139,6 +142,42 @@ def test_ssd_fused_kernel_checks_its_tile_before_importing_tilelang(bad, match):
 def test_ssd_dt_kernel_checks_before_importing_tilelang(kw, match):
     with pytest.raises(ValueError, match=match):
         ssd.ssd_dt_kernel(**kw)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        pytest.param(dict(heads=6, groups=4), "groups", id="heads-groups"),
+        pytest.param(dict(block_P=48), "divide dim", id="block_P-divides-dim"),
+        pytest.param(dict(block_L=96), "block_L", id="block_L-divides-chunk"),
+    ],
+)
+def test_ssd_state_pass_checks_its_tile_before_importing_tilelang(bad, match):
+    shape = {k: SSD_SHAPE[k] for k in ("heads", "groups", "dim", "dstate", "chunk_size")}
+    with pytest.raises(ValueError, match=match):
+        ssd.ssd_run_states_kernel(**{**shape, **bad})
+
+
+def test_ssd_hand_over_needs_whole_blocks_of_the_state():
+    with pytest.raises(ValueError, match="multiple of 1024"):
+        ssd.ssd_combine_kernel(heads=4, dim=16, dstate=32)
+
+
+@pytest.mark.tilelang
+def test_ssd_split_kernels_read_what_the_split_scan_and_state_pass_exchange():
+    """The split scan takes the run states after the plain scan's arguments; the state pass writes them and the
+    run decays, with the pre-pass's rows and records as the scan reads them."""
+    scan = ssd.ssd_fused_kernel(**SSD_SHAPE, block_P=64, block_L=64, split=True)
+    assert _names(scan)[-2:] == ["flags", "run_states"]
+    states = ssd.ssd_run_states_kernel(
+        **{k: SSD_SHAPE[k] for k in ("heads", "groups", "dim", "dstate", "chunk_size")}, block_P=64, block_L=64
+    )
+    assert _names(states) == [
+        "x", "B", "cu_chunk_seqlens", "bounds", "initial_states", "dtA", "tmeta", "run_states", "run_dec", "flags",
+    ]  # fmt: skip
+    bufs = {b.name: [str(d) for d in b.shape[1:]] for b in states.buffer_map.values()}
+    scan_bufs = {b.name: [str(d) for d in b.shape[1:]] for b in scan.buffer_map.values()}
+    assert bufs["run_states"] == scan_bufs["run_states"] and bufs["dtA"] == scan_bufs["dtA"]
 
 
 @pytest.mark.tilelang
