@@ -224,8 +224,20 @@ def test_unserved_options_are_named():
     args = (t.state, t.x, t.dt, t.A, t.B, t.C, t.D)
     with pytest.raises(NotImplementedError, match="rand_seed|stochastic"):
         ssu(*args, rand_seed=torch.zeros(1, dtype=torch.int64), philox_rounds=10)
-    with pytest.raises(NotImplementedError):
-        ssu(t.state.to(torch.int16), *args[1:], state_scale=torch.ones(3, 2, 4))
+    with pytest.raises(ValueError, match="^state_scale:"):  # FlashInfer's scales go with an int16 state only
+        ssu(*args, state_scale=torch.ones(3, 2, 4))
+
+
+def test_int16_state_with_block_scales_passes_through():
+    """FlashInfer's int16 block-scaled state: served (here by the reference backend), its scales written in
+    place for the slots the call writes (mate.mamba's tests check the values against the recurrence)."""
+    t = tensors(rows=2, S=3, io=F16, weight=F16, state_dtype=F32, seed=10)
+    q = (t.state * 1000).round().to(torch.int16)
+    scale = torch.full(q.shape[:3], 1e-3)
+    y = fi().selective_state_update(q, t.x, t.dt, t.A, t.B, t.C, t.D, state_scale=scale)
+    assert torch.isfinite(y.float()).all()
+    assert not torch.equal(scale[:2], torch.full_like(scale[:2], 1e-3))  # rows 0, 1: slots 0, 1 rewritten
+    assert torch.equal(scale[2], torch.full_like(scale[2], 1e-3))
 
 
 # -------------------------------------------------------------------------------------------- prefill

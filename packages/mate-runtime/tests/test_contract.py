@@ -246,15 +246,21 @@ FINAL = dict(final_states_out=_pool(), final_state_indices=_i32(2))
 SSU_CASES = [
     # valid requests MATE does not implement
     ("rand_seed", "one", dict(rand_seed=torch.zeros(1, dtype=torch.int64)), NIE, "rand_seed"),
-    ("state_scale", "one", dict(state_scale=torch.ones(8, H, P)), NIE, "state_scale"),
+    # block-scaled quantised states: the scales go with an int16/int8/fp8 state and only with one
+    ("state_scale_float_state", "one", dict(state_scale=torch.ones(8, H, P)), VE, "state_scale"),
+    ("int16_state_without_scale", "one", dict(state=torch.zeros(8, H, P, N, dtype=torch.int16)), VE, "state_scale"),
+    ("state_scale_shape", "one", dict(state=torch.zeros(8, H, P, N, dtype=torch.int16),
+                                      state_scale=torch.ones(8, H, N)), VE, "state_scale"),  # fmt: skip
     (
-        "intermediate_state_scales",
+        "state_scale_dtype",
         "one",
-        dict(intermediate_state_scales=torch.ones(1)),
-        NIE,
-        "intermediate_state_scales",
+        dict(state=torch.zeros(8, H, P, N, dtype=torch.int8), state_scale=torch.ones(8, H, P, dtype=torch.bfloat16)),
+        VE,
+        "state_scale",
     ),
-    ("int16_state", "one", dict(state=torch.zeros(8, H, P, N, dtype=torch.int16)), NIE, "int16"),
+    ("intermediate_state_scales_alone", "one", dict(intermediate_state_scales=torch.ones(1)), VE,
+     "intermediate_state_scales"),  # fmt: skip
+    ("uint8_state", "one", dict(state=torch.zeros(8, H, P, N, dtype=torch.uint8)), VE, "state"),
     # scalars
     ("algorithm", "one", dict(algorithm="fastest"), VE, "algorithm"),
     ("pad_slot_id_float", "one", dict(pad_slot_id=-1.0), VE, "pad_slot_id"),

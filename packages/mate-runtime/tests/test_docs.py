@@ -386,10 +386,20 @@ def test_every_gpu_only_limit_is_documented():
     assert GPU_ONLY <= documented
 
 
-def test_int16_state_is_not_implemented():
-    # the page says so in prose under the table: a valid request MATE does not implement
-    with pytest.raises(NotImplementedError):
+def test_block_scaled_states_as_the_page_says():
+    """The prose under the table: an int16 state needs its scales (ValueError naming them), is served by the
+    reference with them, and the TileLang plan refuses it (NotImplementedError)."""
+    from mate._tilelang import ssu_plan
+    from mate.mamba import selective_state_update
+    from mate.mamba._ssu_call import normalize_ssu
+
+    with pytest.raises(ValueError, match="^state_scale:"):
         run_ssu(state=torch.int16)
+    args = ssu_args(state=torch.int16)
+    scale = torch.ones(args["state"].shape[:3])
+    selective_state_update(**args, state_scale=scale, backend="torch")
+    with pytest.raises(NotImplementedError, match="block-scaled int16"):
+        ssu_plan.plan(normalize_ssu(**args, state_scale=scale))
 
 
 def gpu_limit(name: str) -> int:

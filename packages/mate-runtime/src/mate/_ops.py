@@ -8,7 +8,8 @@ functions in ``mate.mamba`` write the same parameters out once more, as their do
 them on in table order; a test holds the two to the same names, order, defaults and keyword-only rows. Adding
 a parameter: one table row, the normaliser's parameter, the public signature (and its docstring).
 
-* ``mate::selective_state_update`` mutates ``state``, ``out`` and ``intermediate_states_buffer`` and returns
+* ``mate::selective_state_update`` mutates ``state``, ``out``, ``intermediate_states_buffer`` and the block
+  scales of quantised states (``state_scale``, ``intermediate_state_scales``) and returns
   nothing (an op may not return an alias of an input: the traced entry allocates ``out`` and returns it).
 * ``mate::ssd_combined_fwd_varlen`` mutates ``out`` and ``final_states_out`` and returns the state tensor
   (a new tensor; an empty one when the final states went into ``final_states_out``).
@@ -77,12 +78,12 @@ SSU_PARAMS = (
     Param("dt_softplus", bool, False),
     Param("state_batch_indices", OptT, None),
     Param("pad_slot_id", int, -1),
-    Param("state_scale", OptT, None, implemented=False),
+    Param("state_scale", OptT, None, mutated=True),
     Param("out", T, None, mutated=True),
     Param("disable_state_update", bool, False),
     Param("intermediate_states_buffer", OptT, None, mutated=True),
     Param("intermediate_state_indices", OptT, None),
-    Param("intermediate_state_scales", OptT, None, implemented=False),
+    Param("intermediate_state_scales", OptT, None, mutated=True),
     Param("rand_seed", OptT, None, implemented=False),
     Param("philox_rounds", int, 10),
     Param("cache_steps", int, 0),

@@ -233,6 +233,12 @@ def _contiguous(t):
 
 def plan(call: SSUCall):
     """(spec, launch arguments) of a call, or None when there is nothing to launch."""
+    if call.state_scale is not None or call.ibuf_scale is not None:
+        quantised = (call.ibuf if call.state_scale is None else call.state).dtype
+        raise NotImplementedError(
+            f"a block-scaled {str(quantised).removeprefix('torch.')} state (state_scale / "
+            "intermediate_state_scales) in the TileLang SSU kernels is not supported by MATE yet; use backend='torch'"
+        )
     state = call.state
     dev = state.device
     nseq = call.nseq

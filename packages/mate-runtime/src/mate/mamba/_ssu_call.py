@@ -41,6 +41,11 @@ import torch
 from .._errors import bad_arg, majority_culprit, unsupported, values
 
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Block-scaled quantised states: the stored value times its (slot, head, dim) row's fp32 scale. The new scale of
+# a row written is max|row| / QMAX (1 where the row is all zero), FlashInfer 0.7.2's int16 rule; int8 and
+# fp8-e4m3 take the same layout with their own largest value (MATE's extension of the contract).
+QUANT_STATE_QMAX = {torch.int16: 32767.0, torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+QUANT_STATE_DTYPES = tuple(QUANT_STATE_QMAX)
 IO_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -94,6 +99,8 @@ class SSUCall:
     write_mode: str
     pad_slot_id: int
     ibuf: torch.Tensor | None  # [K, H, P, N]: flattened (slot, step) intermediate buffer
+    state_scale: torch.Tensor | None  # [slots, H, P] fp32 with a quantised state (QUANT_STATE_DTYPES), else None
+    ibuf_scale: torch.Tensor | None  # [K, H, P] fp32 with a quantised intermediate buffer, else None
     ibuf_indices: torch.Tensor | None  # [nseq]
     cache_steps: int
     parent: torch.Tensor | None  # [nseq, T] int
@@ -157,6 +164,38 @@ def _check_tensor(name, t, *, ndims, dtypes, device):
         bad_arg(name, t, f"dtype in ({names})")
     if device is not None and t.device != device:
         bad_arg(name, t, f"a tensor on {device} (the state's device)")
+
+
+def _state_scale(name, scale, of, st, single_head, device, entries=None):
+    """The fp32 ``[rows, H, P]`` scales of a quantised state tensor ``st`` (``[rows, H, P, N]``), or None for a
+    float one. FlashInfer's forms are taken: ``[slots, H, P]`` (``[slots, P]`` beside a 3-D state), a trailing 1
+    (``[.., 1]``), and for a 5-D intermediate buffer ``[entries, cache_steps, H, P]``. A scale beside a float
+    state, or a quantised state without one, is the caller's mistake."""
+    quantised = st.dtype in QUANT_STATE_DTYPES
+    if scale is None:
+        if quantised:
+            bad_arg(name, None, f"a float32 [{'rows' if entries else 'slots'}, heads, dim] tensor of the {of}'s "
+                    f"block scales (the {of} is {str(st.dtype).removeprefix('torch.')})")  # fmt: skip
+        return None
+    if not quantised:
+        names = ", ".join(str(d).removeprefix("torch.") for d in QUANT_STATE_DTYPES)
+        bad_arg(name, scale, f"None with a {str(st.dtype).removeprefix('torch.')} {of} (scales go with {names})")
+    _check_tensor(name, scale, ndims=(2, 3, 4, 5), dtypes=(torch.float32,), device=device)
+    sc = scale.squeeze(-1) if scale.shape[-1] == 1 and scale.dim() > 2 else scale
+    if single_head and sc.dim() == 2:
+        sc = sc.unsqueeze(1)
+    rows, H, P = st.shape[0], st.shape[1], st.shape[2]
+    lead = tuple(entries) if entries is not None else (rows,)
+    if tuple(sc.shape) != lead + (H, P) and not (entries is None and tuple(sc.shape) == (rows, H, P)):
+        bad_arg(name, scale, f"shape {lead + (H, P)} (one fp32 scale per row of dstate values)")
+    if sc.dim() != 3:
+        try:  # a view: the new scales are written through it, in place
+            sc = sc.view(rows, H, P)
+        except RuntimeError:
+            bad_arg(name, scale, "a tensor whose leading dims flatten to one")
+    if sc.stride(2) != 1 or (sc.stride(1) != P and H > 1):
+        bad_arg(name, scale, "the inner (heads, dim) dims dense")
+    return sc
 
 
 def _check_shape(name, t, shape):
@@ -251,12 +290,6 @@ def normalize_ssu(
         # ---- capabilities that are valid requests but not implemented (named before anything else)
         if rand_seed is not None:
             unsupported("rand_seed (stochastic rounding of the stored state)", "pass rand_seed=None")
-        if state_scale is not None:
-            unsupported("state_scale (int16 block-scaled state)", "pass state_scale=None")
-        if intermediate_state_scales is not None:
-            unsupported("intermediate_state_scales (int16 block-scaled intermediate states)")
-        if isinstance(state, torch.Tensor) and state.dtype == torch.int16:
-            unsupported("an int16 state (block-scaled quantised state)", "use a float32/bfloat16/float16 state")
         if algorithm not in ALGORITHMS:
             bad_arg("algorithm", algorithm, f"one of {ALGORITHMS}")
         if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
@@ -267,13 +300,14 @@ def normalize_ssu(
             bad_arg("philox_rounds", philox_rounds, "an int")
 
         # ---- the state pool fixes H, P, N and the device
-        _check_tensor("state", state, ndims=(3, 4), dtypes=STATE_DTYPES, device=None)
+        _check_tensor("state", state, ndims=(3, 4), dtypes=STATE_DTYPES + QUANT_STATE_DTYPES, device=None)
         device = state.device
         single_head = state.dim() == 3
         st = state.unsqueeze(1) if single_head else state
         _, H, P, N = st.shape
         if st.stride(3) != 1 or (st.stride(2) != N and P > 1) or (st.stride(1) != P * N and H > 1):
             bad_arg("state", state, "[slots, heads, dim, dstate] with the inner three dims dense (stride(0) is free)")
+        sscale = _state_scale("state_scale", state_scale, "state", st, single_head, device)
 
         # ---- layout: one-token [R, H, P], packed [R, H, P] + cu_seqlens, dense [bs, T, H, P]
         _check_tensor("x", x, ndims=(2, 3) if single_head else (3, 4), dtypes=IO_DTYPES, device=device)
@@ -378,7 +412,7 @@ def normalize_ssu(
         if dense and dst is not None and not dst.flat and dst.cols < seqlen and not final_write_to_dst:
             bad_arg("dst_state_batch_indices", dst_state_batch_indices, f"at least {seqlen} columns (one per token)")
 
-        ibuf = ibuf_idx = parent = None
+        ibuf = ibuf_idx = parent = iscale = None
         if intermediate_states_buffer is not None:
             if dst is not None:
                 bad_arg(
@@ -387,7 +421,10 @@ def normalize_ssu(
                     "None when intermediate_states_buffer is given (the two write modes are exclusive)",
                 )
             buf = intermediate_states_buffer
-            _check_tensor("intermediate_states_buffer", buf, ndims=(4, 5), dtypes=STATE_DTYPES, device=device)
+            _check_tensor(
+                "intermediate_states_buffer", buf, ndims=(4, 5), dtypes=STATE_DTYPES + QUANT_STATE_DTYPES,
+                device=device,
+            )  # fmt: skip
             if buf.dim() == 5:
                 if tuple(buf.shape[2:]) != (H, P, N) or (cache_steps not in (0, buf.shape[1])):
                     bad_arg(
@@ -430,7 +467,15 @@ def normalize_ssu(
                     f"at least {nseq} entries (sequence b writes entry b without a table or entry indices)",
                 )
             write_mode = "intermediate"
+            iscale = _state_scale(
+                "intermediate_state_scales", intermediate_state_scales, "intermediate_states_buffer", ibuf, False,
+                device, entries=buf.shape[:-3],
+            )  # fmt: skip
         else:
+            if intermediate_state_scales is not None:
+                bad_arg(
+                    "intermediate_state_scales", intermediate_state_scales, "None without intermediate_states_buffer"
+                )
             if intermediate_state_indices is not None:
                 bad_arg(
                     "intermediate_state_indices", intermediate_state_indices, "None without intermediate_states_buffer"
@@ -480,6 +525,8 @@ def normalize_ssu(
             write_mode=write_mode,
             pad_slot_id=pad_slot_id,
             ibuf=ibuf,
+            state_scale=sscale,
+            ibuf_scale=iscale,
             ibuf_indices=ibuf_idx,
             cache_steps=cache_steps,
             parent=parent,

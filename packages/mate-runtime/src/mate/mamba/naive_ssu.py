@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._ssu_call import SlotTable, SSUCall, check_index_data, finish
+from ._ssu_call import QUANT_STATE_QMAX, SlotTable, SSUCall, check_index_data, finish
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -54,6 +54,27 @@ def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def load_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of a state tensor as fp32: dequantised (value x its (row, head, dim) scale) where ``scale`` is given."""
+    v = tensor[rows].float()
+    return v if scale is None else v * scale[rows].unsqueeze(-1)
+
+
+def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tensor, values: torch.Tensor) -> None:
+    """Write fp32 ``values`` into rows of a state tensor; a quantised one takes new per-(row, head, dim) scales,
+    max|row| / qmax (1 for an all-zero row), and the values divided by them, rounded to nearest (even) and
+    clamped to +-qmax (FlashInfer 0.7.2's int16 rule; int8 and fp8-e4m3 with their own qmax)."""
+    if scale is None:
+        tensor[rows] = values.to(tensor.dtype)
+        return
+    qmax = QUANT_STATE_QMAX[tensor.dtype]
+    amax = values.abs().amax(-1)
+    encode = torch.where(amax == 0, torch.ones_like(amax), qmax / amax)
+    q = (values * encode.unsqueeze(-1)).clamp(-qmax, qmax)
+    tensor[rows] = (q.round() if tensor.dtype in (torch.int16, torch.int8) else q).to(tensor.dtype)
+    scale[rows] = 1.0 / encode
+
+
 def selective_state_update(call: SSUCall) -> torch.Tensor:
     check_index_data(call)
     state, H = call.state, call.heads
@@ -62,7 +83,7 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
     slot = read_slots(call)
     live = slot != call.pad_slot_id  # a sentinel read slot: zero state, no state writes
     s = torch.zeros((call.nseq, H, call.dim, call.dstate), dtype=torch.float32, device=dev)
-    s[live] = state[slot[live]].float()
+    s[live] = load_rows(state, call.state_scale, slot[live])
 
     ibuf_idx = None
     if call.write_mode == "intermediate":
@@ -86,7 +107,7 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
             par = call.parent[act, t].to(torch.int64)
             rl = (par >= 0) & live[act]
             if bool(rl.any()):
-                s[act[rl]] = call.ibuf[ibuf_idx[act[rl]] * call.cache_steps + par[rl]].float()
+                s[act[rl]] = load_rows(call.ibuf, call.ibuf_scale, ibuf_idx[act[rl]] * call.cache_steps + par[rl])
         rows = bos[act] + t
         x = call.x[rows].float()
         dt = call.dt[rows].float()
@@ -110,9 +131,9 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
         if call.write_mode == "per_token" and wl.numel():
             d = table_lookup(call.dst, wl, torch.full_like(wl, t))
             keep = d != call.pad_slot_id
-            state[d[keep]] = s[wl[keep]].to(state.dtype)
+            store_rows(state, call.state_scale, d[keep], s[wl[keep]])
         elif call.write_mode == "intermediate" and wl.numel():
-            call.ibuf[ibuf_idx[wl] * call.cache_steps + t] = s[wl].to(call.ibuf.dtype)
+            store_rows(call.ibuf, call.ibuf_scale, ibuf_idx[wl] * call.cache_steps + t, s[wl])
 
     if call.write_mode == "final":
         done = seq[live & (lens > 0)]
@@ -121,5 +142,5 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
         else:
             d = slot[done]
         keep = d != call.pad_slot_id
-        state[d[keep]] = s[done[keep]].to(state.dtype)
+        store_rows(state, call.state_scale, d[keep], s[done[keep]])
     return finish(call)
