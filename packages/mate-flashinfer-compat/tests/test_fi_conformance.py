@@ -222,8 +222,10 @@ def test_unserved_options_are_named():
     t = tensors(rows=2, S=3, io=F16, weight=F16, state_dtype=F16, seed=9)
     ssu = fi().selective_state_update
     args = (t.state, t.x, t.dt, t.A, t.B, t.C, t.D)
-    with pytest.raises(NotImplementedError, match="rand_seed|stochastic"):
-        ssu(*args, rand_seed=torch.zeros(1, dtype=torch.int64), philox_rounds=10)
+    with pytest.raises(ValueError, match="^philox_rounds:"):  # FlashInfer's rule: rounds > 0 with a seed
+        ssu(*args, rand_seed=torch.zeros(1, dtype=torch.int64), philox_rounds=0)
+    with pytest.raises(NotImplementedError, match="rand_seed"):  # stochastic rounding is for fp16 states
+        ssu(t.state.float(), *args[1:], rand_seed=torch.zeros(1, dtype=torch.int64))
     with pytest.raises(ValueError, match="^state_scale:"):  # FlashInfer's scales go with an int16 state only
         ssu(*args, state_scale=torch.ones(3, 2, 4))
 

@@ -28,7 +28,10 @@ LAYERS = (
     ("public API", ("mate.mamba", "mate.mamba.ssu", "mate.mamba.ssd", "mate.mamba.planning")),
     ("custom ops", ("mate._ops",)),
     ("dispatch", ("mate._backends",)),
-    ("backends", ("mate.mamba.naive_ssu", "mate.mamba.naive_ssd", "mate._tilelang", "mate._tilelang.*")),
+    (
+        "backends",
+        ("mate.mamba.naive_ssu", "mate.mamba.naive_ssd", "mate.mamba.rounding", "mate._tilelang", "mate._tilelang.*"),
+    ),
     (
         "contract",
         (

@@ -84,7 +84,7 @@ SSU_PARAMS = (
     Param("intermediate_states_buffer", OptT, None, mutated=True),
     Param("intermediate_state_indices", OptT, None),
     Param("intermediate_state_scales", OptT, None, mutated=True),
-    Param("rand_seed", OptT, None, implemented=False),
+    Param("rand_seed", OptT, None),
     Param("philox_rounds", int, 10),
     Param("cache_steps", int, 0),
     Param("algorithm", str, "auto"),

@@ -233,6 +233,11 @@ def _contiguous(t):
 
 def plan(call: SSUCall):
     """(spec, launch arguments) of a call, or None when there is nothing to launch."""
+    if call.rand_seed is not None:
+        raise NotImplementedError(
+            "rand_seed (stochastic rounding of the stored state) in the TileLang SSU kernels is not supported by "
+            "MATE yet; use backend='torch'"
+        )
     if call.state_scale is not None or call.ibuf_scale is not None:
         quantised = (call.ibuf if call.state_scale is None else call.state).dtype
         raise NotImplementedError(

@@ -100,6 +100,8 @@ class SSUCall:
     pad_slot_id: int
     ibuf: torch.Tensor | None  # [K, H, P, N]: flattened (slot, step) intermediate buffer
     state_scale: torch.Tensor | None  # [slots, H, P] fp32 with a quantised state (QUANT_STATE_DTYPES), else None
+    rand_seed: torch.Tensor | None  # one int64: stochastic rounding of fp16 state writes (mate.mamba.rounding)
+    philox_rounds: int
     ibuf_scale: torch.Tensor | None  # [K, H, P] fp32 with a quantised intermediate buffer, else None
     ibuf_indices: torch.Tensor | None  # [nseq]
     cache_steps: int
@@ -288,8 +290,6 @@ def normalize_ssu(
     """
     try:
         # ---- capabilities that are valid requests but not implemented (named before anything else)
-        if rand_seed is not None:
-            unsupported("rand_seed (stochastic rounding of the stored state)", "pass rand_seed=None")
         if algorithm not in ALGORITHMS:
             bad_arg("algorithm", algorithm, f"one of {ALGORITHMS}")
         if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
@@ -308,6 +308,19 @@ def normalize_ssu(
         if st.stride(3) != 1 or (st.stride(2) != N and P > 1) or (st.stride(1) != P * N and H > 1):
             bad_arg("state", state, "[slots, heads, dim, dstate] with the inner three dims dense (stride(0) is free)")
         sscale = _state_scale("state_scale", state_scale, "state", st, single_head, device)
+        if rand_seed is not None:
+            _check_tensor("rand_seed", rand_seed, ndims=(0, 1, 2), dtypes=(torch.int64,), device=device)
+            if rand_seed.numel() != 1:
+                bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the step's seed)")
+            if sscale is not None:
+                bad_arg("rand_seed", rand_seed, "None with a block-scaled state (state_scale)")
+            if philox_rounds <= 0:
+                bad_arg("philox_rounds", philox_rounds, "> 0 with rand_seed")
+            if st.dtype != torch.float16:
+                unsupported(
+                    f"rand_seed (stochastic rounding) of a {str(st.dtype).removeprefix('torch.')} state",
+                    "stochastic rounding serves float16 states; pass rand_seed=None",
+                )
 
         # ---- layout: one-token [R, H, P], packed [R, H, P] + cu_seqlens, dense [bs, T, H, P]
         _check_tensor("x", x, ndims=(2, 3) if single_head else (3, 4), dtypes=IO_DTYPES, device=device)
@@ -527,6 +540,8 @@ def normalize_ssu(
             ibuf=ibuf,
             state_scale=sscale,
             ibuf_scale=iscale,
+            rand_seed=rand_seed,
+            philox_rounds=philox_rounds,
             ibuf_indices=ibuf_idx,
             cache_steps=cache_steps,
             parent=parent,

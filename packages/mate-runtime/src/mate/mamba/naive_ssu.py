@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ._ssu_call import QUANT_STATE_QMAX, SlotTable, SSUCall, check_index_data, finish
+from .rounding import round_to_fp16
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -60,12 +61,21 @@ def load_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tens
     return v if scale is None else v * scale[rows].unsqueeze(-1)
 
 
-def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tensor, values: torch.Tensor) -> None:
+def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tensor, values: torch.Tensor,
+               sr: tuple[int, int] | None = None) -> None:  # fmt: skip
     """Write fp32 ``values`` into rows of a state tensor; a quantised one takes new per-(row, head, dim) scales,
     max|row| / qmax (1 for an all-zero row), and the values divided by them, rounded to nearest (even) and
-    clamped to +-qmax (FlashInfer 0.7.2's int16 rule; int8 and fp8-e4m3 with their own qmax)."""
+    clamped to +-qmax (FlashInfer 0.7.2's int16 rule; int8 and fp8-e4m3 with their own qmax). ``sr`` (seed,
+    Philox rounds): an fp16 tensor's values are rounded stochastically (:mod:`.rounding`), each by its element
+    offset in the ``[rows, H, P, N]`` tensor."""
     if scale is None:
-        tensor[rows] = values.to(tensor.dtype)
+        if sr is not None and tensor.dtype == torch.float16:
+            inner = values[0].numel() if values.shape[0] else 1
+            offsets = rows.to(torch.int64).view(-1, 1) * inner + torch.arange(inner, device=rows.device)
+            rounded = round_to_fp16(values.reshape(-1), sr[0], offsets.reshape(-1), sr[1])
+            tensor[rows] = rounded.view(values.shape)
+        else:
+            tensor[rows] = values.to(tensor.dtype)
         return
     qmax = QUANT_STATE_QMAX[tensor.dtype]
     amax = values.abs().amax(-1)
@@ -84,6 +94,7 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
     live = slot != call.pad_slot_id  # a sentinel read slot: zero state, no state writes
     s = torch.zeros((call.nseq, H, call.dim, call.dstate), dtype=torch.float32, device=dev)
     s[live] = load_rows(state, call.state_scale, slot[live])
+    sr = None if call.rand_seed is None else (int(call.rand_seed.reshape(-1)[0]), call.philox_rounds)
 
     ibuf_idx = None
     if call.write_mode == "intermediate":
@@ -131,9 +142,9 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
         if call.write_mode == "per_token" and wl.numel():
             d = table_lookup(call.dst, wl, torch.full_like(wl, t))
             keep = d != call.pad_slot_id
-            store_rows(state, call.state_scale, d[keep], s[wl[keep]])
+            store_rows(state, call.state_scale, d[keep], s[wl[keep]], sr)
         elif call.write_mode == "intermediate" and wl.numel():
-            store_rows(call.ibuf, call.ibuf_scale, ibuf_idx[wl] * call.cache_steps + t, s[wl])
+            store_rows(call.ibuf, call.ibuf_scale, ibuf_idx[wl] * call.cache_steps + t, s[wl], sr)
 
     if call.write_mode == "final":
         done = seq[live & (lens > 0)]
@@ -142,5 +153,5 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
         else:
             d = slot[done]
         keep = d != call.pad_slot_id
-        store_rows(state, call.state_scale, d[keep], s[done[keep]])
+        store_rows(state, call.state_scale, d[keep], s[done[keep]], sr)
     return finish(call)

@@ -72,9 +72,20 @@ def selective_state_update(
     when no destination is given); otherwise the final state goes back to the read slot. ``pad_slot_id``
     read slots read as zero and write nothing; sentinel destinations are skipped; ``disable_state_update``
     leaves the pool bit-identical. ``algorithm`` is accepted for FlashInfer compatibility (MATE chooses its
-    own tiling). ``rand_seed``, ``state_scale`` and ``intermediate_state_scales`` raise
-    ``NotImplementedError``. ``backend``: ``"auto"`` (TileLang on a CUDA/MUSA device where it is installed,
-    else the reference), ``"tilelang"`` or ``"torch"``.
+    own tiling). ``backend``: ``"auto"`` (TileLang on a CUDA/MUSA device where it is installed, else the
+    reference), ``"tilelang"`` or ``"torch"``.
+
+    Quantised and stochastically rounded states (the reference backend; the TileLang kernels raise
+    ``NotImplementedError`` for them):
+
+    - ``state`` int16 (FlashInfer's), int8 or fp8-e4m3 with ``state_scale`` fp32 ``[slots, H, P]``: a value is
+      its stored number times its row's scale; each row written gets the scale ``max|row| / qmax`` and the
+      numbers rounded to nearest even, both in place. ``intermediate_states_buffer`` of those dtypes likewise
+      with ``intermediate_state_scales`` ``[entries, cache_steps, H, P]``.
+    - ``rand_seed``: a one-element int64 tensor on the state's device, with an fp16 state: every fp16 value
+      written (pool and intermediate buffer) is rounded stochastically from Philox-4x32 with ``philox_rounds``
+      rounds keyed by the seed (``mate.mamba.rounding``); deterministic for a seed, unbiased; the caller
+      changes the seed between steps.
 
     Keyword-only extensions (what the serving engines' own ops mean, for their adapters):
 

@@ -1,0 +1,65 @@
+"""Stochastic rounding of fp32 state values to fp16, as the reference backend writes a state with ``rand_seed``.
+
+The random stream is Philox-4x32 with ``philox_rounds`` rounds, keyed by the seed (its low and high 32 bits),
+counter ``(offset low, offset high, 0, 0)`` for the flat element offset ``offset`` of the value in the tensor it is
+written to (FlashInfer 0.7.2's generator; FlashInfer draws one counter per group of elements, in an order that
+depends on its kernel, MATE one per element and takes its first word). The rounding adds the word's low 13 bits
+below the fp16 mantissa of ``|x|`` and truncates, so ``|x|`` rounds up with probability equal to its remainder
+(unbiased); values below fp16's smallest normal flush to signed zero and above its largest become infinite, as
+FlashInfer's software path does. A seed is one step's: the caller changes it between steps (a one-element device
+tensor, so a captured graph reads the new value).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+_M32 = 0xFFFFFFFF
+
+
+def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of the 64-bit product of the constant ``a`` and the uint32 values ``b`` (int64
+    tensors), in 16-bit limbs so no int64 product overflows."""
+    a_hi, a_lo = a >> 16, a & 0xFFFF
+    lo_part = a_lo * b  # < 2^48
+    hi = (a_hi * b + (lo_part >> 16)) >> 16
+    lo = (((a_hi * b) & 0xFFFF) << 16) + lo_part
+    return hi & _M32, lo & _M32
+
+
+def philox4x32(seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
+    """The first output word of Philox-4x32-``rounds`` for key ``seed`` and counters ``(offset, 0, 0)`` (int64
+    offsets, split into two 32-bit words), as an int64 tensor of uint32 values."""
+    k0, k1 = seed & _M32, (seed >> 32) & _M32
+    c0, c1 = offset & _M32, (offset >> 32) & _M32
+    c2 = torch.zeros_like(c0)
+    c3 = torch.zeros_like(c0)
+    for _ in range(rounds):
+        hi_b, lo_b = _mul_hi_lo(_ROUND_B, c2)
+        hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
+    return c0
+
+
+def round_to_fp16(x: torch.Tensor, seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
+    """``x`` (fp32) rounded stochastically to fp16 with 13 random bits per element from ``philox4x32``."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & _M32
+    sign = bits & 0x80000000
+    mag = (bits & 0x7FFFFFFF) + (philox4x32(seed, offset, rounds) & 0x1FFF)
+    exp = (mag >> 23) & 0xFF
+    mant = mag & 0x7FFFFF
+    normal = ((exp - 112) << 10) | (mant >> 13)
+    h = torch.where(exp > 142, torch.full_like(mag, 0x7C00), normal)
+    h = torch.where(exp < 113, torch.zeros_like(mag), h)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    inf = (bits & 0x7FFFFFFF) == 0x7F800000
+    h = torch.where(inf, torch.full_like(mag, 0x7C00), h)
+    h = torch.where(nan, torch.full_like(mag, 0x7E00), h)
+    h = h | (sign >> 16)
+    return (h - ((h & 0x8000) << 1)).to(torch.int16).view(torch.float16)  # the uint16 bits as int16
+
+
+__all__ = ["philox4x32", "round_to_fp16"]
