@@ -98,7 +98,10 @@ SEED_SSD = [
     ("checkpoint_state_slots", None, KO),
     ("checkpoint_states", None, KO),
 ]
-SSD_EXTENSIONS = {"final_states_out": None, "final_state_indices": None, "backend": "auto"}
+SSD_EXTENSIONS = {
+    "final_states_out": None, "final_state_indices": None, "initial_states_scale": None, "final_states_scale": None,
+    "backend": "auto",
+}  # fmt: skip
 # the engines' extensions the adapters pass (documented in selective_state_update's docstring)
 SSU_EXTENSIONS = {"retrieve_parent_token": None, "final_write_to_dst": False, "accepted_writes_per_token": True}
 

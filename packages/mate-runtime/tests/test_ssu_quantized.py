@@ -152,3 +152,66 @@ def _one_step(s0, x, dt, inp, b, t):
     s = s0 * torch.exp(A * dt.unsqueeze(-1)) + (dt * x).unsqueeze(-1) * Bh.unsqueeze(1)
     y = (s * Ch.unsqueeze(1)).sum(-1) + inp["D"].double().view(H, 1) * x
     return s, y * torch.nn.functional.silu(inp["z"][b, t].double())
+
+
+# ------------------------------------------------------------------------------------------------ the prefill
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_prefill_reads_and_writes_a_quantised_pool(dtype):
+    """The SSD prefill on a quantised pool end to end: initial states dequantised with their scales, final states
+    written into the pool by index with new scales, other slots bit-identical; equal to the token-by-token
+    recurrence on the dequantised initial states."""
+    from mate.mamba import ssd_combined_fwd_varlen
+    from mate.mamba.chunking import chunk_metadata
+    from mate.testing import ssd_recurrence
+
+    seqlens, L = [13, 1, 30], 8
+    meta = chunk_metadata(seqlens, L)
+    T, batch, S = sum(seqlens), len(seqlens), 7
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(T, H, P, generator=g)
+    dt = torch.randn(T, H, generator=g) - 1.0
+    A = -(torch.rand(H, generator=g) + 0.3)
+    B, C = (torch.randn(T, G, N, generator=g) * 0.5 for _ in range(2))
+    init_q, init_scale = quantised((batch, H, P, N), dtype, seed=12)
+    pool, pool_scale = quantised((S, H, P, N), dtype, seed=13)
+    pool0, pool_scale0 = pool.clone(), pool_scale.clone()
+    slots = torch.tensor([5, 0, 3], dtype=torch.int32)
+    ret = ssd_combined_fwd_varlen(
+        x, dt, A, B, C, L, meta.cu_seqlens, meta.cu_chunk_seqlens, meta.last_chunk_indices, meta.seq_idx,
+        out=(out := torch.empty_like(x)), dt_softplus=True, initial_states=init_q, initial_states_scale=init_scale,
+        final_states_out=pool, final_state_indices=slots, final_states_scale=pool_scale, backend="torch",
+    )  # fmt: skip
+    assert ret is None
+    e = ssd_recurrence(x, dt, A, B, C, seqlens, dt_softplus=True, initial_states=dequantised(init_q, init_scale),
+                       cu_chunk_seqlens=meta.cu_chunk_seqlens)  # fmt: skip
+    torch.testing.assert_close(out.double(), e.y, rtol=1e-4, atol=1e-4)
+    expected = torch.zeros(S, H, P, N, dtype=torch.float64)
+    expected[slots.long()] = e.final
+    check_rows(pool, pool_scale, expected, slots.long())
+    others = torch.tensor([1, 2, 4, 6])
+    assert torch.equal(pool[others], pool0[others]) and torch.equal(pool_scale[others], pool_scale0[others])
+
+
+def test_prefill_scales_go_with_quantised_pools_only():
+    from mate._tilelang import ssd_plan
+    from mate._tilelang.ssu_plan import Hardware
+    from mate.mamba import ssd_combined_fwd_varlen
+    from mate.mamba._ssd_call import normalize_ssd
+    from mate.mamba.chunking import chunk_metadata
+
+    meta = chunk_metadata([5], 8)
+    args = (torch.randn(5, H, P), torch.randn(5, H), -torch.rand(H), torch.randn(5, G, N), torch.randn(5, G, N), 8,
+            meta.cu_seqlens, meta.cu_chunk_seqlens, meta.last_chunk_indices, meta.seq_idx)  # fmt: skip
+    with pytest.raises(ValueError, match="^initial_states_scale:"):
+        ssd_combined_fwd_varlen(*args, initial_states=torch.zeros(1, H, P, N, dtype=torch.int16))
+    with pytest.raises(ValueError, match="^initial_states_scale:"):
+        ssd_combined_fwd_varlen(*args, initial_states=torch.zeros(1, H, P, N), initial_states_scale=torch.ones(1, H, P))
+    with pytest.raises(ValueError, match="^final_states_scale:"):
+        pool = dict(final_states_out=torch.zeros(2, H, P, N, dtype=torch.int8), final_state_indices=torch.tensor([1]))
+        ssd_combined_fwd_varlen(*args, **pool, final_states_scale=torch.ones(2, H, N))
+    quant = normalize_ssd(*args, initial_states=torch.zeros(1, H, P, N, dtype=torch.int16),
+                          initial_states_scale=torch.ones(1, H, P))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="quantised state pool"):
+        ssd_plan.plan(quant, Hardware("cuda", 9, 132))

@@ -126,6 +126,10 @@ SSD_PARAMS = (
     Param("checkpoint_states", OptT, None, keyword=True, implemented=False),
     Param("final_states_out", OptT, None, keyword=True, mutated=True),
     Param("final_state_indices", OptT, None, keyword=True),
+    # block-scaled quantised pools (the SSU's state_scale layout): the scales of initial_states, and those the
+    # call writes beside final_states_out
+    Param("initial_states_scale", OptT, None, keyword=True),
+    Param("final_states_scale", OptT, None, keyword=True, mutated=True),
     Param("backend", str, "auto", keyword=True),
 )
 

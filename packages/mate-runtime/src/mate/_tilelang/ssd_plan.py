@@ -317,6 +317,11 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
         raise NotImplementedError(f"batch={call.batch} sequences in one TileLang SSD call (at most {MAX_SEQUENCES})")
     if call.tokens == 0:
         raise NotImplementedError("an SSD call with zero tokens in the TileLang SSD prefill")
+    if call.initial_states_scale is not None or call.final_states_scale is not None:
+        raise NotImplementedError(
+            "a block-scaled quantised state pool (initial_states_scale / final_states_scale) in the TileLang SSD "
+            "prefill is not supported by MATE yet; use backend='torch'"
+        )
     use_fsi = call.final_state_indices is not None
     if call.return_intermediate_states or not use_fsi:
         state_dt = call.state_dtype

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .._errors import bad_arg, majority_culprit, unsupported, values
-from ._ssu_call import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, STATE_DTYPES, host_ints
+from ._ssu_call import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, host_ints
 
 MIN_CHUNK_SIZE = 8  # the engines' prefill ops take powers of two from 8 up
 
@@ -59,6 +59,8 @@ class SSDCall:
     return_intermediate_states: bool
     state_dtype: torch.dtype
     final_states_out: torch.Tensor | None
+    initial_states_scale: torch.Tensor | None  # [batch, H, P] fp32 with a quantised initial_states
+    final_states_scale: torch.Tensor | None  # [slots, H, P] fp32 with a quantised final_states_out (written)
     final_state_indices: torch.Tensor | None
 
     @property
@@ -114,6 +116,24 @@ def _shape(name, t, shape):
         bad_arg(name, t, f"shape {tuple(shape)}")
 
 
+def _pool_scale(name, scale, of, states, device):
+    """The fp32 ``[rows, H, P]`` scales of a quantised state tensor (None for a float one, or none given): a
+    scale beside a float tensor, or a quantised tensor without one, is the caller's mistake."""
+    quantised = states is not None and states.dtype in QUANT_STATE_DTYPES
+    if scale is None:
+        if quantised:
+            bad_arg(name, None, f"a float32 [rows, heads, dim] tensor of {of}'s block scales ({of} is "
+                    f"{str(states.dtype).removeprefix('torch.')})")  # fmt: skip
+        return None
+    if not quantised:
+        bad_arg(name, scale, f"None unless {of} is an int16, int8 or float8_e4m3fn tensor")
+    _tensor(name, scale, 3, (torch.float32,), device)
+    _shape(name, scale, tuple(states.shape[:3]))
+    if scale.stride(2) != 1 or scale.stride(1) != scale.shape[2]:
+        bad_arg(name, scale, "the inner (heads, dim) dims dense")
+    return scale
+
+
 def normalize_ssd(
     x,
     dt,
@@ -139,6 +159,8 @@ def normalize_ssd(
     checkpoint_states=None,
     final_states_out=None,
     final_state_indices=None,
+    initial_states_scale=None,
+    final_states_scale=None,
 ) -> SSDCall:
     """Validate ``ssd_combined_fwd_varlen``'s arguments (in ``mate._ops.SSD_PARAMS`` order, all but ``backend``)
     and return the canonical :class:`SSDCall`."""
@@ -220,10 +242,14 @@ def normalize_ssd(
         if not lo <= hi:
             bad_arg("dt_limit", dt_limit, "min <= max")
         if initial_states is not None:
-            _tensor("initial_states", initial_states, 4, STATE_DTYPES, device)
+            _tensor("initial_states", initial_states, 4, STATE_DTYPES + QUANT_STATE_DTYPES, device)
             _shape("initial_states", initial_states, (batch, H, P, N))
+        init_scale = _pool_scale("initial_states_scale", initial_states_scale, "initial_states", initial_states,
+                                 device)  # fmt: skip
         if state_dtype is None:
-            state_dtype = initial_states.dtype if initial_states is not None else C.dtype
+            state_dtype = C.dtype
+            if initial_states is not None and initial_states.dtype in STATE_DTYPES:
+                state_dtype = initial_states.dtype
         if state_dtype not in STATE_DTYPES:
             bad_arg("state_dtype", state_dtype, "float32, bfloat16 or float16")
         if final_states_out is not None or final_state_indices is not None:
@@ -231,11 +257,13 @@ def normalize_ssd(
                 bad_arg("final_states_out", final_states_out, "given together with final_state_indices")
             if return_intermediate_states:
                 bad_arg("return_intermediate_states", True, "False when final_states_out is given")
-            _tensor("final_states_out", final_states_out, 4, STATE_DTYPES, device)
+            _tensor("final_states_out", final_states_out, 4, STATE_DTYPES + QUANT_STATE_DTYPES, device)
             if tuple(final_states_out.shape[1:]) != (H, P, N):
                 bad_arg("final_states_out", final_states_out, f"[slots, {H}, {P}, {N}]")
             _tensor("final_state_indices", final_state_indices, 1, INDEX_DTYPES, device)
             _shape("final_state_indices", final_state_indices, (batch,))
+        final_scale = _pool_scale("final_states_scale", final_states_scale, "final_states_out", final_states_out,
+                                  device)  # fmt: skip
 
         return SSDCall(
             x=x,
@@ -259,6 +287,8 @@ def normalize_ssd(
             state_dtype=state_dtype,
             final_states_out=final_states_out,
             final_state_indices=final_state_indices,
+            initial_states_scale=init_scale,
+            final_states_scale=final_scale,
         )
 
     except ValueError:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._ssd_call import SSDCall, check_index_data
-from .naive_ssu import softplus
+from .naive_ssu import softplus, store_rows
 
 
 def processed_dt(call: SSDCall) -> torch.Tensor:
@@ -30,7 +30,11 @@ def chunk_entering_states(call: SSDCall, dA_last: torch.Tensor, chunk_states: to
     which chunks open a sequence."""
     nc, H, P, N = chunk_states.shape
     seq_idx = call.seq_idx.tolist()
-    init = call.initial_states.float() if call.initial_states is not None else None
+    init = None
+    if call.initial_states is not None:
+        init = call.initial_states.float()
+        if call.initial_states_scale is not None:  # a quantised pool's rows: stored numbers times their scales
+            init = init * call.initial_states_scale.unsqueeze(-1)
     entering = torch.empty_like(chunk_states)
     end = torch.empty_like(chunk_states)
     for c in range(nc):
@@ -89,6 +93,6 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         return end_states.to(call.state_dtype)
     final = end_states[call.last_chunk_indices.to(torch.int64)]
     if call.final_states_out is not None:
-        call.final_states_out[call.final_state_indices.to(torch.int64)] = final.to(call.final_states_out.dtype)
+        store_rows(call.final_states_out, call.final_states_scale, call.final_state_indices.to(torch.int64), final)
         return None
     return final.to(call.state_dtype)

@@ -43,6 +43,8 @@ def ssd_combined_fwd_varlen(
     checkpoint_states: torch.Tensor | None = None,
     final_states_out: torch.Tensor | None = None,
     final_state_indices: torch.Tensor | None = None,
+    initial_states_scale: torch.Tensor | None = None,
+    final_states_scale: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor | None:
     """Packed variable-length SSD prefill (the five chunked stages) over a flattened batch.
@@ -64,12 +66,19 @@ def ssd_combined_fwd_varlen(
     (default: initial_states' dtype, else C's). Extension (vLLM 0.33): with ``final_states_out [slots, H, P,
     N]`` and ``final_state_indices [batch]`` the final states are written into the pool and None is
     returned. ``checkpoint_*`` raise ``NotImplementedError``.
+
+    Quantised pools (the reference backend; the TileLang kernels raise ``NotImplementedError``): an int16, int8
+    or fp8-e4m3 ``initial_states`` comes with ``initial_states_scale`` fp32 ``[batch, H, P]`` (a value is its
+    stored number times its row's scale); such a ``final_states_out`` with ``final_states_scale`` fp32
+    ``[slots, H, P]``, which receives each written row's new scale (``max|row| / qmax``, the numbers rounded to
+    nearest even), as ``selective_state_update`` reads and writes ``state_scale``.
     """
     entry = trace_ssd if torch.compiler.is_compiling() else eager_ssd  # traced: the custom op
     return entry(  # every parameter, in mate._ops.SSD_PARAMS order
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus, dt_limit, initial_states, return_intermediate_states, state_dtype, checkpoint_token_indices,
-        checkpoint_state_slots, checkpoint_states, final_states_out, final_state_indices, backend,
+        checkpoint_state_slots, checkpoint_states, final_states_out, final_state_indices, initial_states_scale,
+        final_states_scale, backend,
     )  # fmt: skip
 
 
