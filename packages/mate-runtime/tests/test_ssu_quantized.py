@@ -14,7 +14,7 @@ import pytest
 import torch
 from mate.mamba import selective_state_update
 from mate.mamba._ssu_call import QUANT_STATE_QMAX
-from mate.testing import ssu_recurrence
+from mate.testing import discretize_dt, ssu_recurrence, step
 from test_ssu_reference import TOL, make_inputs
 
 QDTYPES = [
@@ -144,14 +144,9 @@ def test_quantised_intermediate_buffer_and_parents(dtype):
 
 
 def _one_step(s0, x, dt, inp, b, t):
-    """One token of the Mamba2 recurrence in float64 (softplus of dt plus its per-head bias, D per head, z)."""
-    dt = torch.nn.functional.softplus(dt + inp["dt_bias"].double().view(H, 1))
-    A = inp["A"].double()  # [H, P, N]
-    Bh = inp["B"][b, t].double().repeat_interleave(H // G, 0)
-    Ch = inp["C"][b, t].double().repeat_interleave(H // G, 0)
-    s = s0 * torch.exp(A * dt.unsqueeze(-1)) + (dt * x).unsqueeze(-1) * Bh.unsqueeze(1)
-    y = (s * Ch.unsqueeze(1)).sum(-1) + inp["D"].double().view(H, 1) * x
-    return s, y * torch.nn.functional.silu(inp["z"][b, t].double())
+    """One token of the float64 recurrence (``mate.testing.step``) with the call's dt options."""
+    dtp = discretize_dt(dt, inp["dt_bias"].view(H, 1), dt_softplus=inp["dt_softplus"])
+    return step(s0, x, dtp, inp["A"], inp["B"][b, t], inp["C"][b, t], inp["D"].view(H, 1), inp["z"][b, t])
 
 
 # ------------------------------------------------------------------------------------------------ the prefill

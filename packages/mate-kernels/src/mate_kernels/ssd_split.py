@@ -27,8 +27,8 @@ state only inside ``initial_states``); run ``r`` writes only its own rows.
 
 # No ``from __future__ import annotations``: TileLang evaluates the T.Tensor annotations.
 from .ssd_common import DT_ROWS, META_WIDTH, check_tiling
+from .ssd_scan import FLAG_INIT  # the chunk scan's runtime flags, which the state pass reads
 
-FLAG_INIT = 2  # the chunk scan's runtime flag: initial states are given
 # the log2 decay recorded for a run in which a sequence opens (exp2 of it is 0; any real decay sum stays far above
 # half of it)
 SPLIT_OPENED = -1.0e30

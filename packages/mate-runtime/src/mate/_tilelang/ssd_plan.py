@@ -206,6 +206,7 @@ def split_makespan(runs: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: 
     return waves * ((1 + SPLIT_STATE_TILES) * tiles_per_run + SPLIT_CTA_TILES) + SPLIT_LAUNCH_TILES
 
 
+@functools.lru_cache(maxsize=1024)  # planned on every prefill call: the search runs once per shape
 def split_runs(*, batch: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: int, sms: int,
                mean_tiles: int) -> int:  # fmt: skip
     """The design rule: the number of even runs of chunks the split design cuts the call into, or 0 for the plain
@@ -227,6 +228,7 @@ def split_runs(*, batch: int, nchunks: int, tiles_per_chunk: int, ctas_per_run: 
     return best
 
 
+@functools.lru_cache(maxsize=256)
 def best_split_runs(nchunks: int, tiles_per_chunk: int, ctas_per_run: int, sms: int) -> int:
     """The split design's best run count whatever the plain scan would cost (a forced split)."""
     top = min(nchunks, MAX_RUNS, max(2, 2 * sms // ctas_per_run))

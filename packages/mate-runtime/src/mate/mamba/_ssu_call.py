@@ -188,7 +188,7 @@ def _state_scale(name, scale, of, st, single_head, device, entries=None):
         sc = sc.unsqueeze(1)
     rows, H, P = st.shape[0], st.shape[1], st.shape[2]
     lead = tuple(entries) if entries is not None else (rows,)
-    if tuple(sc.shape) != lead + (H, P) and not (entries is None and tuple(sc.shape) == (rows, H, P)):
+    if tuple(sc.shape) != lead + (H, P):
         bad_arg(name, scale, f"shape {lead + (H, P)} (one fp32 scale per row of dstate values)")
     if sc.dim() != 3:
         try:  # a view: the new scales are written through it, in place

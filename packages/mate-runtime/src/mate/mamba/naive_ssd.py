@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._ssd_call import SSDCall, check_index_data
-from .naive_ssu import softplus, store_rows
+from .naive_ssu import load_rows, softplus, store_rows
 
 
 def processed_dt(call: SSDCall) -> torch.Tensor:
@@ -31,10 +31,8 @@ def chunk_entering_states(call: SSDCall, dA_last: torch.Tensor, chunk_states: to
     nc, H, P, N = chunk_states.shape
     seq_idx = call.seq_idx.tolist()
     init = None
-    if call.initial_states is not None:
-        init = call.initial_states.float()
-        if call.initial_states_scale is not None:  # a quantised pool's rows: stored numbers times their scales
-            init = init * call.initial_states_scale.unsqueeze(-1)
+    if call.initial_states is not None:  # (a quantised pool's rows dequantised with their scales)
+        init = load_rows(call.initial_states, call.initial_states_scale, slice(None))
     entering = torch.empty_like(chunk_states)
     end = torch.empty_like(chunk_states)
     for c in range(nc):

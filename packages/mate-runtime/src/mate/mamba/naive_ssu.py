@@ -8,6 +8,8 @@ token-by-token recurrence written independently of it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -55,7 +57,7 @@ def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+def load_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tensor | slice) -> torch.Tensor:
     """Rows of a state tensor as fp32: dequantised (value x its (row, head, dim) scale) where ``scale`` is given."""
     v = tensor[rows].float()
     return v if scale is None else v * scale[rows].unsqueeze(-1)
@@ -70,7 +72,7 @@ def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Ten
     offset in the ``[rows, H, P, N]`` tensor."""
     if scale is None:
         if sr is not None and tensor.dtype == torch.float16:
-            inner = values[0].numel() if values.shape[0] else 1
+            inner = math.prod(values.shape[1:])
             offsets = rows.to(torch.int64).view(-1, 1) * inner + torch.arange(inner, device=rows.device)
             rounded = round_to_fp16(values.reshape(-1), sr[0], offsets.reshape(-1), sr[1])
             tensor[rows] = rounded.view(values.shape)
