@@ -208,37 +208,29 @@ def test_empty_plan_exits_2_before_any_device(capsys):
 
 
 @pytest.fixture
-def ssd_plan():
-    return pytest.importorskip("mate._tilelang.ssd_plan")
+def forcing_planner(monkeypatch):
+    """The planner's ``forcing``, recording the design held while it is (the real context runs inside)."""
+    from mate._tilelang import ssd_plan
 
-
-@pytest.fixture
-def forcing_planner(monkeypatch, ssd_plan):
-    """The planner as the bench expects it once it has designs: DESIGNS and forcing(design)."""
-    held = []
+    held, real = [], ssd_plan.forcing
 
     @contextlib.contextmanager
-    def forcing(design):
+    def forcing(design, runs=None):
         held.append(design)
         try:
-            yield
+            with real(design, runs):
+                yield
         finally:
             held.pop()
 
-    monkeypatch.setattr(ssd_plan, "DESIGNS", ("serial", "split"), raising=False)
-    monkeypatch.setattr(ssd_plan, "forcing", forcing, raising=False)
+    monkeypatch.setattr(ssd_plan, "forcing", forcing)
     return held
 
 
-@pytest.fixture
-def planner_without_forcing(monkeypatch, ssd_plan):
-    monkeypatch.delattr(ssd_plan, "forcing", raising=False)
-    monkeypatch.delattr(ssd_plan, "DESIGNS", raising=False)
-
-
-def test_designs_default_is_auto(planner_without_forcing):
+def test_designs_default_is_auto():
     assert bench_ssd.build_parser().parse_args([]).designs == ["auto"]
     assert bench_ssd.build_parser().parse_args(["--designs", "auto"]).designs == ["auto"]
+    assert bench_ssd.designs() == ("serial", "split")  # the planner's
 
 
 @pytest.mark.parametrize(
@@ -249,7 +241,7 @@ def test_designs_default_is_auto(planner_without_forcing):
         pytest.param("auto, serial", ["auto", "serial"], ["mate", "mate-serial"], id="auto-beside-a-design"),
     ],
 )
-def test_designs_parsing_with_forcing(forcing_planner, text, designs, impls):
+def test_designs_parsing(text, designs, impls):
     args = bench_ssd.build_parser().parse_args(["--designs", text])
     assert args.designs == designs
     assert [bench_ssd.design_impl(d) for d in args.designs] == impls
@@ -262,28 +254,24 @@ def test_designs_parsing_with_forcing(forcing_planner, text, designs, impls):
         pytest.param(",", "expected a comma list of designs", id="empty"),
     ],
 )
-def test_designs_bad_names_exit_2(capsys, forcing_planner, text, message):
+def test_designs_bad_names_exit_2(capsys, text, message):
     with pytest.raises(SystemExit) as exc:
         bench_ssd.main(["--designs", text])
     assert exc.value.code == 2
     assert f"argument --designs: {message}" in capsys.readouterr().err
 
 
-def test_designs_without_forcing_exit_2_saying_why(capsys, planner_without_forcing):
-    with pytest.raises(SystemExit) as exc:
-        bench_ssd.main(["--designs", "serial,split"])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "argument --designs: timing the design 'serial' needs mate._tilelang.ssd_plan.forcing" in err
-    assert "use --designs auto" in err and "Traceback" not in err
+def test_design_context_holds_the_planner_to_the_design():
+    """Inside the context the planner plans the design named (Nemotron-H 8B at 1 x 8192 is serial by the rule);
+    outside it, and with auto, the rule decides again."""
+    import torch
 
-
-def test_design_context_holds_the_planner_to_the_design(forcing_planner):
+    w = bench_ssd.make_window(shapes.SSD_CASES["nemotron-h-8b-tp1"], [8192], 128, 0, torch.device("cpu"))
     with bench_ssd.design_context("split"):
-        assert forcing_planner == ["split"]
-    assert forcing_planner == []
+        assert bench_ssd.planned_design(w, 128) == "split"
+    assert bench_ssd.planned_design(w, 128) == "serial"
     with bench_ssd.design_context("auto"):
-        assert forcing_planner == []
+        assert bench_ssd.planned_design(w, 128) == "serial"
 
 
 def test_planned_design_reads_the_plan():

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from .._tilelang import ssd_plan
 from .report import markdown_table, write_report
 from .shapes import REGISTRY_BATCHES, SSD_BATCHES, SSD_CASES, SSD_MODELS, SSDCase
 from .timing import copy_ceiling_tbps, graph_time_us, host_time_us, windows_for
@@ -138,38 +139,19 @@ def check_agreement(s, seqlens, L, dev) -> float:
 
 # ------------------------------------------------------------------------------------------------ designs
 
-# MATE's SSD planner has designs (e.g. one CTA walking a whole sequence, or a sequence spread over several CTAs).
-# ``auto`` is the planner's own choice, the one served; a design name times MATE with the planner held to that
-# design (``mate._tilelang.ssd_plan.forcing``), as a row of its own.
+# ``auto`` is the planner's own choice, the one served; a design name (``ssd_plan.DESIGNS``) times MATE with the
+# planner held to that design (``ssd_plan.forcing``), as a row of its own.
 AUTO = "auto"
-KNOWN_DESIGNS = ("serial", "split")  # where the planner lists none (``ssd_plan.DESIGNS``)
-
-
-def _ssd_plan():
-    try:
-        from .._tilelang import ssd_plan
-    except ImportError:
-        return None
-    return ssd_plan
 
 
 def designs() -> tuple[str, ...]:
-    """The design names ``--designs`` takes besides ``auto``: the planner's ``DESIGNS`` where it has them."""
-    return tuple(getattr(_ssd_plan(), "DESIGNS", KNOWN_DESIGNS))
+    """The design names ``--designs`` takes besides ``auto``: the planner's."""
+    return ssd_plan.DESIGNS
 
 
 def parse_designs(text: str) -> list[str]:
-    """The ``--designs`` list: ``auto`` and/or design names; a design other than ``auto`` needs the planner's
-    ``forcing`` (argparse.ArgumentTypeError saying so where this MATE has none)."""
-    known = (AUTO, *designs())
-    names = _names(text, known, "designs")
-    forced = [n for n in names if n != AUTO]
-    if forced and not hasattr(_ssd_plan(), "forcing"):
-        raise argparse.ArgumentTypeError(
-            f"timing the design {forced[0]!r} needs mate._tilelang.ssd_plan.forcing, which this MATE does not have; "
-            "use --designs auto (the planner's choice)"
-        )
-    return names
+    """The ``--designs`` list: ``auto`` and/or design names."""
+    return _names(text, (AUTO, *designs()), "designs")
 
 
 def design_impl(design: str) -> str:
@@ -182,7 +164,7 @@ def design_context(design: str):
     eager calls all run inside it; a replay only replays what was captured), nothing for ``auto``."""
     if design == AUTO:
         return contextlib.nullcontext()
-    return _ssd_plan().forcing(design)
+    return ssd_plan.forcing(design)
 
 
 def planned_design(w, L) -> str | None:
