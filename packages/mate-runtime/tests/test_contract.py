@@ -118,6 +118,9 @@ SEED_PREWARM_SSD = [
 ]
 
 
+PREWARM_EXT = {"jobs": None}  # worker processes for the compiles
+
+
 def _params(fn):
     return [(p.name, p.default, p.kind) for p in inspect.signature(fn).parameters.values()]
 
@@ -126,9 +129,9 @@ def _params(fn):
     "fn,seed,extensions",
     [
         pytest.param(selective_state_update, SEED_SSU, SSU_EXTENSIONS, id="selective_state_update"),
-        pytest.param(prewarm_selective_state_update, SEED_PREWARM_SSU, {}, id="prewarm_selective_state_update"),
+        pytest.param(prewarm_selective_state_update, SEED_PREWARM_SSU, PREWARM_EXT, id="prewarm_ssu"),
         pytest.param(ssd_combined_fwd_varlen, SEED_SSD, SSD_EXTENSIONS, id="ssd_combined_fwd_varlen"),
-        pytest.param(prewarm_ssd_combined_fwd_varlen, SEED_PREWARM_SSD, {}, id="prewarm_ssd_combined_fwd_varlen"),
+        pytest.param(prewarm_ssd_combined_fwd_varlen, SEED_PREWARM_SSD, PREWARM_EXT, id="prewarm_ssd"),
     ],
 )
 def test_signature_matches_seed(fn, seed, extensions):
@@ -558,6 +561,8 @@ PREWARM_SSU_CASES = [
     ("rows_per_cta", dict(rows_per_cta=0)),
     ("lanes_per_row", dict(lanes_per_row="32")),
     ("dt_dim", dict(dt_dim=64)),
+    ("jobs", dict(jobs=0)),
+    ("jobs", dict(jobs=2.0)),
 ]
 
 
@@ -588,6 +593,7 @@ PREWARM_SSD_CASES = [
     ("io_dtype", dict(io_dtype=torch.float64)),
     ("state_dtype", dict(state_dtype=torch.int8)),
     ("dt_dtype", dict(dt_dtype=torch.int32)),
+    ("jobs", dict(jobs=True)),
 ]
 
 

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_import=0.0) -> int:
     """Make every kernel of ``items`` ready: cached ones are loaded here, the others compiled in ``jobs`` worker
     processes (which store them) and then loaded; with one job, or one kernel to compile, in this process."""
-    from ._tilelang.cache import compile_parallel, format_phases
+    from ._tilelang.cache import compile_parallel, format_phases, in_store
 
     def ready(spec):
         if device is None:
@@ -298,7 +298,7 @@ def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_imp
         return cache.get(spec, spec.build, device, prewarm_hint="mate prewarm", pass_configs=spec.pass_configs())
 
     t_all = time.perf_counter()
-    missing = [spec for _, spec in items if store is None or not _in_store(store, spec, target)]
+    missing = [spec for _, spec in items if store is None or not in_store(spec, target)]
     worker: dict = {}
     if store is not None and jobs > 1 and len(set(missing)) > 1:
         jobs = min(jobs, len(set(missing)))
@@ -342,13 +342,6 @@ def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_imp
     if verbose and totals:
         print(f"compile time by phase (summed over kernels): {format_phases(totals)}")
     return 1 if failed else 0
-
-
-def _in_store(store, spec, target) -> bool:
-    from ._tilelang.store import entry_key
-
-    key = entry_key(spec, target, spec.pass_configs())
-    return store.check(store.entry_path(key), key) is None
 
 
 if __name__ == "__main__":

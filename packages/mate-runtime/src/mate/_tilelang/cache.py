@@ -299,6 +299,43 @@ def compile_parallel(
     return failed
 
 
+def in_store(spec, target) -> bool:
+    """Whether MATE's disk cache holds a sound entry of ``spec`` for ``target`` (False when it is off)."""
+    from .store import entry_key, store
+
+    st = store()
+    if st is None:
+        return False
+    key = entry_key(spec, target, spec.pass_configs())
+    return st.check(st.entry_path(key), key) is None
+
+
+def compile_missing(specs, *, target, jobs: int | None = None) -> None:
+    """Compile in ``jobs`` worker processes (default: the cores available) the specs that are neither loaded in
+    this process nor in MATE's disk cache, so that the caller's own first use of each then loads it. Nothing is
+    done with one job, at most one such spec, or the disk cache off (workers hand kernels over through it): the
+    caller then compiles in its own process. A worker that fails leaves its spec to the caller, whose compile
+    raises the error there."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from .store import store
+
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs <= 1 or store() is None:
+        return
+    missing = [s for s in dict.fromkeys(specs) if s not in CACHE.kernels and not in_store(s, target)]
+    if len(missing) < 2:
+        return
+    try:
+        compile_parallel(missing, target=target, jobs=jobs, log=lambda m: None)
+    except BrokenProcessPool as exc:
+        raise RuntimeError(
+            "the compile worker processes died: they start with the 'spawn' method, which imports the main "
+            'script again; call the prewarm functions under `if __name__ == "__main__":`, or pass jobs=1 to '
+            "compile in this process"
+        ) from exc
+
+
 def cache_dir() -> str:
     """Where TileLang keeps compiled kernels on disk (MATE's own cache: ``settings.get("MATE_CACHE_DIR")``)."""
     return os.environ.get("TILELANG_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".tilelang", "cache"))

@@ -14,9 +14,9 @@ import dataclasses
 import torch
 
 from .. import settings
-from .._device import is_capturing
+from .._device import is_capturing, tilelang_target
 from ..mamba._ssd_call import SSDCall, check_index_data
-from .cache import CACHE
+from .cache import CACHE, compile_missing
 from .specs import KernelSpec
 from .ssd_plan import (
     VLLM_DT,
@@ -152,14 +152,17 @@ def _split_scan(p, skey, dev, scan, inputs, rest) -> None:
     scan(x, B, C, cu, seq_idx, runs, dest, D, z, init, out, st, dtA, tmeta, flags, run_states)
 
 
-def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, target=None):
-    """Compile every SSD kernel of one configuration (:func:`ssd_plan.serving_specs`). With ``target`` (e.g.
-    ``{"kind": "cuda", "arch": "sm_90a"}``) and no device, compile only. Returns the specs."""
+def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, target=None,
+            jobs=1):  # fmt: skip
+    """Compile every SSD kernel of one configuration (:func:`ssd_plan.serving_specs`), those not cached in
+    ``jobs`` worker processes (:func:`.cache.compile_missing`). With ``target`` (e.g. ``{"kind": "cuda", "arch":
+    "sm_90a"}``) and no device, compile only. Returns the specs."""
     _check_supported(dim, dstate, chunk_size, io_dtype)
     specs = serving_specs(
         heads=heads, groups=groups, dim=dim, dstate=dstate, chunk_size=chunk_size, io_dtype=io_dtype,
         state_dtype=state_dtype, dt_dtype=dt_dtype, sms=hardware(device).sms if device is not None else None,
     )  # fmt: skip
+    compile_missing(specs, target=target or tilelang_target(device), jobs=jobs)
     for spec in specs:
         if device is None:
             CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())

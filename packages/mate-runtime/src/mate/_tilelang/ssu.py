@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from .. import settings
-from .._device import is_capturing
+from .._device import is_capturing, tilelang_target
 from ..mamba._ssu_call import SSUCall, check_index_data, finish
-from .cache import CACHE
+from .cache import CACHE, compile_missing
 from .specs import SSUSpec
 from .ssu_plan import hardware, pdl_for_arch, pdl_for_capability, plan, serving_specs, spec_for
 
@@ -48,14 +48,18 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
     return finish(call)
 
 
-def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim):
-    """Compile (without launching) every kernel the configuration will call on ``device``."""
+def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim,
+            jobs=1):  # fmt: skip
+    """Compile (without launching) every kernel the configuration will call on ``device``, those not cached in
+    ``jobs`` worker processes (:func:`.cache.compile_missing`)."""
     hw = hardware(torch.device(device))
-    for spec in serving_specs(
+    specs = serving_specs(
         state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate, groups=groups,
         slot_dtype=slot_dtype, packed=packed, meta_dtype=meta_dtype, tie_hdim=tie_hdim,
         pdl=pdl_for_capability(hw.kind, hw.major),
-    ):  # fmt: skip
+    )  # fmt: skip
+    compile_missing(specs, target=tilelang_target(device), jobs=jobs)
+    for spec in specs:
         kernel(spec, device)
 
 

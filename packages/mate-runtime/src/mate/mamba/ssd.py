@@ -99,12 +99,18 @@ def prewarm_ssd_combined_fwd_varlen(
     state_dtype: torch.dtype = torch.bfloat16,
     dt_dtype: torch.dtype = torch.float32,
     block_M: int = 32,
+    *,
+    jobs: int | None = None,
 ) -> None:
     """Compile every SSD stage for one configuration, outside any captured graph.
 
     Token and chunk counts are runtime dimensions. ``block_M`` is the seed's tiling hint, validated and otherwise
     unused: the planner picks the tile from (dim, dstate, chunk_size). Without a usable TileLang device there is
     nothing to compile and the call only validates its arguments.
+
+    ``jobs``: worker processes for the kernels not yet in MATE's kernel cache (default: the cores available; 1
+    compiles in this process). The workers start with the ``spawn`` method, which imports the main script
+    again: call this under ``if __name__ == "__main__":`` or pass ``jobs=1``.
     """
     for name, v in (("heads", heads), ("groups", groups), ("dim", dim), ("dstate", dstate), ("block_M", block_M)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -112,6 +118,8 @@ def prewarm_ssd_combined_fwd_varlen(
     if heads % groups:
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     check_chunk_size(chunk_size)
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
+        bad_arg("jobs", jobs, "None (the cores available) or a positive int")
     for name, d, allowed in (
         ("io_dtype", io_dtype, IO_DTYPES),
         ("state_dtype", state_dtype, STATE_DTYPES),
@@ -138,6 +146,7 @@ def prewarm_ssd_combined_fwd_varlen(
         io_dtype=io_dtype,
         state_dtype=state_dtype,
         dt_dtype=dt_dtype,
+        jobs=jobs,
     )
 
 

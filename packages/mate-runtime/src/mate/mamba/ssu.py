@@ -229,6 +229,7 @@ def prewarm_selective_state_update(
     packed: bool = False,
     meta_dtype: torch.dtype = torch.int32,
     dt_dim: int | None = None,
+    jobs: int | None = None,
 ) -> None:
     """Compile the TileLang kernel one serving configuration will use, without launching it.
 
@@ -243,6 +244,10 @@ def prewarm_selective_state_update(
 
     Without a usable TileLang device (no CUDA/MUSA device or TileLang missing), there is nothing to compile
     and the call only validates its arguments: the reference backend needs no warmup.
+
+    ``jobs``: worker processes for the kernels not yet in MATE's kernel cache (default: the cores available; 1
+    compiles in this process). The workers start with the ``spawn`` method, which imports the main script
+    again: call this under ``if __name__ == "__main__":`` or pass ``jobs=1``.
     """
     for name, dt_, allowed in (
         ("state_dtype", state_dtype, STATE_DTYPES),
@@ -262,6 +267,8 @@ def prewarm_selective_state_update(
             bad_arg(name, v, "a positive int")
     if dt_dim not in (None, 1):
         bad_arg("dt_dim", dt_dim, "None (full [rows, heads, dim] dt) or 1 (one dt per head)")
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
+        bad_arg("jobs", jobs, "None (the cores available) or a positive int")
 
     from .._backends import tilelang_installed
     from .._device import default_accelerator
@@ -283,6 +290,7 @@ def prewarm_selective_state_update(
         packed=packed,
         meta_dtype=meta_dtype,
         tie_hdim=dt_dim == 1,
+        jobs=jobs,
     )
 
 
