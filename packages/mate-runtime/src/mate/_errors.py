@@ -39,6 +39,12 @@ def bad_arg(name: str, value: Any, expected: str) -> NoReturn:
     raise ValueError(f"{name}: got {describe(value)}; expected {expected}")
 
 
+def check_jobs(jobs) -> None:
+    """The prewarm functions' ``jobs``: None (the cores available) or a positive int."""
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
+        bad_arg("jobs", jobs, "None (the cores available) or a positive int")
+
+
 def majority_culprit(quantities: dict[str, list[tuple[str, Any, Any]]]) -> ValueError | None:
     """The error naming the argument that breaks the majority, for a call whose shapes disagree.
 

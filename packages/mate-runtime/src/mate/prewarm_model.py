@@ -283,14 +283,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"kernel cache {st.base if st else 'off (MATE_CACHE_DIR=off)'}; key versions {versions(target)}")
     return _prewarm(items, device=device, target=target, jobs=args.jobs or default_jobs(), verbose=args.verbose,
-                    where=f"target {args.target}" if args.target else str(device), cache=CACHE, store=st,
+                    where=f"target {args.target}" if args.target else str(device), cache=CACHE,
                     t_import=t_import)  # fmt: skip
 
 
-def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_import=0.0) -> int:
+def _prewarm(items, *, device, target, jobs, verbose, where, cache, t_import=0.0) -> int:
     """Make every kernel of ``items`` ready: cached ones are loaded here, the others compiled in ``jobs`` worker
     processes (which store them) and then loaded; with one job, or one kernel to compile, in this process."""
-    from ._tilelang.cache import compile_parallel, format_phases, in_store
+    from ._tilelang.cache import compile_missing, format_phases
 
     def ready(spec):
         if device is None:
@@ -298,14 +298,10 @@ def _prewarm(items, *, device, target, jobs, verbose, where, cache, store, t_imp
         return cache.get(spec, spec.build, device, prewarm_hint="mate prewarm", pass_configs=spec.pass_configs())
 
     t_all = time.perf_counter()
-    missing = [spec for _, spec in items if store is None or not in_store(spec, target)]
     worker: dict = {}
-    if store is not None and jobs > 1 and len(set(missing)) > 1:
-        jobs = min(jobs, len(set(missing)))
-        print(f"compiling {len(set(missing))} kernels in {jobs} worker processes", flush=True)
-        labels = {spec: label for label, spec in items}
-        compile_parallel(missing, target=target, jobs=jobs, results=worker, name=labels.get,
-                         log=lambda m: print(f"  {m}", flush=True))  # fmt: skip
+    labels = {spec: label for label, spec in items}
+    compile_missing(list(labels), target=target, jobs=jobs, results=worker, name=labels.get,
+                    log=lambda m: print(m, flush=True))  # fmt: skip
     failed, compiled, loaded, from_tilelang, totals = 0, 0, 0, 0, {}
     for i, (label, spec) in enumerate(items, 1):
         t0 = time.perf_counter()

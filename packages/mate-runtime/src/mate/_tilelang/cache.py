@@ -310,12 +310,14 @@ def in_store(spec, target) -> bool:
     return st.check(st.entry_path(key), key) is None
 
 
-def compile_missing(specs, *, target, jobs: int | None = None) -> None:
+def compile_missing(specs, *, target, jobs: int | None = None, log=None, results: dict | None = None,
+                    name=str) -> None:  # fmt: skip
     """Compile in ``jobs`` worker processes (default: the cores available) the specs that are neither loaded in
     this process nor in MATE's disk cache, so that the caller's own first use of each then loads it. Nothing is
     done with one job, at most one such spec, or the disk cache off (workers hand kernels over through it): the
     caller then compiles in its own process. A worker that fails leaves its spec to the caller, whose compile
-    raises the error there."""
+    raises the error there. ``log`` (default: silent) gets one line first and one per spec, named by ``name``;
+    ``results`` as in :func:`compile_parallel`."""
     from concurrent.futures.process import BrokenProcessPool
 
     from .store import store
@@ -326,8 +328,12 @@ def compile_missing(specs, *, target, jobs: int | None = None) -> None:
     missing = [s for s in dict.fromkeys(specs) if s not in CACHE.kernels and not in_store(s, target)]
     if len(missing) < 2:
         return
+    jobs = min(jobs, len(missing))
+    log = log or (lambda m: None)
+    log(f"compiling {len(missing)} kernels in {jobs} worker processes")
     try:
-        compile_parallel(missing, target=target, jobs=jobs, log=lambda m: None)
+        compile_parallel(missing, target=target, jobs=jobs, log=lambda m: log(f"  {m}"), results=results,
+                         name=name)  # fmt: skip
     except BrokenProcessPool as exc:
         raise RuntimeError(
             "the compile worker processes died: they start with the 'spawn' method, which imports the main "

@@ -11,7 +11,7 @@ import math
 import torch
 
 from .._backends import run_ssd
-from .._errors import bad_arg
+from .._errors import bad_arg, check_jobs
 from .._ops import SSD, trace_ssd
 from ._ssd_call import check_chunk_size, normalize_ssd
 from ._ssu_call import IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
@@ -118,8 +118,7 @@ def prewarm_ssd_combined_fwd_varlen(
     if heads % groups:
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     check_chunk_size(chunk_size)
-    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
-        bad_arg("jobs", jobs, "None (the cores available) or a positive int")
+    check_jobs(jobs)
     for name, d, allowed in (
         ("io_dtype", io_dtype, IO_DTYPES),
         ("state_dtype", state_dtype, STATE_DTYPES),

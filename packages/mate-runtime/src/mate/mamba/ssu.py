@@ -11,7 +11,7 @@ import torch
 
 from .. import settings
 from .._backends import resolve_backend, run_ssu
-from .._errors import bad_arg
+from .._errors import bad_arg, check_jobs
 from .._ops import SSU, trace_ssu
 from ._ssu_call import INDEX_DTYPES, IO_DTYPES, STATE_DTYPES, normalize_ssu
 
@@ -267,8 +267,7 @@ def prewarm_selective_state_update(
             bad_arg(name, v, "a positive int")
     if dt_dim not in (None, 1):
         bad_arg("dt_dim", dt_dim, "None (full [rows, heads, dim] dt) or 1 (one dt per head)")
-    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
-        bad_arg("jobs", jobs, "None (the cores available) or a positive int")
+    check_jobs(jobs)
 
     from .._backends import tilelang_installed
     from .._device import default_accelerator
