@@ -3,7 +3,8 @@
     python tools/gpu/precompile.py [ssu|ssd|all] [--jobs N] [--pdl] [--list]
 
 The kernels are the exact specs the planners give: every case of
-``packages/mate-runtime/tests/gpu/test_ssu_kernels.py`` / ``test_ssd_kernels.py`` is built on the CPU and asked
+``packages/mate-runtime/tests/gpu/test_ssu_kernels.py`` (and ``test_ssu_quantized_kernels.py``) /
+``test_ssd_kernels.py`` is built on the CPU and asked
 ``mate.mamba.plan_selective_state_update`` / ``plan_ssd_combined_fwd_varlen`` which kernels it launches (CPU
 tensors are planned as for an H200, the machine the tests run on), plus what a served model uses at the
 benchmarks' shapes (``mate._tilelang.ssu_plan.serving_specs`` / ``ssd_plan.serving_specs``), and the prefetching
@@ -62,6 +63,11 @@ def ssu_specs(pdl: bool) -> list:
     for c in _cases(t) + extra:
         kw, _, parent = t.build(c, 0)
         specs += plan_selective_state_update(**kw, retrieve_parent_token=parent)
+    q = _test_module("test_ssu_quantized_kernels")  # every block-scaled case, in each quantised dtype
+    for c in _cases(q):
+        for dtype in (p.values[0] for p in q.QDTYPES):
+            kw, _, parent = q.build_quantised(c, dtype, 0)
+            specs += plan_selective_state_update(**kw, retrieve_parent_token=parent)
     for c in warm_cases(False):
         s = c.shape
         for packed in (False, True):

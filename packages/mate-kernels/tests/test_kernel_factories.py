@@ -79,9 +79,21 @@ def test_ssu_tiling_covers_the_state_row_with_16_byte_chunks(dim, dstate, state_
 
 def test_ssu_tiling_rejects_unknown_state_dtype_and_chunk_counts():
     with pytest.raises(ValueError, match="state_dtype"):
-        ssu.choose_tiling(64, 128, "int16")
+        ssu.choose_tiling(64, 128, "uint16")
     with pytest.raises(ValueError, match="per_thread"):
         ssu.choose_tiling(64, 128, "bfloat16", per_thread=3)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "vec", "lanes"),
+    [pytest.param("int16", 8, 16, id="int16"), pytest.param("int8", 16, 8, id="int8"),
+     pytest.param("float8_e4m3fn", 16, 8, id="fp8")],
+)  # fmt: skip
+def test_ssu_tiling_of_block_scaled_states(dtype, vec, lanes):
+    """A quantised state is tiled by its width like a float one (16-byte chunks), and is one of QMAX's dtypes."""
+    t = ssu.choose_tiling(64, 128, dtype, 2)
+    assert (t.vec, t.lanes, t.vecs * t.rows_per_thread) == (vec, lanes, 2)
+    assert dtype in ssu.QMAX
 
 
 @pytest.mark.parametrize("per_thread", [1, 2, 4, 8])

@@ -222,3 +222,78 @@ def test_public_plan_query_matches_the_planner():
     (spec,) = plan_selective_state_update(state, x, dt, A, B, C, None, state_batch_indices=table)
     assert spec == plan_of(state, x, dt, A, B, C, None, state_batch_indices=table)[0]
     assert plan_selective_state_update(*inputs(0), None) == ()
+
+
+# ---------------------------------------------------------------------------------------- quantised states
+
+QDTYPES = [
+    pytest.param(torch.int16, id="int16"),
+    pytest.param(torch.int8, id="int8"),
+    pytest.param(torch.float8_e4m3fn, id="fp8"),
+]
+
+
+def test_kernel_qmax_is_the_reference_rule():
+    from mate.mamba._ssu_call import QUANT_STATE_QMAX
+
+    assert {tl_ssu.DTYPE_NAMES[d]: q for d, q in QUANT_STATE_QMAX.items()} == kssu.QMAX
+    assert set(QUANT_STATE_QMAX) == set(tl_ssu.SCALED_STATES)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_quantised_one_token_plan(qdtype):
+    state = torch.zeros(32, H, P, N, dtype=qdtype)
+    scale = torch.ones(32, H, P, 1)  # FlashInfer's trailing-1 form: a view of it is passed
+    _, x, dt, A, B, C = inputs(4)
+    key, args = plan_of(state, x, dt, A, B, C, None, state_batch_indices=torch.tensor([3, 1, 7, 9], dtype=I32),
+                        state_scale=scale)  # fmt: skip
+    assert key.one_token and key.state_dtype == tl_ssu.DTYPE_NAMES[qdtype]
+    assert not key.pack_early
+    assert key.tiling.vec == 16 // state.element_size()
+    assert key.tiling.vecs * key.tiling.vec * key.tiling.rows_per_thread == 32  # 32 state values per thread
+    assert len(args) == 22 and args[21].shape == (32, H, P)
+    assert args[21].untyped_storage().data_ptr() == scale.untyped_storage().data_ptr()  # written in place
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_quantised_packed_plan(qdtype):
+    state = torch.zeros(32, H, P, N, dtype=qdtype)
+    scale = torch.ones(32, H, P)
+    _, x, dt, A, B, C = inputs(6)
+    src = torch.arange(6, dtype=I32).view(2, 3)
+    key, args = plan_of(state, x, dt, A, B, C, None, cu_seqlens=torch.tensor([0, 3, 6], dtype=I32),
+                        state_batch_indices=src, dst_state_batch_indices=src + 10,
+                        num_accepted_tokens=torch.tensor([1, 2], dtype=I32), state_scale=scale)  # fmt: skip
+    assert not key.one_token and key.ibuf_dtype == key.state_dtype
+    assert len(args) == 29 and args[27] is scale
+    assert any(args[28] is d for d in tl_ssu.dummies())  # no buffer: the dummy buffer's dummy scales
+
+    ibuf = torch.zeros(4, 3, H, P, N, dtype=qdtype)
+    iscale = torch.ones(4, 3, H, P)
+    x4, dt4 = x.view(2, 3, H, P), dt.reshape(2, 3, H, P)
+    key, args = plan_of(state, x4, dt4, A, B.view(2, 3, G, N), C.view(2, 3, G, N), None,
+                        state_batch_indices=torch.tensor([1, 2], dtype=I32), disable_state_update=True,
+                        intermediate_states_buffer=ibuf, intermediate_state_indices=torch.tensor([3, 0], dtype=I32),
+                        cache_steps=3, state_scale=scale, intermediate_state_scales=iscale)  # fmt: skip
+    assert args[A_MODE_PACKED] == kssu.MODE_INTERMEDIATE
+    assert args[27] is scale and args[28].shape == (12, H, P)
+    assert args[28].untyped_storage().data_ptr() == iscale.untyped_storage().data_ptr()
+
+
+def test_quantised_state_beside_another_buffer_dtype_is_refused():
+    state = torch.zeros(32, H, P, N, dtype=torch.int8)
+    _, x, dt, A, B, C = inputs(6)
+    call = normalize_ssu(state, x.view(2, 3, H, P), dt.reshape(2, 3, H, P), A, B.view(2, 3, G, N),
+                         C.view(2, 3, G, N), None, state_batch_indices=torch.tensor([1, 2], dtype=I32),
+                         disable_state_update=True, intermediate_states_buffer=torch.zeros(2, 3, H, P, N, dtype=BF16),
+                         cache_steps=3, state_scale=torch.ones(32, H, P))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="intermediate_states_buffer"):
+        tl_ssu.plan(call)
+
+
+def test_stochastic_rounding_is_refused_by_the_kernels():
+    state = torch.zeros(32, H, P, N, dtype=torch.float16)
+    _, x, dt, A, B, C = inputs(2)
+    call = normalize_ssu(state, x, dt, A, B, C, None, rand_seed=torch.tensor([7]))
+    with pytest.raises(NotImplementedError, match="rand_seed"):
+        tl_ssu.plan(call)

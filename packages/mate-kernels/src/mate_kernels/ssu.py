@@ -17,6 +17,10 @@ absent optional tensors are passed as small dummies, so one compiled kernel serv
 D/z/dt_bias/softplus/tables/write modes. Compile-time: P, N, heads per group, the dtypes, tied (one decay
 per head) vs untied A/dt, the tiling, and whether the state/B/C rows are 16-byte aligned (vector accesses).
 
+Block-scaled quantised states (int16, int8, fp8-e4m3: :data:`.ssu_common.QMAX`) are the state dtype (and the
+intermediate buffer's) of a kernel: it then takes their fp32 row scales as trailing arguments (see
+:mod:`.ssu_parts`), dequantises each row it reads and requantises each row it writes, in registers.
+
 This module imports nothing from the runtime; TileLang is imported lazily inside the factory.
 """
 
@@ -38,6 +42,7 @@ from .ssu_common import (
     MODE_INTERMEDIATE,
     MODE_NONE,
     MODE_PER_TOKEN,
+    QMAX,
     SSUTiling,
     choose_tiling,
 )
@@ -71,12 +76,14 @@ def ssu_kernel(
     Argument order of the returned function (the launcher passes them positionally):
     ``state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, [cu, acc, ibuf, iidx, parent,]``
     ``nseq, seqlen, src_sb, src_st, dst_sb, dst_st, pad, flags, mode, [cache_steps]``
-    (bracketed arguments only for the packed kernel, ``one_token=False``).
+    (bracketed arguments only for the packed kernel, ``one_token=False``), then, with a quantised state or
+    intermediate buffer, ``state_scale`` (one-token) or ``state_scale, ibuf_scale`` (packed; a dummy for the
+    float one).
 
     Tuning (the launcher's tuning table picks these per state dtype and kernel):
 
     * ``tiling``: default :func:`choose_tiling` ``(dim, dstate, state_dtype)``.
-    * ``pack_early`` (one-token kernel, 2-byte states; ignored elsewhere): see :mod:`.ssu_one_token`.
+    * ``pack_early`` (one-token kernel, 2-byte float states; ignored elsewhere): see :mod:`.ssu_one_token`.
     * ``min_blocks``: > 0 emits ``__launch_bounds__(threads, min_blocks)`` (ptxas caps the registers so that
       many CTAs fit on an SM; it may spill).
     * ``pdl``: programmatic dependent launch (CUDA sm_90+): every CTA first allows the next kernel on the stream
@@ -106,7 +113,8 @@ def ssu_kernel(
         vector_state=vector_state, vector_io=vector_io, min_blocks=min_blocks, pdl=pdl,
     )  # fmt: skip
     if one_token:
-        return one_token_kernel(T, ops, ty, pack_early=bool(pack_early) and BYTES[state_dtype] == 2, **common)
+        early = bool(pack_early) and BYTES[state_dtype] == 2 and state_dtype not in QMAX  # a float of 2 bytes
+        return one_token_kernel(T, ops, ty, pack_early=early, **common)
     return packed_kernel(T, ops, ty, ibuf_dtype=ibuf_dtype, **common)
 
 
@@ -125,6 +133,7 @@ __all__ = [
     "MODE_INTERMEDIATE",
     "MODE_NONE",
     "MODE_PER_TOKEN",
+    "QMAX",
     "SSUTiling",
     "choose_tiling",
     "ssu_kernel",

@@ -13,10 +13,11 @@ level with fp32; 2026-12-01 at 7390f7b on the H200).
 ``pack_early`` (2-byte states): each updated state value is converted back to the stored dtype right after its
 recurrence step (into the registers it was loaded into), so no fp32 copy of the whole state stays live across the
 row reduction, the ``y`` write and the store. Same arithmetic, same rounding; fewer registers per thread (96 -> 64
-for Nemotron-H bf16, so 8 instead of 5 CTAs per SM).
+for Nemotron-H bf16, so 8 instead of 5 CTAs per SM). Not with a block-scaled state: a row's new scale needs its
+maximum before any value can be narrowed, so its rows stay in fp32 until the store.
 """
 
-from .ssu_common import FLAG_DST, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, MODE_NONE
+from .ssu_common import FLAG_DST, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, MODE_NONE, QMAX
 
 
 def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied, vector_state, vector_io,
@@ -27,37 +28,17 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
     prow, bit, aligned, dt_value = ops.prow, ops.bit, ops.aligned, ops.dt_value
     load_A, load_D, fetch_state, convert_state = ops.load_A, ops.load_D, ops.fetch_state, ops.convert_state
     apply_softplus, recur_and_reduce, write_y = ops.apply_softplus, ops.recur_and_reduce, ops.write_y
-    store_raw, store_state = ops.store_raw, ops.store_state
+    store_raw, store_state, load_io_chunk = ops.store_raw, ops.store_state, ops.load_io_chunk
+    quant = state_dtype in QMAX  # block-scaled: the scales are one more argument, ``state_scale``
+    q = ops.quant_ops(state_dtype) if quant else None
     H, S = ty.H, ty.S
     state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
     z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
     f32 = "float32"
     i64 = "int64"
 
-    @T.prim_func
-    def ssu_one_token(
-        state: state_t,
-        x: x_t,
-        dt: dt_t,
-        A: A_t,
-        B: B_t,
-        C: C_t,
-        D: D_t,
-        z: z_t,
-        dt_bias: dtb_t,
-        out: out_t,
-        src: src_t,
-        dst: dst_t,
-        nseq: T.int32,
-        seqlen: T.int32,
-        src_sb: T.int64,
-        src_st: T.int64,
-        dst_sb: T.int64,
-        dst_st: T.int64,
-        pad: T.int64,
-        flags: T.int32,
-        mode: T.int32,
-    ):
+    @T.macro
+    def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, scale):
         pool = aligned(state, vector_state)
         Bv = aligned(B, vector_io)
         Cv = aligned(C, vector_io)
@@ -76,6 +57,8 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
             rc = T.alloc_local((NV * VEC,), io_dtype)
             bv = T.alloc_local((NV * VEC,), f32)
             cv = T.alloc_local((NV * VEC,), f32)
+            if quant:
+                qs = T.alloc_local((R,), f32)
             xv = T.alloc_local((R,), f32)
             dv = T.alloc_local((R,), f32)
             zv = T.alloc_local((R,), f32)
@@ -104,28 +87,24 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 dtv[0] = dt_value(dt[b, h, 0], T.cast(dt_bias[h * hb, 0], f32) * T.cast(hb, f32))
             for v in T.unroll(NV):
                 n0 = (v * L + lane) * VEC
-                if vector_io:
-                    for i in T.vectorized(VEC):
-                        rb[v * VEC + i] = Bv[b, g, n0 + i]
-                    for i in T.vectorized(VEC):
-                        rc[v * VEC + i] = Cv[b, g, n0 + i]
-                else:
-                    for i in T.unroll(VEC):
-                        rb[v * VEC + i] = Bv[b, g, n0 + i]
-                    for i in T.unroll(VEC):
-                        rc[v * VEC + i] = Cv[b, g, n0 + i]
+                load_io_chunk(rb, v * VEC, Bv, b, g, n0, vector_io)
+                load_io_chunk(rc, v * VEC, Cv, b, g, n0, vector_io)
             slot = T.if_then_else(hs != 0, src_val, b64)
             # a read slot outside the pool reads as the sentinel (zero state, nothing written): no access
             # leaves the pool whatever the table holds
             slot = T.if_then_else(T.And(slot >= 0, slot < T.cast(S, i64)), slot, pad)
             if slot != pad:
                 fetch_state(raw, pool, slot, h, pb, tx)
+                if quant:
+                    q.fetch_scales(qs, scale, slot, h, pb, tx)
             if pack_early:
                 if slot == pad:
                     for k in T.unroll(NS):
                         raw[k] = T.cast(T.float32(0), state_dtype)
             apply_softplus(dtv, 1 if tied else R, flags)
-            if not pack_early:
+            if quant:
+                q.dequantize(s, raw, qs, slot != pad)
+            elif not pack_early:
                 convert_state(s, raw, slot != pad)
             for k in T.unroll(NV * VEC):
                 bv[k] = T.cast(rb[k], f32)
@@ -140,9 +119,69 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 if (flags & FLAG_DST) != 0:
                     wslot = T.cast(dst[b64 * dst_sb], i64)
                 if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):  # a destination outside the pool is skipped
-                    if pack_early:
+                    if quant:
+                        q.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
+                    elif pack_early:
                         store_raw(raw, pool, wslot, h, pb, tx)
                     else:
                         store_state(s, buf, pool, wslot, h, pb, tx)
+
+    if quant:
+
+        @T.prim_func
+        def ssu_one_token_scaled(
+            state: state_t,
+            x: x_t,
+            dt: dt_t,
+            A: A_t,
+            B: B_t,
+            C: C_t,
+            D: D_t,
+            z: z_t,
+            dt_bias: dtb_t,
+            out: out_t,
+            src: src_t,
+            dst: dst_t,
+            nseq: T.int32,
+            seqlen: T.int32,
+            src_sb: T.int64,
+            src_st: T.int64,
+            dst_sb: T.int64,
+            dst_st: T.int64,
+            pad: T.int64,
+            flags: T.int32,
+            mode: T.int32,
+            state_scale: ty.state_scale,
+        ):
+            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode,
+                 state_scale)  # fmt: skip
+
+        return ssu_one_token_scaled
+
+    @T.prim_func
+    def ssu_one_token(
+        state: state_t,
+        x: x_t,
+        dt: dt_t,
+        A: A_t,
+        B: B_t,
+        C: C_t,
+        D: D_t,
+        z: z_t,
+        dt_bias: dtb_t,
+        out: out_t,
+        src: src_t,
+        dst: dst_t,
+        nseq: T.int32,
+        seqlen: T.int32,
+        src_sb: T.int64,
+        src_st: T.int64,
+        dst_sb: T.int64,
+        dst_st: T.int64,
+        pad: T.int64,
+        flags: T.int32,
+        mode: T.int32,
+    ):
+        body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, None)
 
     return ssu_one_token

@@ -32,6 +32,7 @@ from .ssu_common import (
     MODE_FINAL,
     MODE_INTERMEDIATE,
     MODE_PER_TOKEN,
+    QMAX,
 )
 
 
@@ -44,7 +45,12 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
     prow, bit, aligned, dt_value = ops.prow, ops.bit, ops.aligned, ops.dt_value
     load_A, load_D, fetch_state, convert_state = ops.load_A, ops.load_D, ops.fetch_state, ops.convert_state
     apply_softplus, recur_and_reduce, write_y = ops.apply_softplus, ops.recur_and_reduce, ops.write_y
-    store_state, reload_state = ops.store_state, ops.reload_state
+    store_state, reload_state, load_io_chunk = ops.store_state, ops.reload_state, ops.load_io_chunk
+    # block-scaled pool / intermediate buffer: both scales are two more arguments, ``state_scale`` and
+    # ``ibuf_scale`` (a dummy for the one that is not quantised)
+    sq = ops.quant_ops(state_dtype) if state_dtype in QMAX else None
+    iq = ops.quant_ops(ibuf_dtype) if ibuf_dtype in QMAX else None
+    quant = sq is not None or iq is not None
     H, S, R_, LS, LD, K = ty.H, ty.S, ty.R, ty.LS, ty.LD, ty.K
     state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
     z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
@@ -83,16 +89,8 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
             e = tx + k * TH
             tt = T.min(e // NCH, cnt - 1)
             n0 = (e % NCH) * VEC
-            if vector_io:
-                for i in T.vectorized(VEC):
-                    sb[k * VEC + i] = Bv[row0 + tt, g, n0 + i]
-                for i in T.vectorized(VEC):
-                    sc[k * VEC + i] = Cv[row0 + tt, g, n0 + i]
-            else:
-                for i in T.unroll(VEC):
-                    sb[k * VEC + i] = Bv[row0 + tt, g, n0 + i]
-                for i in T.unroll(VEC):
-                    sc[k * VEC + i] = Cv[row0 + tt, g, n0 + i]
+            load_io_chunk(sb, k * VEC, Bv, row0 + tt, g, n0, vector_io)
+            load_io_chunk(sc, k * VEC, Cv, row0 + tt, g, n0, vector_io)
         for k in T.unroll(K_X):
             e = tx + k * TH
             tt = T.min(e // BP, cnt - 1)
@@ -140,36 +138,9 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                 bv[v * VEC + i] = T.cast(Bs[tt, n0 + i], f32)
                 cv[v * VEC + i] = T.cast(Cs[tt, n0 + i], f32)
 
-    @T.prim_func
-    def ssu_packed(
-        state: state_t,
-        x: x_t,
-        dt: dt_t,
-        A: A_t,
-        B: B_t,
-        C: C_t,
-        D: D_t,
-        z: z_t,
-        dt_bias: dtb_t,
-        out: out_t,
-        src: src_t,
-        dst: dst_t,
-        cu: cu_t,
-        acc_tok: acc_t,
-        ibuf: ibuf_t,
-        iidx: iidx_t,
-        parent: par_t,
-        nseq: T.int32,
-        seqlen: T.int32,
-        src_sb: T.int64,
-        src_st: T.int64,
-        dst_sb: T.int64,
-        dst_st: T.int64,
-        pad: T.int64,
-        flags: T.int32,
-        mode: T.int32,
-        cache_steps: T.int64,
-    ):
+    @T.macro
+    def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
+             src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, scale, iscale):  # fmt: skip
         pool = aligned(state, vector_state)
         Bv = aligned(B, vector_io)
         Cv = aligned(C, vector_io)
@@ -199,6 +170,8 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
             ibv = T.alloc_local((VEC,), ibuf_dtype)
             bv = T.alloc_local((NV * VEC,), f32)
             cv = T.alloc_local((NV * VEC,), f32)
+            if quant:
+                qs = T.alloc_local((R,), f32)
             xv = T.alloc_local((R,), f32)
             dv = T.alloc_local((R,), f32)
             zv = T.alloc_local((R,), f32)
@@ -240,6 +213,8 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
             load_D(dv, D, h, pb, tx, flags)
             if slot != pad:
                 fetch_state(raw, pool, slot, h, pb, tx)
+                if sq is not None:
+                    sq.fetch_scales(qs, scale, slot, h, pb, tx)
             for c in T.serial(T.ceildiv(ntok, TMAX)):
                 t0 = c * TMAX
                 cnt = T.min(ntok - t0, TMAX)
@@ -247,14 +222,20 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                       h, g, pb, tx, flags, mode, b64, dst_sb, dst_st, pad)  # fmt: skip
                 T.sync_threads()
                 if c == 0:
-                    convert_state(s, raw, slot != pad)
+                    if sq is not None:
+                        sq.dequantize(s, raw, qs, slot != pad)
+                    else:
+                        convert_state(s, raw, slot != pad)
                 for tt in T.serial(cnt):
                     t = t0 + tt
                     if (flags & FLAG_PARENT) != 0:
                         if t > 0 and slot != pad and ilive:
                             par = T.cast(parent[b, t], i64)
                             if par >= 0 and par < cache_steps:  # a parent outside the entry is not reloaded
-                                reload_state(s, ibv, ibv_buf, ientry * cache_steps + par, h, pb, tx)
+                                if iq is not None:
+                                    iq.reload(s, ibv, ibv_buf, iscale, qs, ientry * cache_steps + par, h, pb, tx)
+                                else:
+                                    reload_state(s, ibv, ibv_buf, ientry * cache_steps + par, h, pb, tx)
                     token_from_smem(xv, dtv, zv, bv, cv, Bs, Cs, xs, dts, zs, tt, tx)
                     recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
                     write_y(acc, xv, dv, zv, out, bos + t, h, pb, tx, flags)
@@ -262,16 +243,97 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                         if mode == MODE_PER_TOKEN:
                             wslot = dsl[tt]
                             if wslot != pad:
-                                store_state(s, buf, pool, wslot, h, pb, tx)
+                                if sq is not None:
+                                    sq.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
+                                else:
+                                    store_state(s, buf, pool, wslot, h, pb, tx)
                         elif mode == MODE_INTERMEDIATE:
                             if ilive and t < cache_steps:  # tokens past the entry's steps are not written
-                                store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
+                                if iq is not None:
+                                    iq.store(s, ibv, ibv_buf, iscale, qs, ientry * cache_steps + t, h, pb, tx)
+                                else:
+                                    store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
                 T.sync_threads()
             if mode == MODE_FINAL and slot != pad and ntok > 0:
                 wslot = slot
                 if (flags & FLAG_DST) != 0:
                     wslot = T.cast(dst[b64 * dst_sb], i64)
                 if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):  # a destination outside the pool is skipped
-                    store_state(s, buf, pool, wslot, h, pb, tx)
+                    if sq is not None:
+                        sq.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
+                    else:
+                        store_state(s, buf, pool, wslot, h, pb, tx)
+
+    if quant:
+
+        @T.prim_func
+        def ssu_packed_scaled(
+            state: state_t,
+            x: x_t,
+            dt: dt_t,
+            A: A_t,
+            B: B_t,
+            C: C_t,
+            D: D_t,
+            z: z_t,
+            dt_bias: dtb_t,
+            out: out_t,
+            src: src_t,
+            dst: dst_t,
+            cu: cu_t,
+            acc_tok: acc_t,
+            ibuf: ibuf_t,
+            iidx: iidx_t,
+            parent: par_t,
+            nseq: T.int32,
+            seqlen: T.int32,
+            src_sb: T.int64,
+            src_st: T.int64,
+            dst_sb: T.int64,
+            dst_st: T.int64,
+            pad: T.int64,
+            flags: T.int32,
+            mode: T.int32,
+            cache_steps: T.int64,
+            state_scale: ty.state_scale,
+            ibuf_scale: ty.ibuf_scale,
+        ):
+            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
+                 src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, state_scale, ibuf_scale)  # fmt: skip
+
+        return ssu_packed_scaled
+
+    @T.prim_func
+    def ssu_packed(
+        state: state_t,
+        x: x_t,
+        dt: dt_t,
+        A: A_t,
+        B: B_t,
+        C: C_t,
+        D: D_t,
+        z: z_t,
+        dt_bias: dtb_t,
+        out: out_t,
+        src: src_t,
+        dst: dst_t,
+        cu: cu_t,
+        acc_tok: acc_t,
+        ibuf: ibuf_t,
+        iidx: iidx_t,
+        parent: par_t,
+        nseq: T.int32,
+        seqlen: T.int32,
+        src_sb: T.int64,
+        src_st: T.int64,
+        dst_sb: T.int64,
+        dst_st: T.int64,
+        pad: T.int64,
+        flags: T.int32,
+        mode: T.int32,
+        cache_steps: T.int64,
+    ):
+        body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen, src_sb,
+             src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, None, None)  # fmt: skip
 
     return ssu_packed

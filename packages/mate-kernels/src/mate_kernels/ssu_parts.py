@@ -6,18 +6,26 @@ functions that build TIR expressions.
 A thread holds ``rows_per_thread`` rows (``R``) of ``vecs * vec`` state values each, in registers: value ``k`` of
 the thread's ``NS = R * vecs * vec`` is row ``r = k // (vecs * vec)``, chunk ``v``, element ``i``, i.e. state entry
 ``[p, (v * lanes + lane) * vec + i]`` of row ``p = pb * block_p + r * rows_per_pass + tx // lanes``.
+
+A block-scaled quantised tensor (:data:`.ssu_common.QMAX`) comes with its fp32 scales ``[rows, H, P]``: one per
+state row, which the row's ``lanes`` lanes all hold. Reading dequantises with it; writing first reduces the row's
+max|value| over those lanes (a butterfly of ``shfl_xor`` max), then stores every value times ``QMAX / max``,
+rounded to nearest even (integers) or by the fp8 conversion (fp8), within +-QMAX, and the row's first lane
+writes the new scale ``max / QMAX`` (:func:`row_ops`' ``quant_ops``).
 """
 
 from types import SimpleNamespace
 
-from .ssu_common import FLAG_D, FLAG_SOFTPLUS, FLAG_Z
+from .ssu_common import BYTES, FLAG_D, FLAG_SOFTPLUS, FLAG_Z, QMAX
 
 
 def tensor_types(T, *, dim, dstate, state_dtype, io_dtype, dt_dtype, d_dtype, dt_bias_dtype, src_dtype, dst_dtype,
                  meta_dtype, ibuf_dtype):  # fmt: skip
     """The tensor argument types of both kernels, and the heads count ``H`` (a ``T.dynamic`` the grid uses).
     Every extent and outer stride but P and N is a runtime value: pool slots and strides, rows, heads, groups,
-    table lengths; absent optional tensors are passed as small dummies (D, z, dt_bias, the tables)."""
+    table lengths; absent optional tensors are passed as small dummies (D, z, dt_bias, the tables). The scales of
+    a quantised pool (``state_scale``) and intermediate buffer (``ibuf_scale``) share their tensor's rows and
+    heads."""
     P, N = int(dim), int(dstate)
     f32 = "float32"
     i64 = "int64"
@@ -30,6 +38,7 @@ def tensor_types(T, *, dim, dstate, state_dtype, io_dtype, dt_dtype, d_dtype, dt
     HD, PD, sD0, sD1, HB, PB, sB0, sB1 = T.dynamic("HD, PD, sD0, sD1, HB, PB, sB0, sB1")
     RZ, HZ, PZ, sz0, sz1, sz2 = T.dynamic("RZ, HZ, PZ, sz0, sz1, sz2")
     LS, LD, LC, LA, LI, NPAR, TPAR, sp0, sp1 = T.dynamic("LS, LD, LC, LA, LI, NPAR, TPAR, sp0, sp1")
+    q_s0, q_s1, q_i0, q_i1 = T.dynamic("q_s0, q_s1, q_i0, q_i1", i64)
 
     return SimpleNamespace(
         H=H,
@@ -55,6 +64,8 @@ def tensor_types(T, *, dim, dstate, state_dtype, io_dtype, dt_dtype, d_dtype, dt
         ibuf=T.StridedTensor((K, HI, P, N), (s_i0, s_i1, N, 1), ibuf_dtype),  # HI: heads, or 1 for the dummy
         iidx=T.Tensor((LI,), meta_dtype),
         parent=T.StridedTensor((NPAR, TPAR), (sp0, sp1), meta_dtype),
+        state_scale=T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32),
+        ibuf_scale=T.StridedTensor((K, HI, P), (q_i0, q_i1, 1), f32),
     )
 
 
@@ -93,6 +104,23 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         last = len(buf.strides) - 1
         strides = [st if i == last else T.floordiv(st, VEC) * VEC for i, st in enumerate(buf.strides)]
         return T.view(buf, strides=strides)
+
+    # B/C rows are read in 16-byte pieces: ``VEC`` io values (one state chunk's worth) are more than 16 bytes
+    # beside a narrower state (a 1-byte state's 16 values, or a 2-byte state with fp32 io)
+    IOV = min(VEC, max(1, 16 // BYTES[io_dtype]))
+
+    @T.macro
+    def load_io_chunk(dst, k0, src, row, g, n0, vector):
+        if not vector:
+            for i in T.unroll(VEC):
+                dst[k0 + i] = src[row, g, n0 + i]
+        elif IOV == VEC:
+            for i in T.vectorized(VEC):
+                dst[k0 + i] = src[row, g, n0 + i]
+        else:
+            for c in T.unroll(VEC // IOV):
+                for i in T.vectorized(IOV):
+                    dst[k0 + c * IOV + i] = src[row, g, n0 + c * IOV + i]
 
     def pick(arr, sel):
         """``arr[sel]`` for a runtime ``sel`` < R as a chain of selects (registers cannot be indexed at runtime)."""
@@ -278,6 +306,132 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 else:
                     out[row, h, p] = T.cast(acc[r], io_dtype)
 
+    def quant_ops(qdtype):
+        """The helpers of one block-scaled quantised dtype (see the module docstring). ``qs``: ``R`` fp32
+        registers, the thread's rows' scales once read and the encode factors ``QMAX / max|row|`` while
+        storing.
+
+        Every conversion stays off the GPU's conversion unit (a quarter of the FP32 rate on Hopper, where three
+        conversions per value bounded an int8 update at ~1.9 TB/s): an integer's number ``v`` becomes fp32 as
+        the float whose bits are ``0x4B000000 + (v + 2^(b-1))`` (that is, 2^23 + v + 2^(b-1)) minus that
+        offset, both exact; an fp32 ``q`` rounds to the nearest-even integer by adding 1.5 * 2^23 (the sum's
+        low bits are then ``q``'s rounded two's-complement, truncated into the stored width). fp8 converts two
+        values per instruction (``cvt`` of e4m3x2, saturating at +-448)."""
+        qmax = QMAX[qdtype]
+        integer = qdtype.startswith("int")
+        half = 128 if qdtype == "int8" else 32768  # integers: the offset that makes the stored number unsigned
+        CV = 8 if VEC % 8 == 0 else (4 if VEC % 4 == 0 else 1)  # fp8 values per vectorised cast
+
+        @T.macro
+        def fetch_scales(qs, scale, slot, h, pb, tx):
+            rg = tx // L
+            for r in T.unroll(R):
+                qs[r] = scale[slot, h, prow(pb, r, rg)]
+
+        def number(v):
+            """The stored number ``v`` (an element of a quantised register array) as fp32."""
+            if not integer:
+                return T.cast(v, f32)
+            bits = T.cast(v, "int32") + (0x4B000000 + half)
+            return T.reinterpret(f32, bits) - T.float32(8388608.0 + half)
+
+        @T.macro
+        def widen(s, raw, k0):
+            """s[k0 : k0 + VEC] = the stored numbers raw[k0 : k0 + VEC] as fp32."""
+            if integer or CV == 1:
+                for i in T.unroll(VEC):
+                    s[k0 + i] = number(raw[k0 + i])
+            else:
+                for c in T.unroll(VEC // CV):
+                    for i in T.vectorized(CV):
+                        s[k0 + c * CV + i] = T.cast(raw[k0 + c * CV + i], f32)
+
+        @T.macro
+        def dequantize(s, raw, qs, live):
+            for k in T.unroll(NS // VEC):
+                widen(s, raw, k * VEC)
+            for k in T.unroll(NS):
+                s[k] = T.if_then_else(live, s[k] * qs[k // (NV * VEC)], T.float32(0))
+
+        @T.macro
+        def reload(s, buf, src, scale, qs, entry, h, pb, tx):
+            """s = the dequantised rows of ``src[entry]`` (the parent reload of the packed kernel)."""
+            fetch_scales(qs, scale, entry, h, pb, tx)
+            lane = tx % L
+            rg = tx // L
+            for r in T.unroll(R):
+                p = prow(pb, r, rg)
+                for v in T.unroll(NV):
+                    n0 = (v * L + lane) * VEC
+                    k0 = (r * NV + v) * VEC
+                    if vector_state:
+                        for i in T.vectorized(VEC):
+                            buf[i] = src[entry, h, p, n0 + i]
+                    else:
+                        for i in T.unroll(VEC):
+                            buf[i] = src[entry, h, p, n0 + i]
+                    if integer or CV == 1:
+                        for i in T.unroll(VEC):
+                            s[k0 + i] = number(buf[i]) * qs[r]
+                    else:
+                        for c in T.unroll(VEC // CV):
+                            for i in T.vectorized(CV):
+                                s[k0 + c * CV + i] = T.cast(buf[c * CV + i], f32)
+                        for i in T.unroll(VEC):
+                            s[k0 + i] = s[k0 + i] * qs[r]
+
+        @T.macro
+        def store(s, buf, dst, scale, qs, slot, h, pb, tx):
+            """Quantise the fp32 rows ``s`` into ``dst[slot]`` with new scales (every lane of the CTA calls it:
+            the row maximum is a warp shuffle). |s| x QMAX / max|row| is at most QMAX up to the division's
+            rounding, so the rounded numbers stay within +-QMAX without a clamp (fp8's conversion saturates)."""
+            qf = T.alloc_local((VEC,), f32)
+            lane = tx % L
+            rg = tx // L
+            for r in T.unroll(R):
+                qs[r] = T.float32(0)
+                for k in T.unroll(NV * VEC):
+                    qs[r] = T.max(qs[r], T.abs(s[r * NV * VEC + k]))
+            for j in T.unroll(LOG_L):
+                for r in T.unroll(R):
+                    qs[r] = T.max(qs[r], T.shfl_xor(qs[r], L >> (j + 1)))
+            for r in T.unroll(R):
+                qs[r] = T.if_then_else(qs[r] == T.float32(0), T.float32(1), T.float32(qmax) / qs[r])
+            for r in T.unroll(R):
+                p = pb * BP + r * RP + rg
+                for v in T.unroll(NV):
+                    n0 = (v * L + lane) * VEC
+                    for i in T.unroll(VEC):
+                        qf[i] = s[(r * NV + v) * VEC + i] * qs[r]
+                    if integer:
+                        for i in T.unroll(VEC):
+                            buf[i] = T.cast(T.reinterpret("int32", qf[i] + T.float32(12582912.0)), qdtype)
+                    elif CV == 1:
+                        for i in T.unroll(VEC):
+                            buf[i] = T.cast(qf[i], qdtype)
+                    else:
+                        for c in T.unroll(VEC // CV):
+                            for i in T.vectorized(CV):
+                                buf[c * CV + i] = T.cast(qf[c * CV + i], qdtype)
+                    if guard_p:
+                        if p < P:
+                            for i in T.unroll(VEC):
+                                dst[slot, h, p, n0 + i] = buf[i]
+                    elif vector_state:
+                        for i in T.vectorized(VEC):
+                            dst[slot, h, p, n0 + i] = buf[i]
+                    else:
+                        for i in T.unroll(VEC):
+                            dst[slot, h, p, n0 + i] = buf[i]
+                if lane == 0:
+                    if guard_p:
+                        if p < P:
+                            scale[slot, h, p] = T.float32(1) / qs[r]
+                    else:
+                        scale[slot, h, p] = T.float32(1) / qs[r]
+
+        return SimpleNamespace(fetch_scales=fetch_scales, dequantize=dequantize, reload=reload, store=store)
+
     def dt_value(raw, bias):
         """dt + dt_bias (softplus is applied later by ``apply_softplus``, once every load is in flight)."""
         return T.cast(raw, f32) + bias
@@ -293,5 +447,5 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         NA=1 if tied else NS, transposed=transposed, prow=prow, bit=bit, aligned=aligned, dt_value=dt_value,
         fetch_state=fetch_state, convert_state=convert_state, store_state=store_state, reload_state=reload_state,
         load_A=load_A, load_D=load_D, recur_and_reduce=recur_and_reduce, store_raw=store_raw, write_y=write_y,
-        apply_softplus=apply_softplus,
+        apply_softplus=apply_softplus, load_io_chunk=load_io_chunk, quant_ops=quant_ops,
     )  # fmt: skip

@@ -36,7 +36,8 @@ from ..mamba._ssu_call import SSUCall
 from .specs import SSUSpec
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32",
-               torch.int64: "int64"}  # fmt: skip
+               torch.int64: "int64", torch.int16: "int16", torch.int8: "int8",
+               torch.float8_e4m3fn: "float8_e4m3fn"}  # fmt: skip
 MAX_SEQUENCES = 65535  # the grid's z dimension
 TWO_BYTE_STATES = (torch.bfloat16, torch.float16)
 _MODES = {"none": 0, "final": 1, "per_token": 2, "intermediate": 3}
@@ -57,17 +58,32 @@ class Tuning:
 #   warps per SM for the same bytes in flight, MTP 6 batch 64 3.22 -> 3.42 TB/s.
 # - fp32 packed: a 6-CTA cap gives 80 registers without spilling (126 and 4 CTAs/SM without): MTP 6 batch 8
 #   73.0 -> 67.4 us. fp32 one-token: no cap (every tried cap and tiling was slower).
+# - block-scaled states (int16, int8, fp8-e4m3): a row is requantised from fp32 after its update (its new scale is
+#   the row's max), so nothing is narrowed early and the rows stay in fp32 registers; the best of per_thread
+#   {1, 2, 4, 8} x min_blocks {0, 6, 8, 12, 16} at batch 8-256 (2026-12-02, H200): int16 4 chunks under a 6-CTA cap
+#   (one-token batch 64 105.5 -> 86.8 us against no cap), int8 / fp8 2 chunks under an 8-CTA cap (72.5 -> 67.7 us
+#   against 4 chunks uncapped; 4 chunks under the cap spill, 224 us); packed MTP 6 likewise under an 8-CTA cap.
 TUNING = {
     ("2-byte", "one_token"): Tuning(per_thread=4, pack_early=True, min_blocks=8),
     ("2-byte", "one_token_small"): Tuning(per_thread=4, pack_early=False, min_blocks=0),
     ("2-byte", "packed"): Tuning(per_thread=2, pack_early=True, min_blocks=8),
     ("fp32", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=0),
     ("fp32", "packed"): Tuning(per_thread=4, pack_early=False, min_blocks=6),
+    ("int16", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=6),
+    ("int16", "packed"): Tuning(per_thread=4, pack_early=False, min_blocks=8),
+    ("int8", "one_token"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
+    ("int8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
+    ("fp8", "one_token"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
+    ("fp8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
 }
 SMALL_GRID_CTAS_PER_SM = 4
+SCALED_STATES = (torch.int16, torch.int8, torch.float8_e4m3fn)  # block-scaled, with fp32 row scales
 
 
 def tuning(state_dtype: torch.dtype, one_token: bool, small_grid: bool = False) -> Tuning:
+    if state_dtype in SCALED_STATES:
+        fmt = {torch.int16: "int16", torch.int8: "int8", torch.float8_e4m3fn: "fp8"}[state_dtype]
+        return TUNING[(fmt, "one_token" if one_token else "packed")]
     width = "2-byte" if state_dtype in TWO_BYTE_STATES else "fp32"
     kernel = "packed" if not one_token else ("one_token_small" if small_grid and width == "2-byte" else "one_token")
     return TUNING[(width, kernel)]
@@ -238,13 +254,14 @@ def plan(call: SSUCall):
             "rand_seed (stochastic rounding of the stored state) in the TileLang SSU kernels is not supported by "
             "MATE yet; use backend='torch'"
         )
-    if call.state_scale is not None or call.ibuf_scale is not None:
-        quantised = (call.ibuf if call.state_scale is None else call.state).dtype
-        raise NotImplementedError(
-            f"a block-scaled {str(quantised).removeprefix('torch.')} state (state_scale / "
-            "intermediate_state_scales) in the TileLang SSU kernels is not supported by MATE yet; use backend='torch'"
-        )
     state = call.state
+    scaled = call.state_scale is not None or call.ibuf_scale is not None
+    if scaled and call.ibuf is not None and call.ibuf.dtype != state.dtype:
+        raise NotImplementedError(
+            f"intermediate_states_buffer: a {str(call.ibuf.dtype).removeprefix('torch.')} buffer beside a "
+            f"{str(state.dtype).removeprefix('torch.')} state; the TileLang SSU kernels take a block-scaled buffer "
+            "of the state's own dtype (use backend='torch' for a mix)"
+        )
     dev = state.device
     nseq = call.nseq
     if nseq == 0 or call.rows == 0:
@@ -325,6 +342,8 @@ def plan(call: SSUCall):
                         state_dt, tied, vstate, vio, small, pdl)  # fmt: skip
         args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
                 nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
+        if scaled:
+            args += (call.state_scale,)
         return spec, args
 
     cu = call.cu_seqlens
@@ -360,6 +379,9 @@ def plan(call: SSUCall):
     seqlen = call.seqlen if call.seqlen is not None else 0
     args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t, cu, acc, ibuf, iidx, parent,
             nseq, seqlen, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode, call.cache_steps)  # fmt: skip
+    if scaled:  # both scales (a quantised state's buffer is of its dtype): a dummy for the dummy buffer's
+        iscale = call.ibuf_scale if call.ibuf_scale is not None else dummy("scale", dev, torch.float32, (1, 1, P))
+        args += (call.state_scale, iscale)
     return spec, args
 
 
@@ -383,5 +405,5 @@ def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dty
 __all__ = [
     "TUNING", "Tuning", "SMALL_GRID_CTAS_PER_SM", "Hardware", "hardware", "PLANNING_DEFAULT", "plan", "spec_for",
     "serving_specs", "small_grid", "tuning", "pdl_for_capability", "pdl_for_arch", "vec_of", "vector_strides",
-    "vector_pointers", "dummy", "dummies", "MAX_SEQUENCES", "DTYPE_NAMES",
+    "vector_pointers", "dummy", "dummies", "MAX_SEQUENCES", "DTYPE_NAMES", "SCALED_STATES",
 ]  # fmt: skip

@@ -25,12 +25,14 @@ RESULT = "<result>"  # the pseudo-argument a launch recipe allocates when the ca
 # The public argument each tensor position of a launch comes from: the first of these that the caller passed.
 # The normaliser hands every one of them through as it is or as a view of it (unsqueeze / expand / reshape /
 # a slot table's 1-D base); make_recipe verifies that on the call it is built from and gives up otherwise.
-_ARG_SOURCES = (
+# Positions 0-16 are shared by both kernels (the one-token kernel's tensors stop at 11); the scales of a quantised
+# state trail the scalars: position 21 in the one-token kernel, 27 and 28 in the packed one (whose 21 is a scalar).
+_ARG_SOURCES = dict(enumerate((
     ("state",), ("x",), ("dt",), ("A",), ("B",), ("C",), ("D",), ("z",), ("dt_bias",), ("out", RESULT),
     ("state_batch_indices",), ("dst_state_batch_indices", "state_batch_indices"), ("cu_seqlens",),
     ("num_accepted_tokens",), ("intermediate_states_buffer",), ("intermediate_state_indices",),
     ("retrieve_parent_token",),
-)  # fmt: skip
+))) | {21: ("state_scale",), 27: ("state_scale",), 28: ("intermediate_state_scales",)}  # fmt: skip
 _A_STATE, _A_B, _A_C, _A_IBUF = 0, 4, 5, 14  # the positions whose vector access the recipe re-checks
 
 
@@ -152,7 +154,7 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
     for pos, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or any(a is d for d in stand_ins):
             continue
-        names = _ARG_SOURCES[pos] if pos < len(_ARG_SOURCES) else ()
+        names = _ARG_SOURCES.get(pos, ())
         name = next((n for n in names if srcs.get(n) is not None), None)
         if name is None:
             return None

@@ -22,7 +22,17 @@ from .report import markdown_table, plot, write_report
 from .shapes import SSU_SHAPES, SSUShape
 from .timing import copy_ceiling_tbps, graph_times_us, host_times_us, windows_for
 
-DT_NAME = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+DT_NAME = {
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.float8_e4m3fn: "fp8",
+}
+# block-scaled states: the pool comes with fp32 scales [slots, H, P] (FlashInfer 0.7.2's int16 layout)
+SCALED = (torch.int16, torch.int8, torch.float8_e4m3fn)
+STATE_NAMES = ("bf16", "fp32", "int16", "int8", "fp8")
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,10 @@ def cases(quick: bool) -> list[Case]:
     for st, bs in ((bf16, (8, 64) if quick else (8, 64, 256)), (f32, (64,) if quick else (8, 64))):
         for b in bs:
             out.append(Case(main, st, b, T=6))
+    for st in SCALED:  # quantised pools at the headline shape: one token, and MTP 6 at batch 64
+        for b in (1, 8, 64) if quick else (1, 8, 64, 256, 1024):
+            out.append(Case(main, st, b))
+        out.append(Case(main, st, 64, T=6))
     if not quick:
         for name in ("nemotron-h-8b-tp8", "falcon-h1-7b", "p80", "mamba2-2.7b"):
             for b in (1, 64, 256):
@@ -89,12 +103,28 @@ class Setup:
         s = case.shape
         H, P, N = s.heads, s.dim, s.dstate
         esize = torch.tensor([], dtype=case.state).element_size()
-        slot_bytes = H * P * N * esize
+        scaled = case.state in SCALED
+        slot_bytes = H * P * N * esize + (H * P * 4 if scaled else 0)  # a scaled state's fp32 row scales too
         self.bytes_per_call = case.batch * slot_bytes * (2 if case.T == 1 else 1 + case.T)
         self.windows_n = windows or windows_for(self.bytes_per_call)
         slots_per_window = case.batch * case.T
-        self.pool = torch.empty(self.windows_n * slots_per_window, H, P, N, device=dev, dtype=case.state)
-        self.pool.normal_(0, 0.5)
+        slots = self.windows_n * slots_per_window
+        self.scale = None
+        if scaled:  # random rows quantised as the kernels store them (max|row| / qmax scales)
+            from mate.mamba._ssu_call import QUANT_STATE_QMAX
+
+            qmax = QUANT_STATE_QMAX[case.state]
+            self.pool = torch.empty(slots, H, P, N, device=dev, dtype=case.state)
+            self.scale = torch.empty(slots, H, P, device=dev)
+            for lo in range(0, slots, 256):
+                v = torch.randn(min(256, slots - lo), H, P, N, device=dev) * 0.5
+                sc = v.abs().amax(-1) / qmax
+                q = (v / sc.unsqueeze(-1)).clamp(-qmax, qmax)
+                self.pool[lo : lo + len(v)] = (q if case.state == torch.float8_e4m3fn else q.round()).to(case.state)
+                self.scale[lo : lo + len(v)] = sc
+        else:
+            self.pool = torch.empty(slots, H, P, N, device=dev, dtype=case.state)
+            self.pool.normal_(0, 0.5)
         self.A = (-(torch.rand(H, device=dev) + 0.5)).view(H, 1, 1).expand(H, P, N)
         self.D = torch.randn(H, device=dev).unsqueeze(1).expand(H, P)
         self.dt_bias = (torch.randn(H, device=dev) * 0.3).unsqueeze(1).expand(H, P)
@@ -110,7 +140,7 @@ def _mate(st: Setup, w: Window):
 
     return selective_state_update(
         w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, dt_bias=st.dt_bias, dt_softplus=True, state_batch_indices=w.src,
-        out=w.out, cu_seqlens=w.cu, num_accepted_tokens=w.acc, backend="tilelang",
+        out=w.out, cu_seqlens=w.cu, num_accepted_tokens=w.acc, state_scale=st.scale, backend="tilelang",
     )  # fmt: skip
 
 
@@ -139,6 +169,8 @@ def _load_vllm():
     from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update as fn
 
     def call(st: Setup, w: Window):
+        if st.scale is not None:
+            raise NotImplementedError("vLLM 0.33's Triton selective_state_update takes no block-scaled state")
         fn(
             w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, st.dt_bias, z=None, dt_softplus=True,
             state_batch_indices=w.src, dst_state_batch_indices=w.src, null_block_id=-1, out=w.out,
@@ -164,6 +196,7 @@ def _load_flashinfer():
             w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, z=None, dt_bias=st.dt_bias, dt_softplus=True,
             state_batch_indices=w.src, pad_slot_id=-1, out=w.out, cache_steps=T if T > 1 else 0,
             dst_state_batch_indices=w.src if T > 1 else None, cu_seqlens=w.cu, num_accepted_tokens=w.acc,
+            **({} if st.scale is None else {"state_scale": st.scale}),
         )  # fmt: skip
 
     return call
@@ -208,15 +241,21 @@ def _y_err(st: Setup, impls: dict) -> tuple[dict, dict]:
     """Run every implementation once on window 0 from the same starting state: ({impl: max |y - y_mate| /
     max |y_mate|}, {impl: error message} for implementations that fail on this case)."""
     w = st.windows[0]
-    saved = st.pool[w.slots.long()].clone()
+    pool = st.pool.view(torch.uint8) if st.pool.element_size() == 1 else st.pool  # (fp8 has no index_put)
+    saved = pool[w.slots.long()].clone()
+    saved_scale = None if st.scale is None else st.scale[w.slots.long()].clone()
     ys, failed = {}, {}
     for name, fn in impls.items():
-        st.pool[w.slots.long()] = saved
+        pool[w.slots.long()] = saved
+        if saved_scale is not None:
+            st.scale[w.slots.long()] = saved_scale
         try:
             ys[name] = fn(st, w).float().clone()
         except Exception as exc:  # e.g. a peer without a build for this shape
             failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-    st.pool[w.slots.long()] = saved
+    pool[w.slots.long()] = saved
+    if saved_scale is not None:
+        st.scale[w.slots.long()] = saved_scale
     ref = ys.get("mate")
     if ref is None:
         return {}, failed
@@ -242,7 +281,7 @@ def _after_producer(w: Window, fn):
 
 
 def selected_cases(quick: bool, state: str | None = None, batches: tuple[int, ...] = ()) -> list[Case]:
-    """``cases(quick)``, only those of one state dtype ("bf16" / "fp32") when ``state`` is given, only those
+    """``cases(quick)``, only those of one state dtype (:data:`STATE_NAMES`) when ``state`` is given, only those
     batch sizes when ``batches`` names some."""
     return [
         c for c in cases(quick) if (state is None or DT_NAME[c.state] == state) and (not batches or c.batch in batches)
@@ -340,8 +379,11 @@ def run(args) -> tuple[list[dict], dict]:
 
 
 def pivot(rows: list[dict]) -> list[dict]:
-    """One line per case: µs (TB/s) per implementation and the best peer's time over MATE's."""
+    """One line per case: µs (TB/s) per implementation and the best peer's time over MATE's; a block-scaled
+    state's line also the best peer's time with a bf16 and with an fp32 state of the same call over MATE's (the
+    bytes the format saves), where those cases ran in the same report."""
     out = {}
+    best = {}  # (op, shape name, batch, state) -> the best peer's µs
     for r in rows:
         key = (r["op"], r["shape"], r["state"], r["batch"])
         line = out.setdefault(
@@ -352,17 +394,24 @@ def pivot(rows: list[dict]) -> list[dict]:
             line[r["impl"]] = "n/a"
         else:
             line[r["impl"]] = f"{r['us']:.2f}" + (f" ({r['tbps']:.2f})" if r["tbps"] is not None else "")
+            if r["impl"] in PEERS:
+                peer_key = (r["op"], r["shape"], r["batch"], r["state"])
+                best[peer_key] = min(best.get(peer_key, r["us"]), r["us"])
         line[f"_{r['impl']}"] = r.get("us")
         if r.get("host_us") is not None:
             line[f"host {r['impl']} µs"] = round(r["host_us"], 1)
     res = []
-    for line in out.values():
+    for (op, name, state, batch), line in out.items():
         mate = line.pop("_mate", None)
         # the peers only: the mate+pdl column and the --after-producer kernel are never the "best peer"
         peers = [line[f"_{p}"] for p in PEERS if line.get(f"_{p}") is not None]
         for k in [k for k in line if k.startswith("_")]:
             line.pop(k)
         line["best peer / MATE"] = round(min(peers) / mate, 2) if mate and peers else None
+        if state in ("int16", "int8", "fp8") and mate:
+            for ref in ("bf16", "fp32"):
+                peer = best.get((op, name, batch, ref))
+                line[f"best {ref} peer / MATE"] = round(peer / mate, 2) if peer else None
         res.append(line)
     return res
 
@@ -407,7 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the headline shape (Nemotron-H 8B) only: one token at batch 1, 8 and 64, MTP 6 at 8 and 64",
     )
     ap.add_argument(
-        "--state", choices=("bf16", "fp32"), default=None, help="only the cases of this state dtype (default: both)"
+        "--state",
+        choices=STATE_NAMES,
+        default=None,
+        help="only the cases of this state dtype (default: every one; int16/int8/fp8 are block-scaled)",
     )
     ap.add_argument(
         "--batches", type=_batch_list, default=(), metavar="LIST",
@@ -426,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed samples per implementation and case; the median is reported (default: %(default)s)",
     )  # fmt: skip
     ap.add_argument(
+        "--accuracy", type=int, default=None, metavar="STEPS",
+        help="instead of timing: the error each state format (MATE's float and block-scaled ones, FlashInfer's "
+        "int16 and bf16) adds over STEPS decode steps against the fp32 recurrence (mate.bench.ssu_accuracy); "
+        "writes NAME.{json,md}",
+    )  # fmt: skip
+    ap.add_argument(
         "--warm-only", action="store_true",
         help="only compile every implementation's kernels for the selected cases (fills the JIT caches) and exit",
     )  # fmt: skip
@@ -437,6 +495,23 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def accuracy(args) -> int:
+    from . import ssu_accuracy
+
+    if args.accuracy < 1:
+        print(f"mate bench ssu: --accuracy: expected a positive number of steps; got {args.accuracy}", file=sys.stderr)
+        return 2
+    rows, meta = ssu_accuracy.run(args.accuracy)
+    preface = f"# selective_state_update: state formats over {meta['steps']} decode steps on {meta['device']}\n\n"
+    preface += f"{meta['method']}\n"
+    if meta["skipped"]:
+        preface += "\nSkipped: " + "; ".join(f"{k} ({v})" for k, v in meta["skipped"].items()) + "\n"
+    paths = write_report(args.name, rows, args.out, meta=meta, columns=ssu_accuracy.COLUMNS, preface=preface)
+    print(markdown_table(rows, ssu_accuracy.COLUMNS))
+    print("wrote", ", ".join(paths.values()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # bad values exit 2 with one line, before any device is needed
     if not torch.cuda.is_available():
@@ -444,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.warm_only:
         return warm(args)
+    if args.accuracy is not None:
+        return accuracy(args)
     from mate import settings
 
     rows, meta = run(args)
@@ -451,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["op", "shape", "state", "batch", "mate", *([PDL_IMPL] if args.pdl else []), *PEERS]
     cols += [PRODUCER] if args.after_producer else []
     cols += ["best peer / MATE"]
+    cols += [c for c in ("best bf16 peer / MATE", "best fp32 peer / MATE") if any(c in r for r in table)]
     cols += sorted({k for r in table for k in r if k.startswith("host ")})
     pdl_env = settings.get("MATE_SSU_PDL")
     meta["mate_ssu_pdl"] = pdl_env
