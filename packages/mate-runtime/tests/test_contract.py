@@ -548,7 +548,7 @@ PREWARM_SSU_OK = dict(
 
 PREWARM_SSU_CASES = [
     ("state_dtype", dict(state_dtype=torch.float64)),
-    ("state_dtype", dict(state_dtype=torch.int16)),
+    ("state_dtype", dict(state_dtype=torch.int32)),
     ("io_dtype", dict(io_dtype=torch.float64)),
     ("slot_dtype", dict(slot_dtype=torch.int16)),
     ("meta_dtype", dict(meta_dtype=torch.float32)),
@@ -578,6 +578,8 @@ def test_prewarm_ssu_rejections(name, overrides):
 def test_prewarm_ssu_valid_is_a_noop_without_device():
     assert prewarm_selective_state_update(**PREWARM_SSU_OK) is None
     assert prewarm_selective_state_update(**PREWARM_SSU_OK, packed=True, dt_dim=1, meta_dtype=torch.int64) is None
+    for quantised in (torch.int16, torch.int8, torch.float8_e4m3fn):  # the block-scaled kernels
+        assert prewarm_selective_state_update(**dict(PREWARM_SSU_OK, state_dtype=quantised), packed=True) is None
 
 
 PREWARM_SSD_OK = dict(heads=8, groups=2, dim=64, dstate=128, chunk_size=128)

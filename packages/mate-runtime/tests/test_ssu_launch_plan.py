@@ -297,3 +297,14 @@ def test_stochastic_rounding_is_refused_by_the_kernels():
     call = normalize_ssu(state, x, dt, A, B, C, None, rand_seed=torch.tensor([7]))
     with pytest.raises(NotImplementedError, match="rand_seed"):
         tl_ssu.plan(call)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_serving_specs_of_a_quantised_pool(qdtype):
+    """What prewarm compiles for a block-scaled pool: one-token and packed, dt fp32 and bf16, no small-grid form."""
+    specs = tl_ssu.serving_specs(state_dtype=qdtype, io_dtype=BF16, heads=H, dim=P, dstate=N, groups=G,
+                                 slot_dtype=I32, packed=True, meta_dtype=I32, tie_hdim=True)  # fmt: skip
+    assert len(specs) == 4
+    assert {s.state_dtype for s in specs} == {tl_ssu.DTYPE_NAMES[qdtype]}
+    assert sorted(s.one_token for s in specs) == [False, False, True, True]
+    assert not any(s.pack_early for s in specs)

@@ -13,7 +13,7 @@ from .. import settings
 from .._backends import resolve_backend, run_ssu
 from .._errors import bad_arg, check_jobs
 from .._ops import SSU, trace_ssu
-from ._ssu_call import INDEX_DTYPES, IO_DTYPES, STATE_DTYPES, normalize_ssu
+from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, normalize_ssu
 
 
 def selective_state_update(
@@ -237,7 +237,8 @@ def prewarm_selective_state_update(
     Call during warmup, before any graph capture: a first call that would compile while the stream is
     capturing raises instead of stalling the worker. ``packed`` selects the packed/MTP kernel (a different
     compilation from the one-token kernel). ``dt_dim=1`` is the tied per-head dt (one value per head,
-    broadcast over dim; the tied A/dt_bias fast path); ``None`` a full ``[rows, heads, dim]`` dt.
+    broadcast over dim; the tied A/dt_bias fast path); ``None`` a full ``[rows, heads, dim]`` dt. ``state_dtype``
+    int16 / int8 / float8_e4m3fn: the block-scaled kernels (their scales are fp32).
     ``meta_dtype`` is the dtype of ``cu_seqlens`` / ``num_accepted_tokens``. ``batch`` is accepted for the
     seed's signature but is a runtime dimension (one kernel serves every batch). ``rows_per_cta`` and
     ``lanes_per_row`` are the seed's tiling hints: MATE's kernels pick their tiling from (dim, dstate, state
@@ -251,7 +252,7 @@ def prewarm_selective_state_update(
     again: call this under ``if __name__ == "__main__":`` or pass ``jobs=1``.
     """
     for name, dt_, allowed in (
-        ("state_dtype", state_dtype, STATE_DTYPES),
+        ("state_dtype", state_dtype, STATE_DTYPES + QUANT_STATE_DTYPES),
         ("io_dtype", io_dtype, IO_DTYPES),
         ("slot_dtype", slot_dtype, INDEX_DTYPES),
         ("meta_dtype", meta_dtype, INDEX_DTYPES),
