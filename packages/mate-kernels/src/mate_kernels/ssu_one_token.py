@@ -126,6 +126,8 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                     else:
                         store_state(s, buf, pool, wslot, h, pb, tx)
 
+    # TileLang reads a kernel's parameters from the Python signature: the scaled kernel is the same body with the
+    # scales as one more parameter, and the float kernel keeps its exact signature (and generated code)
     if quant:
 
         @T.prim_func

@@ -264,6 +264,8 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                     else:
                         store_state(s, buf, pool, wslot, h, pb, tx)
 
+    # TileLang reads a kernel's parameters from the Python signature: the scaled kernel is the same body with the
+    # two scales as more parameters, and the float kernel keeps its exact signature (and generated code)
     if quant:
 
         @T.prim_func

@@ -152,6 +152,30 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             s[k] = T.if_then_else(live, T.cast(raw[k], f32), T.float32(0))
 
     @T.macro
+    def load_chunk(buf, src, slot, h, p, n0):
+        """buf = one chunk (``VEC`` values) of row ``p`` of ``src[slot, h]`` from value ``n0``."""
+        if vector_state:
+            for i in T.vectorized(VEC):
+                buf[i] = src[slot, h, p, n0 + i]
+        else:
+            for i in T.unroll(VEC):
+                buf[i] = src[slot, h, p, n0 + i]
+
+    @T.macro
+    def store_chunk(buf, dst, slot, h, p, n0):
+        """The chunk ``buf`` into row ``p`` of ``dst[slot, h]`` from value ``n0`` (nothing for a row past P)."""
+        if guard_p:
+            if p < P:
+                for i in T.unroll(VEC):
+                    dst[slot, h, p, n0 + i] = buf[i]
+        elif vector_state:
+            for i in T.vectorized(VEC):
+                dst[slot, h, p, n0 + i] = buf[i]
+        else:
+            for i in T.unroll(VEC):
+                dst[slot, h, p, n0 + i] = buf[i]
+
+    @T.macro
     def store_state(s, buf, pool, slot, h, pb, tx):
         lane = tx % L
         rg = tx // L
@@ -161,16 +185,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 n0 = (v * L + lane) * VEC
                 for i in T.unroll(VEC):
                     buf[i] = T.cast(s[(r * NV + v) * VEC + i], pool.dtype)
-                if guard_p:
-                    if p < P:
-                        for i in T.unroll(VEC):
-                            pool[slot, h, p, n0 + i] = buf[i]
-                elif vector_state:
-                    for i in T.vectorized(VEC):
-                        pool[slot, h, p, n0 + i] = buf[i]
-                else:
-                    for i in T.unroll(VEC):
-                        pool[slot, h, p, n0 + i] = buf[i]
+                store_chunk(buf, pool, slot, h, p, n0)
 
     @T.macro
     def reload_state(s, buf, pool, slot, h, pb, tx):
@@ -180,13 +195,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         for r in T.unroll(R):
             p = prow(pb, r, rg)
             for v in T.unroll(NV):
-                n0 = (v * L + lane) * VEC
-                if vector_state:
-                    for i in T.vectorized(VEC):
-                        buf[i] = pool[slot, h, p, n0 + i]
-                else:
-                    for i in T.unroll(VEC):
-                        buf[i] = pool[slot, h, p, n0 + i]
+                load_chunk(buf, pool, slot, h, p, (v * L + lane) * VEC)
                 for i in T.unroll(VEC):
                     s[(r * NV + v) * VEC + i] = T.cast(buf[i], f32)
 
@@ -362,14 +371,8 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             for r in T.unroll(R):
                 p = prow(pb, r, rg)
                 for v in T.unroll(NV):
-                    n0 = (v * L + lane) * VEC
                     k0 = (r * NV + v) * VEC
-                    if vector_state:
-                        for i in T.vectorized(VEC):
-                            buf[i] = src[entry, h, p, n0 + i]
-                    else:
-                        for i in T.unroll(VEC):
-                            buf[i] = src[entry, h, p, n0 + i]
+                    load_chunk(buf, src, entry, h, p, (v * L + lane) * VEC)
                     if integer or CV == 1:
                         for i in T.unroll(VEC):
                             s[k0 + i] = number(buf[i]) * qs[r]
@@ -413,16 +416,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                         for c in T.unroll(VEC // CV):
                             for i in T.vectorized(CV):
                                 buf[c * CV + i] = T.cast(qf[c * CV + i], qdtype)
-                    if guard_p:
-                        if p < P:
-                            for i in T.unroll(VEC):
-                                dst[slot, h, p, n0 + i] = buf[i]
-                    elif vector_state:
-                        for i in T.vectorized(VEC):
-                            dst[slot, h, p, n0 + i] = buf[i]
-                    else:
-                        for i in T.unroll(VEC):
-                            dst[slot, h, p, n0 + i] = buf[i]
+                    store_chunk(buf, dst, slot, h, p, n0)
                 if lane == 0:
                     if guard_p:
                         if p < P:
