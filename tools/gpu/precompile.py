@@ -1,10 +1,10 @@
 """Compile the TileLang kernels of the GPU tests and of the benchmarks before they run, in parallel processes.
 
-    python tools/gpu/precompile.py [ssu|ssd|all] [--jobs N] [--pdl] [--list]
+    python tools/gpu/precompile.py [ssu|ssd|ssd-quantized|all] [--jobs N] [--pdl] [--list]
 
 The kernels are the exact specs the planners give: every case of
 ``packages/mate-runtime/tests/gpu/test_ssu_kernels.py`` (and ``test_ssu_quantized_kernels.py``) /
-``test_ssd_kernels.py`` is built on the CPU and asked
+``test_ssd_kernels.py`` (and ``test_ssd_quantized_kernels.py``) is built on the CPU and asked
 ``mate.mamba.plan_selective_state_update`` / ``plan_ssd_combined_fwd_varlen`` which kernels it launches (CPU
 tensors are planned as for an H200, the machine the tests run on), plus what a served model uses at the
 benchmarks' shapes (``mate._tilelang.ssu_plan.serving_specs`` / ``ssd_plan.serving_specs``), and the prefetching
@@ -111,6 +111,7 @@ def ssd_specs() -> list:
         # every case as the split design plans it too (the split tests force it on these shapes)
         with ssd_plan.forcing("split", runs=3):
             specs += plan_ssd_combined_fwd_varlen(**kw)
+    specs += ssd_quantized_specs()
     bench = [p for quick in ([], ["--quick"]) for p in build_plan(build_parser().parse_args(quick))]
     for case_name, L in dict.fromkeys((p.case, p.chunk) for p in bench):  # mate bench ssd's cases, with --quick
         s = SSD_CASES[case_name]
@@ -125,9 +126,45 @@ def ssd_specs() -> list:
     return list(dict.fromkeys(specs))
 
 
+def ssd_quantized_specs() -> list:
+    """The kernels of ``test_ssd_quantized_kernels`` (its cases on a pool of each quantised dtype)."""
+    from mate._tilelang import ssd_plan
+    from mate.mamba.planning import plan_ssd_combined_fwd_varlen
+
+    t = _test_module("test_ssd_kernels")
+    specs = []
+    q = _test_module("test_ssd_quantized_kernels")
+    for c in _cases(q):
+        for dtype in (p.values[0] for p in q.QDTYPES):
+            kw = t.build(dataclasses.replace(c, state=torch.float32), dev="cpu")
+            batch = len(c.seqlens)
+            if c.init:
+                kw.update(initial_states=torch.zeros(batch, c.H, c.P, c.N, dtype=dtype),
+                          initial_states_scale=torch.ones(batch, c.H, c.P))  # fmt: skip
+            if c.state != torch.float32:
+                kw["state_dtype"] = c.state
+            if c.pool:
+                kw.update(
+                    final_states_out=torch.zeros(batch + 5, c.H, c.P, c.N, dtype=dtype),
+                    final_state_indices=torch.arange(batch, dtype=torch.int64 if c.extra else torch.int32),
+                    final_states_scale=torch.ones(batch + 5, c.H, c.P),
+                )
+            specs += plan_ssd_combined_fwd_varlen(**kw)
+            if len(c.seqlens) == 1:  # (the split test forces the split design on it)
+                with ssd_plan.forcing("split"):
+                    specs += plan_ssd_combined_fwd_varlen(**kw)
+    return list(dict.fromkeys(specs))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("op", nargs="?", default="all", choices=("ssu", "ssd", "all"), help="which kernels (default all)")
+    ap.add_argument(
+        "op",
+        nargs="?",
+        default="all",
+        choices=("ssu", "ssd", "ssd-quantized", "all"),
+        help="which kernels (default all; ssd-quantized: those of the quantised-pool SSD tests)",
+    )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="worker processes (default: CPU count)")
     ap.add_argument("--pdl", action="store_true", help="also the SSU kernels built with programmatic dependent launch")
     ap.add_argument("--list", action="store_true", help="print the kernel specs and exit")
@@ -135,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = []
     if args.op in ("ssd", "all"):  # the long compiles first
         specs += ssd_specs()
+    elif args.op == "ssd-quantized":
+        specs += ssd_quantized_specs()
     if args.op in ("ssu", "all"):
         specs += ssu_specs(args.pdl)
     if args.list:

@@ -387,7 +387,9 @@ def test_main_writes_a_row_per_design_and_the_summary(monkeypatch, tmp_path, for
     monkeypatch.setattr(bench_ssd, "graph_time_us", graph_time_us)
     monkeypatch.setattr(bench_ssd, "host_time_us", lambda fn, **kw: 7.0)
     monkeypatch.setattr(  # a stub window: which batch it is, the one the split design refuses or another
-        bench_ssd, "make_window", lambda s, seqlens, L, seed, dev: {"batch": "64x64" if len(seqlens) == 64 else "x"}
+        bench_ssd,
+        "make_window",
+        lambda s, seqlens, L, seed, dev, pool: {"batch": "64x64" if len(seqlens) == 64 else "x"},
     )
     argv = ["--models", "zamba2-7b-tp1", "--batches", "1x8192,64x64", "--designs", "serial,split",
             "--out", str(tmp_path), "--name", "r"]  # fmt: skip
@@ -411,3 +413,21 @@ def test_main_writes_a_row_per_design_and_the_summary(monkeypatch, tmp_path, for
     md = (tmp_path / "r.md").read_text()
     assert "## Summary" in md and "| zamba2-7b-tp1 | 1x8192 | 256 | 50 | 25 | 100.0 | 2 | 4 |" in md
     assert forcing_planner == []  # every context left
+
+
+def test_a_pool_window_feeds_mate_a_quantised_call():
+    """``--pool``: MATE's call reads quantised initial states and writes into a quantised pool by index (the
+    planner's conversions around the scan); the bytes it moves count the pool's dtype and scales."""
+    import torch
+    from mate.mamba.planning import plan_ssd_combined_fwd_varlen
+
+    case = shapes.SSD_CASES["nemotron-h-8b-tp1"]
+    w = bench_ssd.make_window(case, [100, 30], 128, 0, torch.device("cpu"), "int8")
+    args, kwargs = bench_ssd.mate_args(w, 128)
+    assert kwargs["initial_states"].dtype == torch.int8 and kwargs["final_states_out"].dtype == torch.int8
+    factories = [s.factory for s in plan_ssd_combined_fwd_varlen(*args, **kwargs)]
+    assert factories[0] == factories[-1] == "state_codec_kernel"
+    deq = w["init_q"].float() * w["init_scale"].unsqueeze(-1)
+    assert ((deq - w["init"]).abs() <= w["init_scale"].unsqueeze(-1) * 0.5 + 1e-7).all()
+    rows = 2 * case.heads * case.dim
+    assert bench_ssd.nbytes(130, 2, case) - bench_ssd.nbytes(130, 2, case, "int8") == 2 * rows * (3 * 128 - 4)

@@ -593,7 +593,7 @@ PREWARM_SSD_CASES = [
     ("block_M", dict(block_M=0)),
     ("chunk_size", dict(chunk_size=0)),
     ("io_dtype", dict(io_dtype=torch.float64)),
-    ("state_dtype", dict(state_dtype=torch.int8)),
+    ("state_dtype", dict(state_dtype=torch.int32)),
     ("dt_dtype", dict(dt_dtype=torch.int32)),
     ("jobs", dict(jobs=True)),
 ]
@@ -610,6 +610,8 @@ def test_prewarm_ssd_rejections(name, overrides):
 
 def test_prewarm_ssd_valid_is_a_noop_without_device():
     assert prewarm_ssd_combined_fwd_varlen(**PREWARM_SSD_OK) is None
+    for quantised in (torch.int16, torch.int8, torch.float8_e4m3fn):  # a block-scaled pool's kernels
+        assert prewarm_ssd_combined_fwd_varlen(**dict(PREWARM_SSD_OK, state_dtype=quantised)) is None
 
 
 # ------------------------------------------------- data-dependent rejections of the reference backend

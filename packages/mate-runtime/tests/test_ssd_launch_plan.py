@@ -340,3 +340,90 @@ def test_launcher_runs_the_split_design(monkeypatch, intermediate):
     assert run_states.shape == (8, 16, 64, 128) and run_dec.shape == (8, 16)
     assert cargs[0].data_ptr() == run_states.data_ptr() and cargs[0].shape == (8, 16, 64 * 128)
     assert cargs[1] is run_dec and sargs[15] is run_states and pargs[-1] == sargs[14]
+
+
+def _quantised(dtype, slots=6, strided=False):
+    """A block-scaled pool [slots, 4, 64, 128] of ``dtype`` and its scales (every second slot of a twice-as-long
+    allocation where ``strided``; 4 extra values per slot then break the 16-byte chunks)."""
+    if strided:
+        pool = torch.zeros(slots, 4 * 64 * 128 + 4, dtype=dtype)[:, 4:].view(slots, 4, 64, 128)
+    else:
+        pool = torch.zeros(slots, 4, 64, 128, dtype=dtype)
+    return pool, torch.ones(slots, 4, 64)
+
+
+@pytest.mark.parametrize("qdtype", [torch.int16, torch.int8, torch.float8_e4m3fn], ids=["int16", "int8", "fp8"])
+def test_a_quantised_pool_plans_the_fp32_scan_between_its_conversions(qdtype):
+    """Quantised initial states are decoded into fp32 rows before the pre-pass, a quantised final_states_out is
+    written by the scan as fp32 rows per sequence (the pre-pass maps sequence b to row b) and encoded into the
+    named slots after it; the scan is the fp32-state one."""
+    init, init_scale = _quantised(qdtype, slots=2)
+    pool, pool_scale = _quantised(qdtype)
+    fsi = torch.tensor([3, 1], dtype=torch.int64)
+    call = _call(initial_states=init, initial_states_scale=init_scale, final_states_out=pool,
+                 final_state_indices=fsi, final_states_scale=pool_scale)  # fmt: skip
+    p = ssd_plan.plan(call, H200)
+    name = str(qdtype).removeprefix("torch.")
+    assert (p.scan.state_dtype, p.scan.init_dtype) == ("float32", "float32")
+    assert p.dt.use_final_indices is False
+    assert (p.decode.qdtype, p.decode.direction, p.decode.vector_state) == (name, "decode", True)
+    assert (p.encode.qdtype, p.encode.direction, p.encode.index_dtype) == (name, "encode", "int64")
+    assert p.specs()[0] == p.decode and p.specs()[-1] == p.encode
+    # only the quantised side converts; a float pool beside quantised initial states is written by the scan
+    half = _call(initial_states=init, initial_states_scale=init_scale,
+                 final_states_out=torch.zeros(6, 4, 64, 128), final_state_indices=fsi)  # fmt: skip
+    hp = ssd_plan.plan(half, H200)
+    assert hp.encode is None and hp.decode == p.decode and hp.dt.use_final_indices is True
+    assert hp.scan.state_dtype == "float32" and hp.scan.init_dtype == "float32"
+
+
+def test_a_strided_quantised_pool_takes_scalar_accesses():
+    pool, scale = _quantised(torch.int8, strided=True)
+    call = _call(final_states_out=pool, final_state_indices=torch.tensor([3, 1]), final_states_scale=scale)
+    assert ssd_plan.plan(call, H200).encode.vector_state is False
+    dense, dscale = _quantised(torch.int8)
+    call = _call(final_states_out=dense, final_state_indices=torch.tensor([3, 1]), final_states_scale=dscale)
+    assert ssd_plan.plan(call, H200).encode.vector_state is True
+
+
+def test_launcher_decodes_then_scans_then_encodes(monkeypatch):
+    init, init_scale = _quantised(torch.int16, slots=2)
+    pool, pool_scale = _quantised(torch.int16)
+    fsi = torch.tensor([3, 1])
+    call = _call(initial_states=init, initial_states_scale=init_scale, final_states_out=pool,
+                 final_state_indices=fsi, final_states_scale=pool_scale)  # fmt: skip
+    launched = _launch(monkeypatch, call, 132)
+    assert [s.factory for s, _ in launched] == ["state_codec_kernel", "ssd_dt_kernel", "ssd_fused_kernel",
+                                                "state_codec_kernel"]  # fmt: skip
+    (dec, dargs), (_, dt_args), (_, sargs), (enc, eargs) = launched
+    assert dargs[0] is init and dargs[1] is init_scale
+    fp32_init = dargs[2]
+    assert fp32_init.dtype == torch.float32 and fp32_init.shape == (2, 4, 64, 128)
+    assert sargs[9] is fp32_init  # the scan's init
+    fp32_final = sargs[11]
+    assert fp32_final.dtype == torch.float32 and fp32_final.shape == (2, 4, 64, 128)
+    assert eargs[0] is fp32_final and eargs[2] is pool and eargs[3] is pool_scale
+    assert eargs[1].tolist() == [3, 1] and dt_args[8] is dt_args[7]  # the pre-pass maps sequence b to row b
+
+
+def test_serving_specs_of_a_quantised_pool():
+    kw = dict(heads=128, groups=8, dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16,
+              state_dtype=torch.int8, dt_dtype=torch.float32)  # fmt: skip
+    served = ssd_plan.serving_specs(**kw)
+    codecs = [s for s in served if s.factory == "state_codec_kernel"]
+    assert sorted(s.direction for s in codecs) == ["decode", "encode"]
+    assert {s.state_dtype for s in served if s.factory == "ssd_fused_kernel"} == {"float32"}
+    init, init_scale = _quantised(torch.int8, slots=1)
+    pool, pool_scale = _quantised(torch.int8)
+    meta = chunk_metadata([300], 128)
+    T = 300
+    call = normalize_ssd(
+        torch.zeros(T, 128, 64, dtype=torch.bfloat16), torch.zeros(T, 128), torch.zeros(128),
+        torch.zeros(T, 8, 128, dtype=torch.bfloat16), torch.zeros(T, 8, 128, dtype=torch.bfloat16), 128,
+        meta.cu_seqlens, meta.cu_chunk_seqlens, meta.last_chunk_indices, meta.seq_idx, D=torch.zeros(128),
+        dt_bias=torch.zeros(128), dt_softplus=True,
+        initial_states=torch.zeros(1, 128, 64, 128, dtype=torch.int8), initial_states_scale=torch.ones(1, 128, 64),
+        final_states_out=torch.zeros(6, 128, 64, 128, dtype=torch.int8),
+        final_state_indices=torch.tensor([2], dtype=torch.int32), final_states_scale=torch.ones(6, 128, 64),
+    )  # fmt: skip
+    assert set(ssd_plan.plan(call, H200).specs()) <= set(served)

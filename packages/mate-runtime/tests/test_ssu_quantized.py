@@ -190,10 +190,7 @@ def test_prefill_reads_and_writes_a_quantised_pool(dtype):
 
 
 def test_prefill_scales_go_with_quantised_pools_only():
-    from mate._tilelang import ssd_plan
-    from mate._tilelang.ssu_plan import Hardware
     from mate.mamba import ssd_combined_fwd_varlen
-    from mate.mamba._ssd_call import normalize_ssd
     from mate.mamba.chunking import chunk_metadata
 
     meta = chunk_metadata([5], 8)
@@ -206,7 +203,3 @@ def test_prefill_scales_go_with_quantised_pools_only():
     with pytest.raises(ValueError, match="^final_states_scale:"):
         pool = dict(final_states_out=torch.zeros(2, H, P, N, dtype=torch.int8), final_state_indices=torch.tensor([1]))
         ssd_combined_fwd_varlen(*args, **pool, final_states_scale=torch.ones(2, H, N))
-    quant = normalize_ssd(*args, initial_states=torch.zeros(1, H, P, N, dtype=torch.int16),
-                          initial_states_scale=torch.ones(1, H, P))  # fmt: skip
-    with pytest.raises(NotImplementedError, match="quantised state pool"):
-        ssd_plan.plan(quant, Hardware("cuda", 9, 132))

@@ -199,6 +199,28 @@ class SSDDtSpec(KernelSpec):
     use_final_indices: bool
 
 
+@dataclass(frozen=True)
+class StateCodecSpec(KernelSpec):
+    """``mate_kernels.state_codec.state_codec_kernel``: whole states between a block-scaled quantised pool and the
+    fp32 rows the SSD scan reads (``decode``: the initial states) or writes (``encode``: the final states, into the
+    pool slots ``index`` names)."""
+
+    module: ClassVar[str] = "mate_kernels.state_codec"
+    factory: ClassVar[str] = "state_codec_kernel"
+    family: ClassVar[str] = "ssd"
+
+    dim: int
+    dstate: int
+    qdtype: str
+    direction: str
+    index_dtype: str
+    vector_state: bool
+    per_thread: int
+
+    def pass_configs(self) -> dict:
+        return ssu_pass_configs()  # every index is guarded in the kernel (slots outside the pool are skipped)
+
+
 __all__ = [
     "KernelSpec",
     "SSDCombineSpec",
@@ -207,5 +229,6 @@ __all__ = [
     "SSDScanSpec",
     "SSUSpec",
     "SSU_PASS_CONFIGS",
+    "StateCodecSpec",
     "ssu_pass_configs",
 ]

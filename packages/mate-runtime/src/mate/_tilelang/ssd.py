@@ -21,6 +21,7 @@ from .specs import KernelSpec
 from .ssd_plan import (
     VLLM_DT,
     _check_supported,
+    codec_spec,
     combine_spec,
     dt_spec,
     plan,
@@ -58,10 +59,14 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     H, P, N, L = call.heads, call.dim, call.dstate, call.chunk_size
     batch, nchunks = call.batch, call.nchunks
 
+    skey = ("ssd", H, call.groups, P, N)
     use_fsi = call.final_states_out is not None
     if call.return_intermediate_states:
         states = torch.empty((nchunks, H, P, N), dtype=call.state_dtype, device=dev)
         state_dt = call.state_dtype
+    elif p.encode is not None:  # a quantised pool: fp32 final states per sequence, encoded after the scan
+        states = WORKSPACE.get(skey, "final_fp32", (batch, H, P, N), torch.float32, dev)
+        state_dt = torch.float32
     elif use_fsi:
         states = call.final_states_out
         state_dt = states.dtype
@@ -69,11 +74,11 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         states = torch.empty((batch, H, P, N), dtype=call.state_dtype, device=dev)
         state_dt = call.state_dtype
 
-    skey = ("ssd", H, call.groups, P, N)
     cu = _vec1(call.cu_chunk_seqlens, skey, "cu_chunk_seqlens")
     seq_idx = _vec1(call.seq_idx, skey, "seq_idx")
     last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
     fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
+    scan_fsi = fsi if p.encode is None else last  # with the encode, the scan writes row b for sequence b
     scan = kernel(p.scan, dev)
     dtpass = kernel(p.dt, dev)
 
@@ -99,7 +104,14 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         flags |= kmod.FLAG_Z
     else:
         z = _dummy("z", dev, call.x.dtype, (1, H, P))
-    if call.initial_states is not None:
+    if p.decode is not None:  # a quantised initial_states: decoded into fp32 rows the scan reads
+        init = WORKSPACE.get(skey, "init_fp32", (batch, H, P, N), torch.float32, dev)
+        q_init = call.initial_states
+        if not _inner_dense(q_init, 2):
+            q_init = _stage(skey, "init_q", q_init)
+        kernel(p.decode, dev)(q_init, call.initial_states_scale, init)
+        flags |= kmod.FLAG_INIT
+    elif call.initial_states is not None:
         init = (
             call.initial_states if _inner_dense(call.initial_states, 3) else _stage(skey, "init", call.initial_states)
         )
@@ -119,7 +131,7 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
     nvt = nchunks * (L // BL)
     dtA = WORKSPACE.get(skey, "dtA", (nvt, H, DECAY_ROWS, BL), torch.float32, dev)
     tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
-    dtpass(dt, A, dt_bias, cu, seq_idx, dtA, tmeta, last, fsi, bounds, dest)
+    dtpass(dt, A, dt_bias, cu, seq_idx, dtA, tmeta, last, scan_fsi, bounds, dest)
     if p.design == "split":
         _split_scan(p, skey, dev, scan, (x, B, C, cu, seq_idx), (dest, D, z, init, out, st, dtA, tmeta, flags))
     else:
@@ -131,6 +143,12 @@ def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
         call.out.copy_(out)
     if staged_states:
         states.copy_(st)
+    if p.encode is not None:
+        pool = call.final_states_out
+        q_pool = pool if _inner_dense(pool, 2) else _stage(skey, "final_q", pool)  # rows it does not name kept
+        kernel(p.encode, dev)(states, fsi, q_pool, call.final_states_scale)
+        if q_pool is not pool:
+            pool.copy_(q_pool)
     return None if use_fsi else states
 
 
@@ -174,7 +192,8 @@ def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_d
 def compile_grid() -> list[KernelSpec]:
     """Representative configurations: chunk 128/256, P 64/80/128, N 128/256, G 1/4/8, bf16/fp16 io, fp32/bf16
     state, per-head and per-dim D, intermediate states, the prefetching scan, and their pre-passes (the runs
-    table for returned final states and for states written into a pool by index; 1 and 8 heads per CTA)."""
+    table for returned final states and for states written into a pool by index; 1 and 8 heads per CTA), and the
+    conversions of quantised pools."""
     grid = [
         # (H, G, P, N, L, io, state, intermediate, D_per_dim, prefetch)
         (128, 8, 64, 128, 128, "bfloat16", "float32", False, False, False),
@@ -213,6 +232,15 @@ def compile_grid() -> list[KernelSpec]:
     # dt options away from vLLM's: no softplus, no bias, a dt limit, bf16 dt
     limited = dict(dt="bfloat16", dtb="float32", has_dtb=False, softplus=False, lo=0.02, hi=0.15)
     specs.append(dt_spec(specs[0], **limited, last="int32", fsi="int32", use_fsi=False))
+    # a quantised pool's conversions: each dtype both ways, int64 slot indices, a strided pool, P 80 and N 256
+    specs += [
+        codec_spec(P=64, N=128, qdtype="int16", direction="decode"),
+        codec_spec(P=64, N=128, qdtype="int16", direction="encode"),
+        codec_spec(P=64, N=128, qdtype="int8", direction="decode"),
+        codec_spec(P=64, N=128, qdtype="int8", direction="encode", index="int64"),
+        codec_spec(P=80, N=128, qdtype="float8_e4m3fn", direction="decode", vector=False),
+        codec_spec(P=128, N=256, qdtype="float8_e4m3fn", direction="encode"),
+    ]
     return specs
 
 

@@ -13,6 +13,12 @@ With the split design (:mod:`mate_kernels.ssd_split`: few heads per rank on long
 (:class:`SSDStatesSpec`) and the hand-over (:class:`SSDCombineSpec`) run between the two, over even runs of chunks
 that the scan then walks all at once.
 
+A block-scaled quantised pool (int16, int8, fp8-e4m3 with fp32 row scales) meets the scan's fp32 states through
+:mod:`mate_kernels.state_codec` (:class:`StateCodecSpec`): quantised ``initial_states`` are decoded into fp32 rows
+before the pre-pass, and the final states of a quantised ``final_states_out`` are written by the scan as fp32 rows
+per sequence, then encoded into the slots ``final_state_indices`` names. Each moves a state once each way, a few
+microseconds beside the prefill (docs/ssd-kernels.md has the measured cost).
+
 What the planner decides, and why (docs/ssd-kernels.md; the alternatives measured: docs/design/decisions.md):
 
 * the design (:func:`split_runs`): the split design's run count where its predicted makespan beats the serial
@@ -44,7 +50,8 @@ from dataclasses import dataclass
 import torch
 
 from ..mamba._ssd_call import SSDCall
-from .specs import SSDCombineSpec, SSDDtSpec, SSDScanSpec, SSDStatesSpec
+from ..mamba._ssu_call import QUANT_STATE_DTYPES
+from .specs import SSDCombineSpec, SSDDtSpec, SSDScanSpec, SSDStatesSpec, StateCodecSpec
 from .ssu_plan import DTYPE_NAMES, Hardware
 
 H200_SMS = 132  # the SM count prewarm plans for without a device (the compile-only target)
@@ -289,11 +296,29 @@ def dt_spec(scan: SSDScanSpec, *, dt, dtb, has_dtb, softplus, lo, hi, last, fsi,
     )  # fmt: skip
 
 
+CODEC_PER_THREAD = 4  # 16-byte chunks of the quantised row per thread (the SSU kernels' default tiling)
+
+
+def vector_pool(t: torch.Tensor) -> bool:
+    """Whether a quantised pool takes 16-byte vector accesses: an aligned base and outer strides that are whole
+    16-byte chunks."""
+    chunk = 16 // t.element_size()
+    return t.data_ptr() % 16 == 0 and all(t.stride(d) % chunk == 0 for d in range(t.dim() - 1))
+
+
+def codec_spec(*, P, N, qdtype, direction, index="int32", vector=True) -> StateCodecSpec:
+    """A state conversion between a quantised pool of ``qdtype`` (a dtype name) and fp32 rows."""
+    return StateCodecSpec(dim=P, dstate=N, qdtype=qdtype, direction=direction, index_dtype=index,
+                          vector_state=vector, per_thread=CODEC_PER_THREAD)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class SSDPlan:
     """The kernels of one call: ``design`` "serial" (the pre-pass, then the scan over one run per sequence,
     ``seqs_per_cta`` sequences per CTA) or "split" (the pre-pass, the state pass ``states`` and the hand-over
-    ``combine`` over ``runs`` even runs of chunks, then the split scan over the same runs)."""
+    ``combine`` over ``runs`` even runs of chunks, then the split scan over the same runs). ``decode`` /
+    ``encode``: the conversions of a quantised ``initial_states`` (before the pre-pass) and ``final_states_out``
+    (after the scan)."""
 
     scan: SSDScanSpec
     dt: SSDDtSpec
@@ -302,12 +327,13 @@ class SSDPlan:
     runs: int = 0
     states: SSDStatesSpec | None = None
     combine: SSDCombineSpec | None = None
+    decode: StateCodecSpec | None = None
+    encode: StateCodecSpec | None = None
 
     def specs(self) -> tuple:
         """The specs in launch order."""
-        if self.design == "split":
-            return (self.dt, self.states, self.combine, self.scan)
-        return (self.dt, self.scan)
+        middle = (self.dt, self.states, self.combine, self.scan) if self.design == "split" else (self.dt, self.scan)
+        return tuple(s for s in (self.decode, *middle, self.encode) if s is not None)
 
 
 _PLANS: dict = {}
@@ -319,25 +345,32 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
         raise NotImplementedError(f"batch={call.batch} sequences in one TileLang SSD call (at most {MAX_SEQUENCES})")
     if call.tokens == 0:
         raise NotImplementedError("an SSD call with zero tokens in the TileLang SSD prefill")
-    if call.initial_states_scale is not None or call.final_states_scale is not None:
-        raise NotImplementedError(
-            "a block-scaled quantised state pool (initial_states_scale / final_states_scale) in the TileLang SSD "
-            "prefill is not supported by MATE yet; use backend='torch'"
-        )
     use_fsi = call.final_state_indices is not None
-    if call.return_intermediate_states or not use_fsi:
+    # a quantised pool: the scan reads decoded fp32 initial states and writes fp32 final states per sequence
+    # (encoded into the pool's slots afterwards), so its kernels are the fp32-state ones
+    q_init = call.initial_states is not None and call.initial_states.dtype in QUANT_STATE_DTYPES
+    q_final = use_fsi and call.final_states_out.dtype in QUANT_STATE_DTYPES
+    if q_final:
+        state_dt = torch.float32
+    elif call.return_intermediate_states or not use_fsi:
         state_dt = call.state_dtype
     else:
         state_dt = call.final_states_out.dtype
-    init_dt = call.initial_states.dtype if call.initial_states is not None else state_dt
-    fsi_dt = call.final_state_indices.dtype if use_fsi else call.last_chunk_indices.dtype
+    init_dt = torch.float32 if q_init else (call.initial_states.dtype if call.initial_states is not None else state_dt)
+    scan_fsi = use_fsi and not q_final  # the scan writes into the pool by index itself
+    fsi_dt = call.final_state_indices.dtype if scan_fsi else call.last_chunk_indices.dtype
     n = DTYPE_NAMES
+    codecs = (
+        (call.initial_states.dtype, vector_pool(call.initial_states)) if q_init else None,
+        (call.final_states_out.dtype, call.final_state_indices.dtype, vector_pool(call.final_states_out))
+        if q_final else None,
+    )  # fmt: skip
     static = (
         call.heads, call.groups, call.dim, call.dstate, call.chunk_size, call.x.dtype, state_dt, init_dt,
         call.dt.dtype, call.dt_bias.dtype if call.dt_bias is not None else None,
         call.D.dtype if call.D is not None else None, call.D_tied, call.cu_chunk_seqlens.dtype, call.seq_idx.dtype,
         call.dt_softplus, float(call.dt_limit[0]), float(call.dt_limit[1]), call.return_intermediate_states,
-        call.last_chunk_indices.dtype, fsi_dt, use_fsi,
+        call.last_chunk_indices.dtype, fsi_dt, scan_fsi, codecs,
     )  # fmt: skip
     specs = _PLANS.get(static)
     if specs is None:
@@ -350,11 +383,17 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
         dt = dt_spec(
             base, dt=n[call.dt.dtype], dtb=n[call.dt_bias.dtype] if call.dt_bias is not None else "float32",
             has_dtb=call.dt_bias is not None, softplus=call.dt_softplus, lo=float(call.dt_limit[0]),
-            hi=float(call.dt_limit[1]), last=n[call.last_chunk_indices.dtype], fsi=n[fsi_dt], use_fsi=use_fsi,
+            hi=float(call.dt_limit[1]), last=n[call.last_chunk_indices.dtype], fsi=n[fsi_dt], use_fsi=scan_fsi,
         )  # fmt: skip
         splitting = dataclasses.replace(base, split=True, prefetch=False)
-        specs = _PLANS[static] = (base, _with_prefetch(base), dt, splitting, states_spec(base), combine_spec(base))
-    base, prefetching, dt, splitting, states, combine = specs
+        P, N = call.dim, call.dstate
+        decode = (codec_spec(P=P, N=N, qdtype=n[codecs[0][0]], direction="decode", vector=codecs[0][1])
+                  if q_init else None)  # fmt: skip
+        encode = (codec_spec(P=P, N=N, qdtype=n[codecs[1][0]], direction="encode", index=n[codecs[1][1]],
+                             vector=codecs[1][2]) if q_final else None)  # fmt: skip
+        specs = _PLANS[static] = (base, _with_prefetch(base), dt, splitting, states_spec(base), combine_spec(base),
+                                  decode, encode)  # fmt: skip
+    base, prefetching, dt, splitting, states, combine, decode, encode = specs
     mean_tiles = max(1, -(-call.tokens // (call.batch * base.block_L)))
     ctas = call.heads * (call.dim // base.block_P)
     tpc = call.chunk_size // base.block_L
@@ -373,10 +412,10 @@ def plan(call: SSDCall, hw: Hardware) -> SSDPlan:
     if runs:
         if runs > MAX_SEQUENCES:
             raise NotImplementedError(f"runs={runs} in the split SSD design (at most {MAX_SEQUENCES})")
-        return SSDPlan(splitting, dt, 1, "split", runs, states, combine)
+        return SSDPlan(splitting, dt, 1, "split", runs, states, combine, decode, encode)
     spc = seqs_per_cta(call.batch, ctas, hw.sms, mean_tiles)
     scan = prefetching if wants_prefetch(spc, call.initial_states is not None) else base
-    return SSDPlan(scan, dt, spc)
+    return SSDPlan(scan, dt, spc, decode=decode, encode=encode)
 
 
 def _with_prefetch(spec: SSDScanSpec) -> SSDScanSpec:
@@ -391,8 +430,13 @@ def serving_specs(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dty
     """The kernels a served model uses: vLLM's flags (:data:`VLLM_DT`, per-head D, int32 tables), final states
     returned or written into a pool by index, intermediate states, init in the state dtype, the scan with and
     without the prefetch, and where the design rule can split for this shape on ``sms`` SMs (default: an H200's
-    132) the split scan with its state pass and hand-over."""
+    132) the split scan with its state pass and hand-over. A quantised ``state_dtype`` (a pool of block-scaled
+    states): the fp32-state kernels and the pool's two conversions."""
     io, state = DTYPE_NAMES[io_dtype], DTYPE_NAMES[state_dtype]
+    codecs = []
+    if state_dtype in QUANT_STATE_DTYPES:
+        codecs = [codec_spec(P=dim, N=dstate, qdtype=state, direction=d) for d in ("decode", "encode")]
+        state = "float32"
     split = may_split(heads, dim, dstate, chunk_size, io_dtype, sms or H200_SMS)
     specs, extra = [], []
     for intermediate in (False, True):
@@ -408,11 +452,12 @@ def serving_specs(*, heads, groups, dim, dstate, chunk_size, io_dtype, state_dty
     for use_fsi in (False, True):
         dt = DTYPE_NAMES[dt_dtype]
         specs.append(dt_spec(specs[0], dt=dt, **VLLM_DT, last="int32", fsi="int32", use_fsi=use_fsi))
-    return specs + extra
+    return specs + extra + codecs
 
 
 __all__ = [
     "SSDPlan", "Tiles", "plan", "tiles", "scan_spec", "dt_spec", "states_spec", "combine_spec", "serving_specs",
     "seqs_per_cta", "wants_prefetch", "dt_heads_per_cta", "split_runs", "split_makespan", "serial_makespan",
     "best_split_runs", "may_split", "forcing", "DESIGNS", "_check_supported", "SUPPORTED_DSTATE", "MAX_SEQUENCES",
+    "codec_spec", "vector_pool",
 ]  # fmt: skip

@@ -11,7 +11,13 @@ the planner held to a design (``--designs serial,split``).
 
 FLOP count (the algorithm's useful work, identical for both implementations; L = chunk size):
 ``T * (2 G L N  [C B^T]  +  H (L P  [causal intra-chunk scan]  +  4 P N  [chunk state + C·state]))``.
-Bytes: x, B, C, dt read, out written, initial states read and final states written (fp32).
+Bytes: x, B, C, dt read, out written, initial states read and final states written (fp32; with ``--pool``,
+MATE's in the pool's dtype and their fp32 row scales).
+
+``--pool DTYPE`` (int16, int8, float8_e4m3fn): MATE reads block-scaled initial states and writes the final states
+into a block-scaled pool of that dtype by index (``initial_states_scale``, ``final_states_out`` +
+``final_state_indices`` + ``final_states_scale``), as a served model with a quantised state cache does; vLLM, which
+has no such pool, runs its fp32-state call beside it.
 """
 
 from __future__ import annotations
@@ -62,12 +68,32 @@ def flops(T: int, s: SSDCase, L: int) -> float:
     return T * (2 * s.groups * L * s.dstate + s.heads * (L * s.dim + 4 * s.dim * s.dstate))
 
 
-def nbytes(T: int, batch: int, s: SSDCase) -> int:
+POOL_DTYPES = {"int16": torch.int16, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}
+
+
+def nbytes(T: int, batch: int, s: SSDCase, pool: str | None = None) -> int:
+    """Bytes one call moves (see the module docstring); ``pool``: the states in that quantised dtype."""
     io = 2 * T * (2 * s.heads * s.dim + 2 * s.groups * s.dstate) + 4 * T * s.heads
-    return io + 2 * 4 * batch * s.heads * s.dim * s.dstate
+    rows = batch * s.heads * s.dim
+    if pool is None:
+        return io + 2 * 4 * rows * s.dstate
+    return io + 2 * rows * (POOL_DTYPES[pool].itemsize * s.dstate + 4)
 
 
-def make_window(s: SSDCase, seqlens, L, seed, dev):
+def quantise_rows(v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(numbers, fp32 scales over the last dim) of ``v`` in a block-scaled ``dtype``, as MATE stores a state."""
+    from ..mamba._ssu_call import QUANT_STATE_QMAX
+
+    qmax = QUANT_STATE_QMAX[dtype]
+    scale = v.abs().amax(-1) / qmax
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = (v / scale.unsqueeze(-1)).clamp(-qmax, qmax)
+    return (q.round() if dtype != torch.float8_e4m3fn else q).to(dtype), scale
+
+
+def make_window(s: SSDCase, seqlens, L, seed, dev, pool: str | None = None):
+    """One window of inputs; ``pool``: with MATE's quantised initial states, pool, its scales and slot indices
+    (``init_q``, ``init_scale``, ``pool``, ``pool_scale``, ``fsi``: sequence b's final state into slot b)."""
     from ..mamba.chunking import chunk_metadata
 
     meta = chunk_metadata(seqlens, L, device=dev)
@@ -75,7 +101,7 @@ def make_window(s: SSDCase, seqlens, L, seed, dev):
     g = torch.Generator(device=dev).manual_seed(seed)
     H, P, N, G = s.heads, s.dim, s.dstate, s.groups
     bf = torch.bfloat16
-    return dict(
+    w = dict(
         x=torch.randn(T, H, P, generator=g, device=dev).to(bf),
         dt=torch.randn(T, H, generator=g, device=dev) - 2.0,
         A=-(torch.rand(H, generator=g, device=dev) + 0.3),
@@ -87,6 +113,13 @@ def make_window(s: SSDCase, seqlens, L, seed, dev):
         out=torch.empty(T, H, P, dtype=bf, device=dev),
         meta=meta,
     )
+    if pool is not None:
+        batch = len(seqlens)
+        w["init_q"], w["init_scale"] = quantise_rows(w["init"], POOL_DTYPES[pool])
+        w["pool"] = torch.zeros(batch, H, P, N, dtype=POOL_DTYPES[pool], device=dev)
+        w["pool_scale"] = torch.ones(batch, H, P, device=dev)
+        w["fsi"] = torch.arange(batch, dtype=torch.int32, device=dev)
+    return w
 
 
 def mate_args(w, L) -> tuple[tuple, dict]:
@@ -95,6 +128,10 @@ def mate_args(w, L) -> tuple[tuple, dict]:
     m = w["meta"]
     args = (w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
             m.seq_idx, w["out"], w["D"], None, w["dt_bias"])  # fmt: skip
+    if "pool" in w:
+        return args, dict(dt_softplus=True, initial_states=w["init_q"], initial_states_scale=w["init_scale"],
+                          final_states_out=w["pool"], final_state_indices=w["fsi"],
+                          final_states_scale=w["pool_scale"])  # fmt: skip
     return args, dict(dt_softplus=True, initial_states=w["init"], state_dtype=torch.float32)
 
 
@@ -125,10 +162,14 @@ def vllm_fn(w, L):
     return fn
 
 
-def check_agreement(s, seqlens, L, dev) -> float:
-    """Relative difference of MATE's and vLLM's outputs and final states on one window."""
-    w = make_window(s, seqlens, L, 1234, dev)
+def check_agreement(s, seqlens, L, dev, pool: str | None = None) -> float:
+    """Relative difference of MATE's and vLLM's outputs and final states on one window (with ``pool``: MATE's
+    dequantised pool rows, vLLM's from the initial states MATE's quantised ones stand for)."""
+    w = make_window(s, seqlens, L, 1234, dev, pool)
     st_m = mate_fn(w, L)()
+    if pool is not None:
+        st_m = w["pool"].float() * w["pool_scale"].unsqueeze(-1)
+        w["init"] = w["init_q"].float() * w["init_scale"].unsqueeze(-1)
     out_m = w["out"].float().clone()
     st_v = vllm_fn(w, L)()
     out_v = w["out"].float()
@@ -335,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
         "planner held to that design (default: auto)",
     )  # fmt: skip
     ap.add_argument(
+        "--pool", choices=tuple(POOL_DTYPES), default=None,
+        help="MATE reads and writes its states in a block-scaled pool of this dtype (vLLM: fp32 states)",
+    )  # fmt: skip
+    ap.add_argument(
         "--replays", type=int, default=10, metavar="N", help="graph replays per timed sample (default: %(default)s)"
     )
     ap.add_argument(
@@ -357,9 +402,10 @@ def measure(case: SSDCase, bname: str, L: int, impls, mate_designs, dev, ceiling
     """The rows of one cell: a MATE row per design of ``mate_designs`` and vLLM's, with the speed-ups."""
     seqlens = SSD_BATCHES[bname]
     T = sum(seqlens)
+    pool = args.pool
     per_call = nbytes(T, len(seqlens), case)
     nwin = min(windows_for(per_call), 4)
-    wins = [make_window(case, seqlens, L, 17 + i, dev) for i in range(nwin)]
+    wins = [make_window(case, seqlens, L, 17 + i, dev, pool) for i in range(nwin)]
     runs = []  # (impl, design): design None for vLLM
     for impl in impls:
         runs += [(design_impl(d), d) for d in mate_designs] if impl == "mate" else [(impl, None)]
@@ -375,7 +421,7 @@ def measure(case: SSDCase, bname: str, L: int, impls, mate_designs, dev, ceiling
             with contextlib.nullcontext() if design is None else design_context(design):
                 if design is not None and "vllm" in impls:
                     try:
-                        row["max_rel_diff_vs_vllm"] = f"{check_agreement(case, seqlens, L, dev):.1e}"
+                        row["max_rel_diff_vs_vllm"] = f"{check_agreement(case, seqlens, L, dev, pool):.1e}"
                     except Exception as exc:  # report, keep measuring (a design's refusal is the timing's to say)
                         if not isinstance(exc, NotImplementedError):
                             print(f"{impl} agreement check failed: {_short(exc)}", flush=True)
@@ -391,10 +437,11 @@ def measure(case: SSDCase, bname: str, L: int, impls, mate_designs, dev, ceiling
                 row["error"] = _short(exc)  # the design cannot serve this call: a row that says so
                 rows.append(row)
             continue
+        moved = nbytes(T, len(seqlens), case, pool if design is not None else None)
         row.update(
             us=round(us, 1), mtok_s=round(T / us, 2), tflops=round(flops(T, case, L) / us / 1e6, 1),
             pct_peak=round(100 * flops(T, case, L) / us / 1e6 / PEAK_TFLOPS_BF16, 1),
-            tbps=round(per_call / us / 1e6, 2), pct_copy=round(100 * per_call / us / 1e6 / ceiling, 1),
+            tbps=round(moved / us / 1e6, 2), pct_copy=round(100 * moved / us / 1e6 / ceiling, 1),
         )  # fmt: skip
         rows.append(row)
         print(row, flush=True)
@@ -421,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = dict(
             device=torch.cuda.get_device_name(dev), copy_ceiling_tbps=round(ceiling, 2), peak_tflops=PEAK_TFLOPS_BF16,
             timing="CUDA graph, one call per window of disjoint inputs, replayed; median of repeats",
-            dtypes="x/B/C bf16, dt/A/D/dt_bias fp32, initial and returned states fp32, dt_softplus, D [H], dt_bias",
+            dtypes="x/B/C bf16, dt/A/D/dt_bias fp32, initial and returned states fp32, dt_softplus, D [H], dt_bias"
+            + (f"; MATE's states in a block-scaled {args.pool} pool (read and written by index)" if args.pool else ""),
             flops=__doc__.split("FLOP count")[1].split("\n\n")[0].strip(), designs=args.designs,
         )  # fmt: skip
         cols = COLUMNS + (["error"] if any("error" in r for r in rows) else [])

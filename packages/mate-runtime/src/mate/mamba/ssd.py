@@ -14,7 +14,7 @@ from .._backends import run_ssd
 from .._errors import bad_arg, check_jobs
 from .._ops import SSD, trace_ssd
 from ._ssd_call import check_chunk_size, normalize_ssd
-from ._ssu_call import IO_DTYPES, PARAM_DTYPES, STATE_DTYPES
+from ._ssu_call import IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 
 
 def ssd_combined_fwd_varlen(
@@ -67,11 +67,11 @@ def ssd_combined_fwd_varlen(
     N]`` and ``final_state_indices [batch]`` the final states are written into the pool and None is
     returned. ``checkpoint_*`` raise ``NotImplementedError``.
 
-    Quantised pools (the reference backend; the TileLang kernels raise ``NotImplementedError``): an int16, int8
-    or fp8-e4m3 ``initial_states`` comes with ``initial_states_scale`` fp32 ``[batch, H, P]`` (a value is its
-    stored number times its row's scale); such a ``final_states_out`` with ``final_states_scale`` fp32
-    ``[slots, H, P]``, which receives each written row's new scale (``max|row| / qmax``, the numbers rounded to
-    nearest even), as ``selective_state_update`` reads and writes ``state_scale``.
+    Quantised pools (both backends): an int16, int8 or fp8-e4m3 ``initial_states`` comes with
+    ``initial_states_scale`` fp32 ``[batch, H, P]`` (a value is its stored number times its row's scale); such a
+    ``final_states_out`` with ``final_states_scale`` fp32 ``[slots, H, P]``, which receives each written row's new
+    scale (``max|row| / qmax``, the numbers rounded to nearest even), as ``selective_state_update`` reads and
+    writes ``state_scale``. The states are carried in fp32 in between.
     """
     entry = trace_ssd if torch.compiler.is_compiling() else eager_ssd  # traced: the custom op
     return entry(  # every parameter, in mate._ops.SSD_PARAMS order
@@ -102,7 +102,8 @@ def prewarm_ssd_combined_fwd_varlen(
     *,
     jobs: int | None = None,
 ) -> None:
-    """Compile every SSD stage for one configuration, outside any captured graph.
+    """Compile every SSD stage for one configuration, outside any captured graph. A quantised ``state_dtype``
+    (int16, int8, float8_e4m3fn: a block-scaled pool) compiles the fp32-state stages and the pool's conversions.
 
     Token and chunk counts are runtime dimensions. ``block_M`` is the seed's tiling hint, validated and otherwise
     unused: the planner picks the tile from (dim, dstate, chunk_size). Without a usable TileLang device there is
@@ -121,7 +122,7 @@ def prewarm_ssd_combined_fwd_varlen(
     check_jobs(jobs)
     for name, d, allowed in (
         ("io_dtype", io_dtype, IO_DTYPES),
-        ("state_dtype", state_dtype, STATE_DTYPES),
+        ("state_dtype", state_dtype, STATE_DTYPES + QUANT_STATE_DTYPES),
         ("dt_dtype", dt_dtype, PARAM_DTYPES),
     ):
         if d not in allowed:
