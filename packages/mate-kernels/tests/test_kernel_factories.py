@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from mate_kernels import ssd, ssu
+from mate_kernels import ssd, ssu, state_codec
 
 
 def _names(f):
@@ -19,7 +19,7 @@ def _names(f):
 
 
 def test_import_does_not_need_tilelang():
-    code = "import sys, mate_kernels.ssu, mate_kernels.ssd; print('tilelang' in sys.modules)"
+    code = "import sys, mate_kernels.ssu, mate_kernels.ssd, mate_kernels.state_codec; print('tilelang' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -29,8 +29,9 @@ def test_import_does_not_need_tilelang():
 FACTORY_PARAMETERS = {
     ssu.ssu_kernel: (
         "dim dstate heads_per_group state_dtype io_dtype dt_dtype d_dtype dt_bias_dtype src_dtype dst_dtype "
-        "meta_dtype ibuf_dtype tied one_token vector_state vector_io tiling pack_early min_blocks pdl"
+        "meta_dtype ibuf_dtype tied one_token vector_state vector_io tiling pack_early min_blocks pdl philox_rounds"
     ),
+    state_codec.state_codec_kernel: "dim dstate qdtype direction index_dtype vector_state per_thread",
     ssd.ssd_fused_kernel: (
         "heads groups dim dstate chunk_size io_dtype state_dtype init_dtype D_dtype cu_dtype seq_idx_dtype has_D "
         "D_per_dim intermediate block_P block_L num_stages scores_in_shared narrow_p prefetch split"

@@ -5,6 +5,7 @@ compared being MATE's planned kernels (and, with ``--pdl``, the same under MATE_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 import torch
@@ -117,3 +118,16 @@ def test_ssu_pdl_column_plans_under_the_setting_only_during_its_call(monkeypatch
     assert bench_ssu._mate_pdl(None, None) == "y"
     assert seen == ["1"] and settings.get("MATE_SSU_PDL") == before
     assert cleared == [0, 1]  # the fast path's memory forgotten on entering and on leaving the setting
+
+
+def test_ssu_stochastic_rounding_cases_and_their_cost_column():
+    """``--state fp16+sr``: the fp16 cases rounded stochastically; their line reports MATE's round-to-nearest fp16
+    time over its own (the rounding's cost)."""
+    sr = bench_ssu.selected_cases(True, "fp16+sr")
+    assert sr and all(c.state == torch.float16 and c.sr for c in sr)
+    plain = bench_ssu.selected_cases(True, "fp16")
+    assert [dataclasses.replace(c, sr=True) for c in plain] == sr
+    base = dict(op="one-token", shape="s", heads=128, dim=64, dstate=128, groups=8, batch=64, tbps=3.0)
+    rows = [dict(base, state="fp16", impl="mate", us=50.0), dict(base, state="fp16+sr", impl="mate", us=52.0)]
+    lines = {line["state"]: line for line in bench_ssu.pivot(rows)}
+    assert lines["fp16+sr"]["MATE fp16 / MATE"] == round(50.0 / 52.0, 2) and "MATE fp16 / MATE" not in lines["fp16"]

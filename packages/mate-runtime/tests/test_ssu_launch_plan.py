@@ -291,11 +291,35 @@ def test_quantised_state_beside_another_buffer_dtype_is_refused():
         tl_ssu.plan(call)
 
 
-def test_stochastic_rounding_is_refused_by_the_kernels():
+def test_stochastic_rounding_plans_the_seeded_kernels():
+    """An fp16 state with rand_seed: the kernels built with Philox rounds (nothing narrowed early), the seed as the
+    trailing argument (a view of the caller's tensor, whatever its shape)."""
     state = torch.zeros(32, H, P, N, dtype=torch.float16)
     _, x, dt, A, B, C = inputs(2)
-    call = normalize_ssu(state, x, dt, A, B, C, None, rand_seed=torch.tensor([7]))
-    with pytest.raises(NotImplementedError, match="rand_seed"):
+    seed = torch.tensor([[7]])
+    spec, args = tl_ssu.plan(normalize_ssu(state, x, dt, A, B, C, None, rand_seed=seed, philox_rounds=7))
+    assert spec.one_token and spec.philox_rounds == 7 and not spec.pack_early
+    assert len(args) == 22 and args[21].shape == (1,) and args[21].data_ptr() == seed.data_ptr()
+    plain, _ = tl_ssu.plan(normalize_ssu(state, x, dt, A, B, C, None))
+    assert plain.philox_rounds == 0 and plain != spec
+    # the packed kernel: the seed after cache_steps
+    xs, dts = x.unsqueeze(1).expand(2, 3, H, P), dt.unsqueeze(1).expand(2, 3, H, P)
+    Bs, Cs = B.unsqueeze(1).expand(2, 3, G, N), C.unsqueeze(1).expand(2, 3, G, N)
+    pspec, pargs = tl_ssu.plan(normalize_ssu(state, xs, dts, A, Bs, Cs, None, rand_seed=seed))
+    assert not pspec.one_token and pspec.philox_rounds == 10 and len(pargs) == 28 and pargs[27].shape == (1,)
+    specs = tl_ssu.serving_specs(state_dtype=torch.float16, io_dtype=BF16, heads=H, dim=P, dstate=N, groups=G,
+                                 slot_dtype=I32, packed=True, meta_dtype=I32, tie_hdim=True,
+                                 philox_rounds=10)  # fmt: skip
+    assert pspec in specs and {s.philox_rounds for s in specs} == {10}
+
+
+def test_stochastic_rounding_needs_four_values_per_counter():
+    state = torch.zeros(4, H, P, 18, dtype=torch.float16)
+    x = torch.zeros(2, H, P, dtype=torch.bfloat16)
+    B = torch.zeros(2, G, 18, dtype=torch.bfloat16)
+    call = normalize_ssu(state, x, torch.zeros(2, H, P), torch.zeros(H, P, 18), B, B, None,
+                         rand_seed=torch.tensor([1]))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="dstate=18"):
         tl_ssu.plan(call)
 
 

@@ -1,10 +1,10 @@
 """Stochastic rounding of fp16 SSU states (``rand_seed``, ``philox_rounds``) on the reference backend.
 
 Checked: the generator is Philox-4x32 as FlashInfer 0.7.2 defines it (against a plain integer transcription of
-its rounds); each value written is one of the two fp16 neighbours of the fp32 recurrence's value; the mean over
-many independently rounded copies converges to the fp32 value (unbiased) where round-to-nearest stays off by its
-fixed rounding error; a seed gives the same bits every time and another seed other bits; what it does not serve
-raises naming the argument.
+its rounds), one counter per four consecutive elements; each value written is one of the two fp16 neighbours of
+the fp32 recurrence's value; the mean over many independently rounded copies converges to the fp32 value
+(unbiased) where round-to-nearest stays off by its fixed rounding error; a seed gives the same bits every time and
+another seed other bits; what it does not serve raises naming the argument.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import selective_state_update
-from mate.mamba.rounding import philox4x32, round_to_fp16
+from mate.mamba.rounding import philox4x32, random_words, round_to_fp16
 from mate.testing import ssu_recurrence
 from test_ssu_reference import make_inputs
 
@@ -20,8 +20,8 @@ H, P, N, G = 2, 4, 32, 1
 M32 = 0xFFFFFFFF
 
 
-def philox_plain(seed: int, offset: int, rounds: int) -> int:
-    """FlashInfer's philox_randint4x (conversion.cuh), first word, in Python integers."""
+def philox_plain(seed: int, offset: int, rounds: int) -> tuple[int, int, int, int]:
+    """FlashInfer's philox_randint4x (conversion.cuh), its four words, in Python integers."""
     k0, k1, c0, c1, c2, c3 = seed & M32, (seed >> 32) & M32, offset & M32, (offset >> 32) & M32, 0, 0
     for _ in range(rounds):
         c0, c1, c2, c3 = (
@@ -31,14 +31,22 @@ def philox_plain(seed: int, offset: int, rounds: int) -> int:
             (0xD2511F53 * c0) & M32,
         )
         k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
-    return c0
+    return c0, c1, c2, c3
 
 
 @pytest.mark.parametrize("rounds", [pytest.param(r, id=f"{r}-rounds") for r in (1, 7, 10)])
 @pytest.mark.parametrize("seed", [pytest.param(s, id=f"seed-{s}") for s in (0, 1234567, 2**40 + 5)])
 def test_philox_is_flashinfers(seed, rounds):
     offsets = torch.tensor([0, 1, 2, 77777, 2**32 + 3, 2**45 - 1])
-    assert philox4x32(seed, offsets, rounds).tolist() == [philox_plain(seed, int(o), rounds) for o in offsets]
+    words = [w.tolist() for w in philox4x32(seed, offsets, rounds)]
+    assert list(zip(*words, strict=True)) == [philox_plain(seed, int(o), rounds) for o in offsets]
+
+
+def test_four_elements_share_a_counter():
+    """Element o takes word o % 4 of the counter o - o % 4 (FlashInfer's draw: one Philox call per four values)."""
+    offsets = torch.arange(40, 52)
+    got = random_words(99, offsets, 10).tolist()
+    assert got == [philox_plain(99, int(o) - int(o) % 4, 10)[int(o) % 4] for o in offsets]
 
 
 def test_rounding_edges():

@@ -70,6 +70,7 @@ def ssu_kernel(
     pack_early: bool = False,
     min_blocks: int = 0,
     pdl: bool = False,
+    philox_rounds: int = 0,
 ):
     """Return the ``T.prim_func`` of one SSU kernel configuration (see the module docstring).
 
@@ -78,7 +79,7 @@ def ssu_kernel(
     ``nseq, seqlen, src_sb, src_st, dst_sb, dst_st, pad, flags, mode, [cache_steps]``
     (bracketed arguments only for the packed kernel, ``one_token=False``), then, with a quantised state or
     intermediate buffer, ``state_scale`` (one-token) or ``state_scale, ibuf_scale`` (packed; a dummy for the
-    float one).
+    float one), or with ``philox_rounds`` > 0, ``rand_seed`` (one int64).
 
     Tuning (the launcher's tuning table picks these per state dtype and kernel):
 
@@ -86,6 +87,9 @@ def ssu_kernel(
     * ``pack_early`` (one-token kernel, 2-byte float states; ignored elsewhere): see :mod:`.ssu_one_token`.
     * ``min_blocks``: > 0 emits ``__launch_bounds__(threads, min_blocks)`` (ptxas caps the registers so that
       many CTAs fit on an SM; it may spill).
+    * ``philox_rounds`` (fp16 states): > 0 rounds every fp16 value written (pool, and an fp16 intermediate
+      buffer) stochastically with Philox-4x32 of that many rounds, seeded by the trailing ``rand_seed``
+      (:func:`.ssu_parts.row_ops`' ``sr_ops``); the one-token kernel then narrows nothing early.
     * ``pdl``: programmatic dependent launch (CUDA sm_90+): every CTA first allows the next kernel on the stream
       to launch (``T.pdl_trigger()``), then waits for the previous one to complete (``T.pdl_sync()``) before its
       first global read. TileLang then drops ``__restrict__`` from the pointer parameters.
@@ -96,6 +100,9 @@ def ssu_kernel(
     from .ssu_packed import packed_kernel
     from .ssu_parts import row_ops, tensor_types
 
+    if philox_rounds < 0 or (philox_rounds and state_dtype != "float16"):
+        raise ValueError(f"philox_rounds: stochastic rounding (> 0) serves a float16 state, got {philox_rounds!r} "
+                         f"with {state_dtype!r}")  # fmt: skip
     tiling = tiling or choose_tiling(dim, dstate, state_dtype)
     ibuf_dtype = ibuf_dtype or state_dtype
     ty = tensor_types(
@@ -110,10 +117,11 @@ def ssu_kernel(
     )  # fmt: skip
     common = dict(
         heads_per_group=int(heads_per_group), state_dtype=state_dtype, io_dtype=io_dtype, tied=tied,
-        vector_state=vector_state, vector_io=vector_io, min_blocks=min_blocks, pdl=pdl,
+        vector_state=vector_state, vector_io=vector_io, min_blocks=min_blocks, pdl=pdl, philox_rounds=philox_rounds,
     )  # fmt: skip
     if one_token:
-        early = bool(pack_early) and BYTES[state_dtype] == 2 and state_dtype not in QMAX  # a float of 2 bytes
+        # a float of 2 bytes, rounded to nearest (stochastic rounding needs the fp32 value where it is stored)
+        early = bool(pack_early) and BYTES[state_dtype] == 2 and state_dtype not in QMAX and not philox_rounds
         return one_token_kernel(T, ops, ty, pack_early=early, **common)
     return packed_kernel(T, ops, ty, ibuf_dtype=ibuf_dtype, **common)
 

@@ -21,7 +21,7 @@ from .ssu_common import FLAG_DST, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, MODE_NONE, QMA
 
 
 def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied, vector_state, vector_io,
-                     pack_early, min_blocks, pdl):  # fmt: skip
+                     pack_early, min_blocks, pdl, philox_rounds=0):  # fmt: skip
     """The ``T.prim_func`` (``ops``: :func:`.ssu_parts.row_ops`, ``ty``: :func:`.ssu_parts.tensor_types`)."""
     ratio = heads_per_group
     VEC, NV, L, R, TH, NB, NS, NA = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.NB, ops.NS, ops.NA
@@ -31,6 +31,7 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
     store_raw, store_state, load_io_chunk = ops.store_raw, ops.store_state, ops.load_io_chunk
     quant = state_dtype in QMAX  # block-scaled: the scales are one more argument, ``state_scale``
     q = ops.quant_ops(state_dtype) if quant else None
+    sr = ops.sr_ops(philox_rounds) if philox_rounds else None  # fp16 stochastic rounding: ``rand_seed`` trails
     H, S = ty.H, ty.S
     state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
     z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
@@ -38,7 +39,8 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
     i64 = "int64"
 
     @T.macro
-    def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, scale):
+    def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, scale,
+             seed_t):  # fmt: skip
         pool = aligned(state, vector_state)
         Bv = aligned(B, vector_io)
         Cv = aligned(C, vector_io)
@@ -121,6 +123,11 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):  # a destination outside the pool is skipped
                     if quant:
                         q.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
+                    elif sr is not None:
+                        seed = seed_t[0]
+                        k0 = T.cast(seed, "uint32")
+                        k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
+                        sr.store(s, buf, pool, wslot, h, pb, tx, k0, k1)
                     elif pack_early:
                         store_raw(raw, pool, wslot, h, pb, tx)
                     else:
@@ -156,9 +163,41 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
             state_scale: ty.state_scale,
         ):
             body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode,
-                 state_scale)  # fmt: skip
+                 state_scale, None)  # fmt: skip
 
         return ssu_one_token_scaled
+
+    if sr is not None:
+
+        @T.prim_func
+        def ssu_one_token_sr(
+            state: state_t,
+            x: x_t,
+            dt: dt_t,
+            A: A_t,
+            B: B_t,
+            C: C_t,
+            D: D_t,
+            z: z_t,
+            dt_bias: dtb_t,
+            out: out_t,
+            src: src_t,
+            dst: dst_t,
+            nseq: T.int32,
+            seqlen: T.int32,
+            src_sb: T.int64,
+            src_st: T.int64,
+            dst_sb: T.int64,
+            dst_st: T.int64,
+            pad: T.int64,
+            flags: T.int32,
+            mode: T.int32,
+            rand_seed: T.Tensor((1,), i64),
+        ):
+            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, None,
+                 rand_seed)  # fmt: skip
+
+        return ssu_one_token_sr
 
     @T.prim_func
     def ssu_one_token(
@@ -184,6 +223,6 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
         flags: T.int32,
         mode: T.int32,
     ):
-        body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, None)
+        body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, None, None)
 
     return ssu_one_token

@@ -37,7 +37,7 @@ from .ssu_common import (
 
 
 def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dtype, tied, vector_state, vector_io,
-                  min_blocks, pdl):  # fmt: skip
+                  min_blocks, pdl, philox_rounds=0):  # fmt: skip
     """The ``T.prim_func`` (``ops``: :func:`.ssu_parts.row_ops`, ``ty``: :func:`.ssu_parts.tensor_types`)."""
     ratio = heads_per_group
     N, VEC, NV, R, TH, BP, NB, NS, NA = ops.N, ops.VEC, ops.NV, ops.R, ops.TH, ops.BP, ops.NB, ops.NS, ops.NA
@@ -51,6 +51,9 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
     sq = ops.quant_ops(state_dtype) if state_dtype in QMAX else None
     iq = ops.quant_ops(ibuf_dtype) if ibuf_dtype in QMAX else None
     quant = sq is not None or iq is not None
+    # fp16 stochastic rounding (``rand_seed`` trails the scalars): the pool's writes, and the buffer's if fp16
+    sr = ops.sr_ops(philox_rounds) if philox_rounds else None
+    sr_ibuf = sr is not None and ibuf_dtype == "float16"
     H, S, R_, LS, LD, K = ty.H, ty.S, ty.R, ty.LS, ty.LD, ty.K
     state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
     z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
@@ -140,7 +143,7 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
 
     @T.macro
     def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
-             src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, scale, iscale):  # fmt: skip
+             src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, scale, iscale, seed_t):  # fmt: skip
         pool = aligned(state, vector_state)
         Bv = aligned(B, vector_io)
         Cv = aligned(C, vector_io)
@@ -209,6 +212,10 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                 ientry = slot
             # an intermediate entry outside the buffer: nothing is reloaded from or written to it
             ilive = T.And(ientry >= 0, ientry < T.cast(K, i64) // T.max(cache_steps, T.int64(1)))
+            if sr is not None:
+                seed = seed_t[0]
+                k0 = T.cast(seed, "uint32")
+                k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
             load_A(Av, A, h, pb, tx)
             load_D(dv, D, h, pb, tx, flags)
             if slot != pad:
@@ -245,12 +252,16 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                             if wslot != pad:
                                 if sq is not None:
                                     sq.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
+                                elif sr is not None:
+                                    sr.store(s, buf, pool, wslot, h, pb, tx, k0, k1)
                                 else:
                                     store_state(s, buf, pool, wslot, h, pb, tx)
                         elif mode == MODE_INTERMEDIATE:
                             if ilive and t < cache_steps:  # tokens past the entry's steps are not written
                                 if iq is not None:
                                     iq.store(s, ibv, ibv_buf, iscale, qs, ientry * cache_steps + t, h, pb, tx)
+                                elif sr_ibuf:
+                                    sr.store(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx, k0, k1)
                                 else:
                                     store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
                 T.sync_threads()
@@ -261,6 +272,8 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                 if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):  # a destination outside the pool is skipped
                     if sq is not None:
                         sq.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
+                    elif sr is not None:
+                        sr.store(s, buf, pool, wslot, h, pb, tx, k0, k1)
                     else:
                         store_state(s, buf, pool, wslot, h, pb, tx)
 
@@ -301,9 +314,48 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
             ibuf_scale: ty.ibuf_scale,
         ):
             body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
-                 src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, state_scale, ibuf_scale)  # fmt: skip
+                 src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, state_scale, ibuf_scale,
+                 None)  # fmt: skip
 
         return ssu_packed_scaled
+
+    if sr is not None:
+
+        @T.prim_func
+        def ssu_packed_sr(
+            state: state_t,
+            x: x_t,
+            dt: dt_t,
+            A: A_t,
+            B: B_t,
+            C: C_t,
+            D: D_t,
+            z: z_t,
+            dt_bias: dtb_t,
+            out: out_t,
+            src: src_t,
+            dst: dst_t,
+            cu: cu_t,
+            acc_tok: acc_t,
+            ibuf: ibuf_t,
+            iidx: iidx_t,
+            parent: par_t,
+            nseq: T.int32,
+            seqlen: T.int32,
+            src_sb: T.int64,
+            src_st: T.int64,
+            dst_sb: T.int64,
+            dst_st: T.int64,
+            pad: T.int64,
+            flags: T.int32,
+            mode: T.int32,
+            cache_steps: T.int64,
+            rand_seed: T.Tensor((1,), i64),
+        ):
+            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
+                 src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, None, None, rand_seed)  # fmt: skip
+
+        return ssu_packed_sr
 
     @T.prim_func
     def ssu_packed(
@@ -336,6 +388,6 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
         cache_steps: T.int64,
     ):
         body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen, src_sb,
-             src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, None, None)  # fmt: skip
+             src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, None, None, None)  # fmt: skip
 
     return ssu_packed

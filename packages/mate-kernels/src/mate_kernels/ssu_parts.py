@@ -79,6 +79,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
     guard_p = P % BP != 0
     NS = R * NV * VEC  # state values per thread
     f32 = "float32"
+    i64 = "int64"
     LOG_L = L.bit_length() - 1
     transposed = bool(transposed) and R <= L
     TR = R.bit_length() - 1 if transposed else 0
@@ -426,6 +427,67 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
 
         return SimpleNamespace(fetch_scales=fetch_scales, dequantize=dequantize, reload=reload, store=store)
 
+    def sr_ops(rounds):
+        """Stochastic rounding of the fp32 rows ``s`` into an fp16 tensor (the reference's rule,
+        ``mate.mamba.rounding``): the value at flat offset ``o`` of the ``[rows, heads, P, N]`` tensor written takes
+        word ``o % 4`` of Philox-4x32-``rounds`` for key ``(k0, k1)`` and counter ``(o - o % 4, 0, 0)``, so one
+        Philox call serves four values of a chunk; 13 of its bits are added below the fp16 mantissa of ``|v|``, then
+        the value is truncated (integer operations only: no conversion instruction)."""
+        if VEC % 4:
+            raise ValueError(f"stochastic rounding draws 4 values per counter: a chunk of {VEC} values")
+        u32 = "uint32"
+        KEY_A, KEY_B, ROUND_A, ROUND_B = 0x9E3779B9, 0xBB67AE85, 0xD2511F53, 0xCD9E8D57
+
+        @T.macro
+        def philox(ctr, tmp, k0, k1, offset):
+            """ctr = the four words of the counter ``offset`` (int64)."""
+            ctr[0] = T.cast(offset, u32)
+            ctr[1] = T.cast(T.shift_right(offset, T.int64(32)), u32)
+            ctr[2] = T.uint32(0)
+            ctr[3] = T.uint32(0)
+            for rd in T.unroll(rounds):
+                tmp[0] = ctr[0]
+                tmp[1] = ctr[2]
+                ka = k0 + T.uint32((rd * KEY_A) & 0xFFFFFFFF)
+                kb = k1 + T.uint32((rd * KEY_B) & 0xFFFFFFFF)
+                ctr[0] = T.call_extern(u32, "__umulhi", T.uint32(ROUND_B), tmp[1]) ^ ctr[1] ^ ka
+                ctr[2] = T.call_extern(u32, "__umulhi", T.uint32(ROUND_A), tmp[0]) ^ ctr[3] ^ kb
+                ctr[1] = T.uint32(ROUND_B) * tmp[1]
+                ctr[3] = T.uint32(ROUND_A) * tmp[0]
+
+        def round16(v, word):
+            """fp16 bits (uint32) of the fp32 ``v`` rounded up with probability its remainder (13 bits of ``word``)."""
+            bits = T.reinterpret(u32, v)
+            mag = (bits & T.uint32(0x7FFFFFFF)) + (word & T.uint32(0x1FFF))
+            exp = T.shift_right(mag, T.uint32(23))
+            h = T.shift_right(mag, T.uint32(13)) - T.uint32(112 << 10)
+            h = T.if_then_else(exp > T.uint32(142), T.uint32(0x7C00), h)  # above fp16's largest: inf
+            h = T.if_then_else(exp < T.uint32(113), T.uint32(0), h)  # below its smallest normal: zero
+            h = T.if_then_else((bits & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), T.uint32(0x7E00), h)  # NaN
+            return h | (T.shift_right(bits, T.uint32(16)) & T.uint32(0x8000))
+
+        @T.macro
+        def store(s, buf, dst, slot, h, pb, tx, k0, k1):
+            """The rows ``s`` rounded into ``dst[slot]`` (fp16; ``buf``: ``VEC`` fp16 registers)."""
+            ctr = T.alloc_local((4,), u32)
+            tmp = T.alloc_local((2,), u32)
+            lane = tx % L
+            rg = tx // L
+            heads = T.cast(dst.shape[1], i64)
+            for r in T.unroll(R):
+                p = pb * BP + r * RP + rg
+                row = ((T.cast(slot, i64) * heads + T.cast(h, i64)) * P + T.cast(p, i64)) * N
+                for v in T.unroll(NV):
+                    n0 = (v * L + lane) * VEC
+                    for j in T.unroll(VEC // 4):
+                        philox(ctr, tmp, k0, k1, row + T.cast(n0 + 4 * j, i64))
+                        for i in T.unroll(4):
+                            bits16 = T.cast(round16(s[(r * NV + v) * VEC + 4 * j + i], ctr[i]), "uint16")
+                            buf[4 * j + i] = T.reinterpret("float16", bits16)
+                    store_chunk(buf, dst, slot, h, p, n0)
+
+        return SimpleNamespace(store=store)
+
     def dt_value(raw, bias):
         """dt + dt_bias (softplus is applied later by ``apply_softplus``, once every load is in flight)."""
         return T.cast(raw, f32) + bias
@@ -441,5 +503,5 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         NA=1 if tied else NS, transposed=transposed, prow=prow, bit=bit, aligned=aligned, dt_value=dt_value,
         fetch_state=fetch_state, convert_state=convert_state, store_state=store_state, reload_state=reload_state,
         load_A=load_A, load_D=load_D, recur_and_reduce=recur_and_reduce, store_raw=store_raw, write_y=write_y,
-        apply_softplus=apply_softplus, load_io_chunk=load_io_chunk, quant_ops=quant_ops,
+        apply_softplus=apply_softplus, load_io_chunk=load_io_chunk, quant_ops=quant_ops, sr_ops=sr_ops,
     )  # fmt: skip

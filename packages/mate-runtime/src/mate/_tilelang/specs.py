@@ -103,6 +103,7 @@ class SSUSpec(KernelSpec):
     pack_early: bool
     min_blocks: int
     pdl: bool
+    philox_rounds: int = 0  # > 0: fp16 stochastic rounding with ``rand_seed``
 
     def pass_configs(self) -> dict:
         return ssu_pass_configs()

@@ -65,7 +65,8 @@ def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_d
 
 def compile_grid() -> list[SSUSpec]:
     """A representative grid: one-token + packed, bf16/fp32/fp16 state, P 64/80/128, N 128/256, tied/untied, the
-    small-grid one-token form, the block-scaled int16/int8/fp8 states, and both PDL builds (the one
+    small-grid one-token form, the block-scaled int16/int8/fp8 states, fp16 states with stochastic rounding, and
+    both PDL builds (the one
     ``MATE_SSU_PDL`` selects for sm_90a, and the other for two of them)."""
     f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
     grid = [
@@ -97,6 +98,10 @@ def compile_grid() -> list[SSUSpec]:
     for one_token, sdt in ((True, f32), (False, bf16)):
         specs.append(spec_for(one_token, 64, 128, 16, sdt, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32,
                               sdt, True, True, True, False, not pdl))  # fmt: skip
+    # fp16 stochastic rounding: both kernels (the packed one with an fp16 buffer), and 7 rounds at P 80 / N 256
+    for one_token, P, N, rounds in ((True, 64, 128, 10), (False, 64, 128, 10), (True, 80, 256, 7)):
+        specs.append(spec_for(one_token, P, N, 16, f16, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32,
+                              f16, True, True, True, False, pdl, rounds))  # fmt: skip
     return specs
 
 

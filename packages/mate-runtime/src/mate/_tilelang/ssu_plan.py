@@ -75,12 +75,16 @@ TUNING = {
     ("int8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp8", "one_token"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
+    ("fp16-sr", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=0),
+    ("fp16-sr", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
 }
 SMALL_GRID_CTAS_PER_SM = 4
 SCALED_STATES = (torch.int16, torch.int8, torch.float8_e4m3fn)  # block-scaled, with fp32 row scales
 
 
-def tuning(state_dtype: torch.dtype, one_token: bool, small_grid: bool = False) -> Tuning:
+def tuning(state_dtype: torch.dtype, one_token: bool, small_grid: bool = False, rounds: int = 0) -> Tuning:
+    if rounds:
+        return TUNING[("fp16-sr", "one_token" if one_token else "packed")]
     if state_dtype in SCALED_STATES:
         fmt = {torch.int16: "int16", torch.int8: "int8", torch.float8_e4m3fn: "fp8"}[state_dtype]
         return TUNING[(fmt, "one_token" if one_token else "packed")]
@@ -148,20 +152,21 @@ _SMALL_BLOCKS: dict = {}
 
 
 def spec_for(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
-             vstate, vio, small_grid=False, pdl=False) -> SSUSpec:  # fmt: skip
-    """The spec of one kernel (torch dtypes in, names in the spec)."""
+             vstate, vio, small_grid=False, pdl=False, rounds=0) -> SSUSpec:  # fmt: skip
+    """The spec of one kernel (torch dtypes in, names in the spec; ``rounds``: Philox rounds of fp16 stochastic
+    rounding, 0 for none)."""
     static = (one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
-              vstate, vio, small_grid and one_token, pdl)  # fmt: skip
+              vstate, vio, small_grid and one_token, pdl, rounds)  # fmt: skip
     spec = _SPECS.get(static)
     if spec is None:
-        t = tuning(state_dt, one_token, small_grid)
+        t = tuning(state_dt, one_token, small_grid, rounds)
         n = DTYPE_NAMES
         spec = _SPECS[static] = SSUSpec(
             dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], dt_dtype=n[dt_dt],
             d_dtype=n[d_dt], dt_bias_dtype=n[dtb_dt], src_dtype=n[src_dt], dst_dtype=n[dst_dt],
             meta_dtype=n[meta_dt], ibuf_dtype=n[ibuf_dt], tied=tied, one_token=one_token, vector_state=vstate,
             vector_io=vio, tiling=choose_tiling(P, N, n[state_dt], t.per_thread), pack_early=t.pack_early,
-            min_blocks=t.min_blocks, pdl=pdl,
+            min_blocks=t.min_blocks, pdl=pdl, philox_rounds=rounds,
         )  # fmt: skip
     return spec
 
@@ -249,12 +254,13 @@ def _contiguous(t):
 
 def plan(call: SSUCall):
     """(spec, launch arguments) of a call, or None when there is nothing to launch."""
-    if call.rand_seed is not None:
-        raise NotImplementedError(
-            "rand_seed (stochastic rounding of the stored state) in the TileLang SSU kernels is not supported by "
-            "MATE yet; use backend='torch'"
-        )
     state = call.state
+    rounds = call.philox_rounds if call.rand_seed is not None else 0  # (the normaliser: an fp16 state then)
+    if rounds and call.dstate % 4:
+        raise NotImplementedError(
+            f"rand_seed (stochastic rounding) with dstate={call.dstate} in the TileLang SSU kernels (they draw four "
+            "values per Philox counter: a multiple of 4) is not supported by MATE; use backend='torch'"
+        )
     scaled = call.state_scale is not None or call.ibuf_scale is not None
     if scaled and call.ibuf is not None and call.ibuf.dtype != state.dtype:
         raise NotImplementedError(
@@ -339,11 +345,13 @@ def plan(call: SSUCall):
     if one_token:
         small = small_grid(nseq, H, P, N, state_dt, hw)
         spec = spec_for(True, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, torch.int32,
-                        state_dt, tied, vstate, vio, small, pdl)  # fmt: skip
+                        state_dt, tied, vstate, vio, small, pdl, rounds)  # fmt: skip
         args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
                 nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
         if scaled:
             args += (call.state_scale,)
+        elif rounds:
+            args += (call.rand_seed.reshape(1),)
         return spec, args
 
     cu = call.cu_seqlens
@@ -375,30 +383,35 @@ def plan(call: SSUCall):
     else:
         ibuf_dt = ibuf.dtype
     spec = spec_for(False, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
-                    tied, vstate, vio, False, pdl)  # fmt: skip
+                    tied, vstate, vio, False, pdl, rounds)  # fmt: skip
     seqlen = call.seqlen if call.seqlen is not None else 0
     args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t, cu, acc, ibuf, iidx, parent,
             nseq, seqlen, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode, call.cache_steps)  # fmt: skip
     if scaled:  # both scales (a quantised state's buffer is of its dtype): a dummy for the dummy buffer's
         iscale = call.ibuf_scale if call.ibuf_scale is not None else dummy("scale", dev, torch.float32, (1, 1, P))
         args += (call.state_scale, iscale)
+    elif rounds:
+        args += (call.rand_seed.reshape(1),)
     return spec, args
 
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim,
-                  pdl=False) -> list[SSUSpec]:  # fmt: skip
+                  pdl=False, philox_rounds=0) -> list[SSUSpec]:  # fmt: skip
     """The specs one serving configuration calls: the one-token kernel (and, for 2-byte states, its small-grid
     form), plus the packed one when ``packed``; dt as fp32 and in the io dtype (both occur in production);
-    D / dt_bias fp32; aligned pools. ``pdl``: the specs of the PDL build."""
+    D / dt_bias fp32; aligned pools. ``pdl``: the specs of the PDL build; ``philox_rounds``: with fp16 stochastic
+    rounding of that many Philox rounds."""
     ratio = heads // groups
     f32 = torch.float32
-    forms = [(True, False)] + ([(True, True)] if state_dtype in TWO_BYTE_STATES else []) + ([(False, False)] * packed)
+    small_form = state_dtype in TWO_BYTE_STATES and not philox_rounds  # (one tuning for every SR grid)
+    forms = [(True, False)] + ([(True, True)] if small_form else []) + ([(False, False)] * packed)
     specs = []
     for one_token, small in forms:
         for dt_dt in dict.fromkeys((f32, io_dtype)):
             meta = meta_dtype if not one_token else torch.int32
             specs.append(spec_for(one_token, dim, dstate, ratio, state_dtype, io_dtype, dt_dt, f32, f32, slot_dtype,
-                                  slot_dtype, meta, state_dtype, tie_hdim, True, True, small, pdl))  # fmt: skip
+                                  slot_dtype, meta, state_dtype, tie_hdim, True, True, small, pdl,
+                                  philox_rounds))  # fmt: skip
     return specs
 
 

@@ -26,13 +26,15 @@ RESULT = "<result>"  # the pseudo-argument a launch recipe allocates when the ca
 # The normaliser hands every one of them through as it is or as a view of it (unsqueeze / expand / reshape /
 # a slot table's 1-D base); make_recipe verifies that on the call it is built from and gives up otherwise.
 # Positions 0-16 are shared by both kernels (the one-token kernel's tensors stop at 11); the scales of a quantised
-# state trail the scalars: position 21 in the one-token kernel, 27 and 28 in the packed one (whose 21 is a scalar).
+# state, or the seed of stochastic rounding, trail the scalars: position 21 in the one-token kernel, 27 and 28 in
+# the packed one (whose 21 is a scalar).
 _ARG_SOURCES = dict(enumerate((
     ("state",), ("x",), ("dt",), ("A",), ("B",), ("C",), ("D",), ("z",), ("dt_bias",), ("out", RESULT),
     ("state_batch_indices",), ("dst_state_batch_indices", "state_batch_indices"), ("cu_seqlens",),
     ("num_accepted_tokens",), ("intermediate_states_buffer",), ("intermediate_state_indices",),
     ("retrieve_parent_token",),
-))) | {21: ("state_scale",), 27: ("state_scale",), 28: ("intermediate_state_scales",)}  # fmt: skip
+))) | {21: ("state_scale", "rand_seed"), 27: ("state_scale", "rand_seed"),
+       28: ("intermediate_state_scales",)}  # fmt: skip
 _A_STATE, _A_B, _A_C, _A_IBUF = 0, 4, 5, 14  # the positions whose vector access the recipe re-checks
 
 

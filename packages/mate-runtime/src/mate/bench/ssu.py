@@ -32,7 +32,8 @@ DT_NAME = {
 }
 # block-scaled states: the pool comes with fp32 scales [slots, H, P] (FlashInfer 0.7.2's int16 layout)
 SCALED = (torch.int16, torch.int8, torch.float8_e4m3fn)
-STATE_NAMES = ("bf16", "fp32", "int16", "int8", "fp8")
+STATE_NAMES = ("bf16", "fp32", "fp16", "fp16+sr", "int16", "int8", "fp8")
+SR_ROUNDS = 10  # Philox rounds of the stochastic-rounding cases (FlashInfer's and vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class Case:
     state: torch.dtype
     batch: int
     T: int = 1  # tokens per sequence: 1 = one-token decode, >1 = packed MTP (cu_seqlens + num_accepted_tokens)
+    sr: bool = False  # an fp16 state rounded stochastically (rand_seed, SR_ROUNDS Philox rounds)
+
+    @property
+    def state_name(self) -> str:
+        return DT_NAME[self.state] + ("+sr" if self.sr else "")
 
     @property
     def op(self) -> str:
@@ -61,6 +67,10 @@ def cases(quick: bool) -> list[Case]:
         for b in (1, 8, 64) if quick else (1, 8, 64, 256, 1024):
             out.append(Case(main, st, b))
         out.append(Case(main, st, 64, T=6))
+    for sr in (False, True):  # fp16 states, rounded to nearest and stochastically
+        for b in (1, 8, 64) if quick else (1, 8, 64, 256, 1024):
+            out.append(Case(main, torch.float16, b, sr=sr))
+        out.append(Case(main, torch.float16, 64, T=6, sr=sr))
     if not quick:
         for name in ("nemotron-h-8b-tp8", "falcon-h1-7b", "p80", "mamba2-2.7b"):
             for b in (1, 64, 256):
@@ -110,6 +120,7 @@ class Setup:
         slots_per_window = case.batch * case.T
         slots = self.windows_n * slots_per_window
         self.scale = None
+        self.seed = torch.tensor([20261203], device=dev) if case.sr else None
         if scaled:  # random rows quantised as the kernels store them (max|row| / qmax scales)
             from mate.mamba._ssu_call import QUANT_STATE_QMAX
 
@@ -140,7 +151,8 @@ def _mate(st: Setup, w: Window):
 
     return selective_state_update(
         w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, dt_bias=st.dt_bias, dt_softplus=True, state_batch_indices=w.src,
-        out=w.out, cu_seqlens=w.cu, num_accepted_tokens=w.acc, state_scale=st.scale, backend="tilelang",
+        out=w.out, cu_seqlens=w.cu, num_accepted_tokens=w.acc, state_scale=st.scale, rand_seed=st.seed,
+        philox_rounds=SR_ROUNDS, backend="tilelang",
     )  # fmt: skip
 
 
@@ -171,6 +183,8 @@ def _load_vllm():
     def call(st: Setup, w: Window):
         if st.scale is not None:
             raise NotImplementedError("vLLM 0.33's Triton selective_state_update takes no block-scaled state")
+        if st.seed is not None:  # its rounding is the cvt.rs.f16x2.f32 instruction
+            raise NotImplementedError("vLLM 0.33's stochastic rounding needs cvt.rs (sm_100a and newer), not Hopper")
         fn(
             w.pool, w.x, w.dt, st.A, w.B, w.C, st.D, st.dt_bias, z=None, dt_softplus=True,
             state_batch_indices=w.src, dst_state_batch_indices=w.src, null_block_id=-1, out=w.out,
@@ -197,6 +211,7 @@ def _load_flashinfer():
             state_batch_indices=w.src, pad_slot_id=-1, out=w.out, cache_steps=T if T > 1 else 0,
             dst_state_batch_indices=w.src if T > 1 else None, cu_seqlens=w.cu, num_accepted_tokens=w.acc,
             **({} if st.scale is None else {"state_scale": st.scale}),
+            **({} if st.seed is None else {"rand_seed": st.seed, "philox_rounds": SR_ROUNDS}),
         )  # fmt: skip
 
     return call
@@ -283,9 +298,7 @@ def _after_producer(w: Window, fn):
 def selected_cases(quick: bool, state: str | None = None, batches: tuple[int, ...] = ()) -> list[Case]:
     """``cases(quick)``, only those of one state dtype (:data:`STATE_NAMES`) when ``state`` is given, only those
     batch sizes when ``batches`` names some."""
-    return [
-        c for c in cases(quick) if (state is None or DT_NAME[c.state] == state) and (not batches or c.batch in batches)
-    ]
+    return [c for c in cases(quick) if (state is None or c.state_name == state) and (not batches or c.batch in batches)]
 
 
 def warm_cases(quick: bool, state: str | None = None) -> list[Case]:
@@ -307,7 +320,7 @@ def warm(args) -> int:
     for case in sel:
         st = Setup(case, dev, windows=1)
         _, failed = _y_err(st, impls)
-        print(f"warm {case.op} {case.shape.name} {DT_NAME[case.state]}: failed={failed}", flush=True)
+        print(f"warm {case.op} {case.shape.name} {case.state_name}: failed={failed}", flush=True)
     return 0
 
 
@@ -340,13 +353,13 @@ def run(args) -> tuple[list[dict], dict]:
         for name in list(impls) + ([PRODUCER] if args.after_producer else []):
             row = dict(
                 op=case.op, shape=case.shape.name, heads=case.shape.heads, dim=case.shape.dim,
-                dstate=case.shape.dstate, groups=case.shape.groups, state=DT_NAME[case.state], batch=case.batch,
+                dstate=case.shape.dstate, groups=case.shape.groups, state=case.state_name, batch=case.batch,
                 impl=name,
             )  # fmt: skip
             if name in failed:
                 row["error"] = failed[name][:300]
                 rows.append(row)
-                print(f"{case.op:9s} {case.shape.name:18s} {DT_NAME[case.state]} b={case.batch:5d} {name:10s} failed")
+                print(f"{case.op:9s} {case.shape.name:18s} {case.state_name} b={case.batch:5d} {name:10s} failed")
                 continue
             us = times[name]
             if isinstance(us, Exception):
@@ -361,7 +374,7 @@ def run(args) -> tuple[list[dict], dict]:
                 row["y_err"] = errs.get(name)
             rows.append(row)
             print(
-                f"{case.op:9s} {case.shape.name:18s} {DT_NAME[case.state]} b={case.batch:5d} {name:10s} "
+                f"{case.op:9s} {case.shape.name:18s} {case.state_name} b={case.batch:5d} {name:10s} "
                 + (f"{row['us']:9.2f} us" if "us" in row else row.get("error", ""))
                 + (f" {row['tbps']:.2f} TB/s" if row.get("tbps") is not None else ""),
                 flush=True,
@@ -381,9 +394,11 @@ def run(args) -> tuple[list[dict], dict]:
 def pivot(rows: list[dict]) -> list[dict]:
     """One line per case: µs (TB/s) per implementation and the best peer's time over MATE's; a block-scaled
     state's line also the best peer's time with a bf16 and with an fp32 state of the same call over MATE's (the
-    bytes the format saves), where those cases ran in the same report."""
+    bytes the format saves), and a stochastically rounded fp16 line MATE's round-to-nearest fp16 time over its own
+    (the rounding's cost), where those cases ran in the same report."""
     out = {}
     best = {}  # (op, shape name, batch, state) -> the best peer's µs
+    mates = {(r["op"], r["shape"], r["batch"], r["state"]): r["us"] for r in rows if r["impl"] == "mate" and "us" in r}
     for r in rows:
         key = (r["op"], r["shape"], r["state"], r["batch"])
         line = out.setdefault(
@@ -412,6 +427,9 @@ def pivot(rows: list[dict]) -> list[dict]:
             for ref in ("bf16", "fp32"):
                 peer = best.get((op, name, batch, ref))
                 line[f"best {ref} peer / MATE"] = round(peer / mate, 2) if peer else None
+        if state == "fp16+sr" and mate:  # the cost of the rounding: MATE's own fp16 call rounded to nearest
+            plain = mates.get((op, name, batch, "fp16"))
+            line["MATE fp16 / MATE"] = round(plain / mate, 2) if plain else None
         res.append(line)
     return res
 

@@ -1,13 +1,14 @@
 """Stochastic rounding of fp32 state values to fp16, as the reference backend writes a state with ``rand_seed``.
 
-The random stream is Philox-4x32 with ``philox_rounds`` rounds, keyed by the seed (its low and high 32 bits),
-counter ``(offset low, offset high, 0, 0)`` for the flat element offset ``offset`` of the value in the tensor it is
-written to (FlashInfer 0.7.2's generator; FlashInfer draws one counter per group of elements, in an order that
-depends on its kernel, MATE one per element and takes its first word). The rounding adds the word's low 13 bits
-below the fp16 mantissa of ``|x|`` and truncates, so ``|x|`` rounds up with probability equal to its remainder
-(unbiased); values below fp16's smallest normal flush to signed zero and above its largest become infinite, as
-FlashInfer's software path does. A seed is one step's: the caller changes it between steps (a one-element device
-tensor, so a captured graph reads the new value).
+The random stream is Philox-4x32 with ``philox_rounds`` rounds, keyed by the seed (its low and high 32 bits). One
+counter serves four consecutive elements: the value at flat element offset ``o`` of the ``[rows, H, P, N]``
+tensor it is written to takes word ``o % 4`` of the output for counter ``(o - o % 4 low, high, 0, 0)`` (FlashInfer
+0.7.2's draw in its one-token kernel, where a contiguous pool's flat offset is the one it counts; the TileLang
+kernels draw the same). The rounding adds the word's low 13 bits below the fp16 mantissa of ``|x|`` and
+truncates, so ``|x|`` rounds up with probability equal to its remainder (unbiased); values below fp16's smallest
+normal flush to signed zero and above its largest become infinite, as FlashInfer's software path does. A seed is
+one step's: the caller changes it between steps (a one-element device tensor, so a captured graph reads the new
+value).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi & _M32, lo & _M32
 
 
-def philox4x32(seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
-    """The first output word of Philox-4x32-``rounds`` for key ``seed`` and counters ``(offset, 0, 0)`` (int64
-    offsets, split into two 32-bit words), as an int64 tensor of uint32 values."""
+def philox4x32(seed: int, counter: torch.Tensor, rounds: int) -> tuple[torch.Tensor, ...]:
+    """The four output words of Philox-4x32-``rounds`` for key ``seed`` and counters ``(counter, 0, 0)`` (int64
+    counters, split into two 32-bit words), as int64 tensors of uint32 values."""
     k0, k1 = seed & _M32, (seed >> 32) & _M32
-    c0, c1 = offset & _M32, (offset >> 32) & _M32
+    c0, c1 = counter & _M32, (counter >> 32) & _M32
     c2 = torch.zeros_like(c0)
     c3 = torch.zeros_like(c0)
     for _ in range(rounds):
@@ -41,14 +42,20 @@ def philox4x32(seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
         hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
-    return c0
+    return c0, c1, c2, c3
+
+
+def random_words(seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
+    """The 32 random bits of each flat element offset (word ``offset % 4`` of its group's counter)."""
+    words = torch.stack(philox4x32(seed, offset - offset % 4, rounds), dim=-1)
+    return words.gather(-1, (offset % 4).unsqueeze(-1)).squeeze(-1)
 
 
 def round_to_fp16(x: torch.Tensor, seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
-    """``x`` (fp32) rounded stochastically to fp16 with 13 random bits per element from ``philox4x32``."""
+    """``x`` (fp32) rounded stochastically to fp16 with 13 random bits per element from :func:`random_words`."""
     bits = x.contiguous().view(torch.int32).to(torch.int64) & _M32
     sign = bits & 0x80000000
-    mag = (bits & 0x7FFFFFFF) + (philox4x32(seed, offset, rounds) & 0x1FFF)
+    mag = (bits & 0x7FFFFFFF) + (random_words(seed, offset, rounds) & 0x1FFF)
     exp = (mag >> 23) & 0xFF
     mant = mag & 0x7FFFFF
     normal = ((exp - 112) << 10) | (mant >> 13)
@@ -62,4 +69,4 @@ def round_to_fp16(x: torch.Tensor, seed: int, offset: torch.Tensor, rounds: int)
     return (h - ((h & 0x8000) << 1)).to(torch.int16).view(torch.float16)  # the uint16 bits as int16
 
 
-__all__ = ["philox4x32", "round_to_fp16"]
+__all__ = ["philox4x32", "random_words", "round_to_fp16"]
