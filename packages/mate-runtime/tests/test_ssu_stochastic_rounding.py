@@ -1,7 +1,7 @@
 """Stochastic rounding of fp16 SSU states (``rand_seed``, ``philox_rounds``) on the reference backend.
 
 Checked: the generator is Philox-4x32 as FlashInfer 0.7.2 defines it (against a plain integer transcription of
-its rounds), one counter per four consecutive elements; each value written is one of the two fp16 neighbours of
+its rounds), one counter per eight consecutive elements; each value written is one of the two fp16 neighbours of
 the fp32 recurrence's value; the mean over many independently rounded copies converges to the fp32 value
 (unbiased) where round-to-nearest stays off by its fixed rounding error; a seed gives the same bits every time and
 another seed other bits; what it does not serve raises naming the argument.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import selective_state_update
-from mate.mamba.rounding import philox4x32, random_words, round_to_fp16
+from mate.mamba.rounding import philox4x32, random_bits, round_to_fp16
 from mate.testing import ssu_recurrence
 from test_ssu_reference import make_inputs
 
@@ -42,11 +42,12 @@ def test_philox_is_flashinfers(seed, rounds):
     assert list(zip(*words, strict=True)) == [philox_plain(seed, int(o), rounds) for o in offsets]
 
 
-def test_four_elements_share_a_counter():
-    """Element o takes word o % 4 of the counter o - o % 4 (FlashInfer's draw: one Philox call per four values)."""
-    offsets = torch.arange(40, 52)
-    got = random_words(99, offsets, 10).tolist()
-    assert got == [philox_plain(99, int(o) - int(o) % 4, 10)[int(o) % 4] for o in offsets]
+def test_eight_elements_share_a_counter():
+    """Element o takes the 16-bit half o % 2 of word (o % 8) // 2 of the counter o - o % 8."""
+    offsets = torch.arange(40, 60)
+    got = random_bits(99, offsets, 10).tolist()
+    want = [(philox_plain(99, o - o % 8, 10)[(o % 8) // 2] >> (16 * (o % 2))) & 0xFFFF for o in offsets.tolist()]
+    assert got == want
 
 
 def test_rounding_edges():

@@ -99,6 +99,15 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 fetch_state(raw, pool, slot, h, pb, tx)
                 if quant:
                     q.fetch_scales(qs, scale, slot, h, pb, tx)
+            if sr is not None:
+                # the random words of the slot written, drawn while the state loads are in flight
+                words = T.alloc_local((sr.words,), "uint32")
+                seed = seed_t[0]
+                hd = T.cast(bit(flags, FLAG_DST), i64)
+                wslot = T.if_then_else(hd != 0, T.cast(dst[b64 * dst_sb * hd], i64), slot)
+                if slot != pad:
+                    sr.draw(words, pool, wslot, h, pb, tx, T.cast(seed, "uint32"),
+                            T.cast(T.shift_right(seed, T.int64(32)), "uint32"))  # fmt: skip
             if pack_early:
                 if slot == pad:
                     for k in T.unroll(NS):
@@ -124,10 +133,7 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                     if quant:
                         q.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
                     elif sr is not None:
-                        seed = seed_t[0]
-                        k0 = T.cast(seed, "uint32")
-                        k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
-                        sr.store(s, buf, pool, wslot, h, pb, tx, k0, k1)
+                        sr.store(s, words, buf, pool, wslot, h, pb, tx)
                     elif pack_early:
                         store_raw(raw, pool, wslot, h, pb, tx)
                     else:

@@ -253,7 +253,7 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                                 if sq is not None:
                                     sq.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
                                 elif sr is not None:
-                                    sr.store(s, buf, pool, wslot, h, pb, tx, k0, k1)
+                                    sr.store_now(s, buf, pool, wslot, h, pb, tx, k0, k1)
                                 else:
                                     store_state(s, buf, pool, wslot, h, pb, tx)
                         elif mode == MODE_INTERMEDIATE:
@@ -261,7 +261,7 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                                 if iq is not None:
                                     iq.store(s, ibv, ibv_buf, iscale, qs, ientry * cache_steps + t, h, pb, tx)
                                 elif sr_ibuf:
-                                    sr.store(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx, k0, k1)
+                                    sr.store_now(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx, k0, k1)
                                 else:
                                     store_state(s, ibv, ibv_buf, ientry * cache_steps + t, h, pb, tx)
                 T.sync_threads()
@@ -273,7 +273,7 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                     if sq is not None:
                         sq.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
                     elif sr is not None:
-                        sr.store(s, buf, pool, wslot, h, pb, tx, k0, k1)
+                        sr.store_now(s, buf, pool, wslot, h, pb, tx, k0, k1)
                     else:
                         store_state(s, buf, pool, wslot, h, pb, tx)
 

@@ -430,13 +430,19 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
     def sr_ops(rounds):
         """Stochastic rounding of the fp32 rows ``s`` into an fp16 tensor (the reference's rule,
         ``mate.mamba.rounding``): the value at flat offset ``o`` of the ``[rows, heads, P, N]`` tensor written takes
-        word ``o % 4`` of Philox-4x32-``rounds`` for key ``(k0, k1)`` and counter ``(o - o % 4, 0, 0)``, so one
-        Philox call serves four values of a chunk; 13 of its bits are added below the fp16 mantissa of ``|v|``, then
-        the value is truncated (integer operations only: no conversion instruction)."""
-        if VEC % 4:
-            raise ValueError(f"stochastic rounding draws 4 values per counter: a chunk of {VEC} values")
+        the 16-bit half ``o % 2`` of word ``(o % 8) // 2`` of Philox-4x32-``rounds`` for key ``(k0, k1)`` and
+        counter ``(o - o % 8, 0, 0)`` (one Philox call per eight values of a chunk); 13 of those bits are added
+        below the fp16 mantissa of ``|v|``, then the value is truncated, in integer operations only.
+
+        ``draw`` computes a thread's words for a slot ahead of the update (the one-token kernel draws while the
+        state loads are in flight, so the generator's integer work overlaps their latency; ``NS / 2`` registers);
+        ``store`` rounds with drawn words, ``store_now`` draws as it stores (the packed kernel's per-token
+        writes)."""
+        if VEC % 8:
+            raise ValueError(f"stochastic rounding draws 8 values per counter: a chunk of {VEC} values")
         u32 = "uint32"
         KEY_A, KEY_B, ROUND_A, ROUND_B = 0x9E3779B9, 0xBB67AE85, 0xD2511F53, 0xCD9E8D57
+        GW = VEC // 2  # words per chunk
 
         @T.macro
         def philox(ctr, tmp, k0, k1, offset):
@@ -455,38 +461,74 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 ctr[1] = T.uint32(ROUND_B) * tmp[1]
                 ctr[3] = T.uint32(ROUND_A) * tmp[0]
 
-        def round16(v, word):
-            """fp16 bits (uint32) of the fp32 ``v`` rounded up with probability its remainder (13 bits of ``word``)."""
+        def round16(v, word, half):
+            """fp16 bits (uint32) of the fp32 ``v`` rounded up with probability its remainder: 13 bits of the
+            16-bit ``half`` (0 or 1) of ``word``. Overflow (to inf) by a min, underflow (to zero) by a select."""
             bits = T.reinterpret(u32, v)
-            mag = (bits & T.uint32(0x7FFFFFFF)) + (word & T.uint32(0x1FFF))
-            exp = T.shift_right(mag, T.uint32(23))
-            h = T.shift_right(mag, T.uint32(13)) - T.uint32(112 << 10)
-            h = T.if_then_else(exp > T.uint32(142), T.uint32(0x7C00), h)  # above fp16's largest: inf
-            h = T.if_then_else(exp < T.uint32(113), T.uint32(0), h)  # below its smallest normal: zero
-            h = T.if_then_else((bits & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), T.uint32(0x7E00), h)  # NaN
-            return h | (T.shift_right(bits, T.uint32(16)) & T.uint32(0x8000))
+            noise = T.shift_right(word, T.cast(half * 16, u32))
+            mag = T.cast((bits & T.uint32(0x7FFFFFFF)) + (noise & T.uint32(0x1FFF)), "int32")
+            h = T.shift_right(mag, 13) - (112 << 10)  # (exp - 112) << 10 | mantissa >> 13, where normal
+            h = T.if_then_else(h < (1 << 10), 0, T.min(h, 0x7C00))  # below the smallest normal: zero
+            h = T.if_then_else((bits & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), 0x7E00, h)  # NaN
+            return T.cast(h, u32) | (T.shift_right(bits, T.uint32(16)) & T.uint32(0x8000))
+
+        def offset_of(dst, slot, h, p, n0):
+            heads = T.cast(dst.shape[1], i64)
+            return ((T.cast(slot, i64) * heads + T.cast(h, i64)) * P + T.cast(p, i64)) * N + T.cast(n0, i64)
 
         @T.macro
-        def store(s, buf, dst, slot, h, pb, tx, k0, k1):
-            """The rows ``s`` rounded into ``dst[slot]`` (fp16; ``buf``: ``VEC`` fp16 registers)."""
+        def draw(words, dst, slot, h, pb, tx, k0, k1):
+            """words = the thread's Philox words for its values in ``dst[slot]`` (``NS // 2`` uint32)."""
             ctr = T.alloc_local((4,), u32)
             tmp = T.alloc_local((2,), u32)
             lane = tx % L
             rg = tx // L
-            heads = T.cast(dst.shape[1], i64)
             for r in T.unroll(R):
                 p = pb * BP + r * RP + rg
-                row = ((T.cast(slot, i64) * heads + T.cast(h, i64)) * P + T.cast(p, i64)) * N
                 for v in T.unroll(NV):
                     n0 = (v * L + lane) * VEC
-                    for j in T.unroll(VEC // 4):
-                        philox(ctr, tmp, k0, k1, row + T.cast(n0 + 4 * j, i64))
+                    for j in T.unroll(VEC // 8):
+                        philox(ctr, tmp, k0, k1, offset_of(dst, slot, h, p, n0 + 8 * j))
                         for i in T.unroll(4):
-                            bits16 = T.cast(round16(s[(r * NV + v) * VEC + 4 * j + i], ctr[i]), "uint16")
-                            buf[4 * j + i] = T.reinterpret("float16", bits16)
+                            words[(r * NV + v) * GW + 4 * j + i] = ctr[i]
+
+        @T.macro
+        def round_chunk(buf, s, k0, words, w0):
+            for i in T.unroll(VEC):
+                bits16 = T.cast(round16(s[k0 + i], words[w0 + i // 2], i % 2), "uint16")
+                buf[i] = T.reinterpret("float16", bits16)
+
+        @T.macro
+        def store(s, words, buf, dst, slot, h, pb, tx):
+            """The rows ``s`` rounded with the drawn ``words`` into ``dst[slot]`` (fp16; ``buf``: ``VEC`` fp16)."""
+            lane = tx % L
+            rg = tx // L
+            for r in T.unroll(R):
+                p = pb * BP + r * RP + rg
+                for v in T.unroll(NV):
+                    round_chunk(buf, s, (r * NV + v) * VEC, words, (r * NV + v) * GW)
+                    store_chunk(buf, dst, slot, h, p, (v * L + lane) * VEC)
+
+        @T.macro
+        def store_now(s, buf, dst, slot, h, pb, tx, k0, k1):
+            """``store`` drawing each chunk's words as it goes."""
+            ctr = T.alloc_local((4,), u32)
+            tmp = T.alloc_local((2,), u32)
+            words = T.alloc_local((GW,), u32)
+            lane = tx % L
+            rg = tx // L
+            for r in T.unroll(R):
+                p = pb * BP + r * RP + rg
+                for v in T.unroll(NV):
+                    n0 = (v * L + lane) * VEC
+                    for j in T.unroll(VEC // 8):
+                        philox(ctr, tmp, k0, k1, offset_of(dst, slot, h, p, n0 + 8 * j))
+                        for i in T.unroll(4):
+                            words[4 * j + i] = ctr[i]
+                    round_chunk(buf, s, (r * NV + v) * VEC, words, 0)
                     store_chunk(buf, dst, slot, h, p, n0)
 
-        return SimpleNamespace(store=store)
+        return SimpleNamespace(draw=draw, store=store, store_now=store_now, words=NS // 2)
 
     def dt_value(raw, bias):
         """dt + dt_bias (softplus is applied later by ``apply_softplus``, once every load is in flight)."""

@@ -63,6 +63,10 @@ class Tuning:
 #   {1, 2, 4, 8} x min_blocks {0, 6, 8, 12, 16} at batch 8-256 (2026-12-02, H200): int16 4 chunks under a 6-CTA cap
 #   (one-token batch 64 105.5 -> 86.8 us against no cap), int8 / fp8 2 chunks under an 8-CTA cap (72.5 -> 67.7 us
 #   against 4 chunks uncapped; 4 chunks under the cap spill, 224 us); packed MTP 6 likewise under an 8-CTA cap.
+# - fp16 with stochastic rounding: the Philox draw keeps 16 more registers live (137 uncapped); of per_thread
+#   {2, 4} x min_blocks {0, 5, 6, 8} (2026-12-03, H200), 4 chunks under a 5-CTA cap (96 registers, no spill):
+#   one-token batch 64 127.9 -> 117.4 us against no cap, 134.2 us for 2 chunks under an 8-CTA cap; packed MTP 6
+#   batch 64 2 chunks under an 8-CTA cap, 625.7 us (1 chunk: 841.0).
 TUNING = {
     ("2-byte", "one_token"): Tuning(per_thread=4, pack_early=True, min_blocks=8),
     ("2-byte", "one_token_small"): Tuning(per_thread=4, pack_early=False, min_blocks=0),
@@ -75,7 +79,7 @@ TUNING = {
     ("int8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp8", "one_token"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
-    ("fp16-sr", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=0),
+    ("fp16-sr", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=5),
     ("fp16-sr", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
 }
 SMALL_GRID_CTAS_PER_SM = 4
@@ -256,10 +260,10 @@ def plan(call: SSUCall):
     """(spec, launch arguments) of a call, or None when there is nothing to launch."""
     state = call.state
     rounds = call.philox_rounds if call.rand_seed is not None else 0  # (the normaliser: an fp16 state then)
-    if rounds and call.dstate % 4:
+    if rounds and call.dstate % 8:
         raise NotImplementedError(
-            f"rand_seed (stochastic rounding) with dstate={call.dstate} in the TileLang SSU kernels (they draw four "
-            "values per Philox counter: a multiple of 4) is not supported by MATE; use backend='torch'"
+            f"rand_seed (stochastic rounding) with dstate={call.dstate} in the TileLang SSU kernels (they draw eight "
+            "values per Philox counter: a multiple of 8) is not supported by MATE; use backend='torch'"
         )
     scaled = call.state_scale is not None or call.ibuf_scale is not None
     if scaled and call.ibuf is not None and call.ibuf.dtype != state.dtype:

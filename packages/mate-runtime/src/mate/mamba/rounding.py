@@ -1,14 +1,15 @@
 """Stochastic rounding of fp32 state values to fp16, as the reference backend writes a state with ``rand_seed``.
 
-The random stream is Philox-4x32 with ``philox_rounds`` rounds, keyed by the seed (its low and high 32 bits). One
-counter serves four consecutive elements: the value at flat element offset ``o`` of the ``[rows, H, P, N]``
-tensor it is written to takes word ``o % 4`` of the output for counter ``(o - o % 4 low, high, 0, 0)`` (FlashInfer
-0.7.2's draw in its one-token kernel, where a contiguous pool's flat offset is the one it counts; the TileLang
-kernels draw the same). The rounding adds the word's low 13 bits below the fp16 mantissa of ``|x|`` and
-truncates, so ``|x|`` rounds up with probability equal to its remainder (unbiased); values below fp16's smallest
-normal flush to signed zero and above its largest become infinite, as FlashInfer's software path does. A seed is
-one step's: the caller changes it between steps (a one-element device tensor, so a captured graph reads the new
-value).
+The random stream is Philox-4x32 with ``philox_rounds`` rounds (FlashInfer 0.7.2's generator), keyed by the seed
+(its low and high 32 bits). One counter serves eight consecutive elements: the value at flat element offset ``o``
+of the ``[rows, H, P, N]`` tensor it is written to takes the 16-bit half ``o % 2`` of word ``(o % 8) // 2`` of
+the output for counter ``(o - o % 8 low, high, 0, 0)``, of which it uses 13 bits (FlashInfer draws one counter per
+four values and uses 13 bits of each word: MATE's draw halves the generator's work, which bounds the rounding's
+cost on a GPU without a stochastic-rounding instruction). The rounding adds those bits below the fp16 mantissa of
+``|x|`` and truncates, so ``|x|`` rounds up with probability equal to its remainder (unbiased); values below fp16's
+smallest normal flush to signed zero and above its largest become infinite, as FlashInfer's software path does. A
+seed is one step's: the caller changes it between steps (a one-element device tensor, so a captured graph reads
+the new value).
 """
 
 from __future__ import annotations
@@ -45,17 +46,19 @@ def philox4x32(seed: int, counter: torch.Tensor, rounds: int) -> tuple[torch.Ten
     return c0, c1, c2, c3
 
 
-def random_words(seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
-    """The 32 random bits of each flat element offset (word ``offset % 4`` of its group's counter)."""
-    words = torch.stack(philox4x32(seed, offset - offset % 4, rounds), dim=-1)
-    return words.gather(-1, (offset % 4).unsqueeze(-1)).squeeze(-1)
+def random_bits(seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
+    """The 16 random bits of each flat element offset (half ``offset % 2`` of word ``(offset % 8) // 2`` of its
+    group's counter ``offset - offset % 8``)."""
+    words = torch.stack(philox4x32(seed, offset - offset % 8, rounds), dim=-1)
+    word = words.gather(-1, ((offset % 8) // 2).unsqueeze(-1)).squeeze(-1)
+    return (word >> (16 * (offset % 2))) & 0xFFFF
 
 
 def round_to_fp16(x: torch.Tensor, seed: int, offset: torch.Tensor, rounds: int) -> torch.Tensor:
-    """``x`` (fp32) rounded stochastically to fp16 with 13 random bits per element from :func:`random_words`."""
+    """``x`` (fp32) rounded stochastically to fp16 with 13 random bits per element from :func:`random_bits`."""
     bits = x.contiguous().view(torch.int32).to(torch.int64) & _M32
     sign = bits & 0x80000000
-    mag = (bits & 0x7FFFFFFF) + (random_words(seed, offset, rounds) & 0x1FFF)
+    mag = (bits & 0x7FFFFFFF) + (random_bits(seed, offset, rounds) & 0x1FFF)
     exp = (mag >> 23) & 0xFF
     mant = mag & 0x7FFFFF
     normal = ((exp - 112) << 10) | (mant >> 13)
@@ -69,4 +72,4 @@ def round_to_fp16(x: torch.Tensor, seed: int, offset: torch.Tensor, rounds: int)
     return (h - ((h & 0x8000) << 1)).to(torch.int16).view(torch.float16)  # the uint16 bits as int16
 
 
-__all__ = ["philox4x32", "random_words", "round_to_fp16"]
+__all__ = ["philox4x32", "random_bits", "round_to_fp16"]
