@@ -7,7 +7,8 @@ What SGLang's ops do, as these tests read them:
 
 * ``selective_state_update`` loads every input as fp32 (any float dtype mix is valid) and stores y in
   ``out``'s dtype; without ``state_batch_indices`` sequence ``b`` uses pool row ``b`` (no sentinel applies);
-  ``enable_stochastic_rounding`` needs an fp16 state and ``cache_philox_rounds >= 0``.
+  ``enable_stochastic_rounding`` needs an fp16 state and ``cache_philox_rounds >= 0``, and rounds the final state
+  store only, with a fresh ``torch.randint`` seed per call.
 * ``mamba_chunk_scan_combined`` takes any power-of-two ``chunk_size``; ``final_states`` are fp32, the chunk /
   varlen / track states are in ``state_dtype`` (default C's dtype); ``return_track_states`` (with
   ``return_varlen_states``) returns ``(chunk states, varlen_states, track_states)``.
@@ -101,15 +102,53 @@ def oracle_ssu(t, pool0, **kw):
     )  # fmt: skip
 
 
-def test_stochastic_rounding_is_named_and_sglangs_own_checks_kept():
-    t = ssu_tensors(2, state=F16)
-    with pytest.raises(NotImplementedError, match="enable_stochastic_rounding"):
-        call_ssu(t, state_batch_indices=torch.tensor([0, 1]), enable_stochastic_rounding=True, cache_philox_rounds=7)
+def test_stochastic_rounding_keeps_sglangs_own_checks():
     t32 = ssu_tensors(2)
     with pytest.raises(ValueError, match="float16"):  # SGLang: stochastic rounding needs an fp16 state
         call_ssu(t32, enable_stochastic_rounding=True)
     with pytest.raises(ValueError, match="cache_philox_rounds"):
         call_ssu(t32, cache_philox_rounds=-1)
+
+
+def _within_one_fp16_step(got: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether every fp16 value is within one fp16 step of the exact value (a stochastic rounding's two
+    candidates; MATE computes in fp32, so the exact value's own fp16 neighbours may differ from MATE's)."""
+    return bool(((got.double() - exact).abs() <= exact.abs() * 2.0**-10 + 1e-6).all())
+
+
+def test_stochastic_rounding_rounds_the_final_store():
+    """SGLang's kernel rounds the final fp16 state store stochastically with a fresh seed per call: every value
+    written is within one fp16 step of the exact one, torch's generator decides the draw, and other draws round
+    differently."""
+    idx = torch.tensor([5, 0, 3], dtype=torch.int32)
+    pools = []
+    for seed in (1, 1, 2):
+        t = ssu_tensors(3, seed=4, state=F16, N=32)
+        pool0 = t.state.clone()
+        torch.manual_seed(seed)
+        assert call_ssu(t, state_batch_indices=idx, enable_stochastic_rounding=True, cache_philox_rounds=7) is None
+        exact = oracle_ssu(t, pool0.float(), state_batch_indices=idx).state
+        assert _within_one_fp16_step(t.state[idx.long()], exact[idx.long()].double())
+        others = torch.tensor([1, 2, 4, 6, 7])
+        assert torch.equal(t.state[others], pool0[others])
+        pools.append(t.state.clone())
+    assert torch.equal(pools[0], pools[1]) and not torch.equal(pools[0], pools[2])
+    nearest = ssu_tensors(3, seed=4, state=F16, N=32)
+    call_ssu(nearest, state_batch_indices=idx)
+    assert not torch.equal(nearest.state, pools[0])  # (not round to nearest)
+
+
+def test_stochastic_rounding_leaves_the_intermediate_buffer_to_nearest():
+    """With an intermediate buffer (SGLang's verify) SGLang rounds the buffer's stores to nearest: the same
+    bits as with the flag off."""
+    bufs = []
+    for sr in (True, False):
+        t = ssu_tensors(2, T=3, seed=6, state=F16, N=32)
+        buf = torch.zeros(4, 3, 4, 4, 32, dtype=F16)
+        call_ssu(t, state_batch_indices=torch.tensor([1, 2]), intermediate_states_buffer=buf, cache_steps=3,
+                 disable_state_update=True, enable_stochastic_rounding=sr)  # fmt: skip
+        bufs.append(buf)
+    assert torch.equal(bufs[0], bufs[1])
 
 
 def test_stochastic_rounding_off_computes_and_ignores_philox_rounds():

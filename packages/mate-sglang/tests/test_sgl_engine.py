@@ -83,11 +83,14 @@ def test_unknown_mamba_backend_is_refused_by_sglangs_parser_with_mate_among_the_
     assert "'triton', 'flashinfer', 'mate'" in capsys.readouterr().err
 
 
-def test_stochastic_rounding_fails_at_start_up_naming_the_flag(backend):
+def test_stochastic_rounding_flags_reach_the_backend(backend):
+    """SGLang's --enable-mamba-cache-stochastic-rounding / --mamba-cache-philox-rounds, read by SGLang's own
+    initialiser, construct MATE's backend with them (its calls then round the fp16 final stores)."""
     args = SimpleNamespace(mamba_backend="mate", enable_mamba_cache_stochastic_rounding=True,
-                           mamba_cache_philox_rounds=10)  # fmt: skip
-    with pytest.raises(NotImplementedError, match="--enable-mamba-cache-stochastic-rounding"):
-        sd.initialize_mamba_selective_state_update_backend(args)
+                           mamba_cache_philox_rounds=7)  # fmt: skip
+    sd.initialize_mamba_selective_state_update_backend(args)
+    b = sd._mamba_ssu_backend
+    assert type(b) is sd._BACKEND_REGISTRY["mate"] and b.enable_stochastic_rounding and b.cache_philox_rounds == 7
 
 
 def mixer_decode_tensors(bs, T=None, H=4, P=4, N=8, G=2, S=8, seed=0):

@@ -231,10 +231,46 @@ def test_dtype_mixes_mate_does_not_serve_are_named(name, kw):
     assert torch.equal(t.state, state0)
 
 
-def test_stochastic_rounding_is_named():
-    t = decode_tensors(rows=2, S=3, io=F16, state_dtype=F16, seed=11)
-    with pytest.raises(NotImplementedError, match="enable_stochastic_rounding"):
-        ssu(t, enable_stochastic_rounding=True, cache_philox_rounds=10)
+def _within_one_fp16_step(got: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether every fp16 value is within one fp16 step of the exact value (a stochastic rounding's two
+    candidates; MATE computes in fp32, so the exact value's own fp16 neighbours may differ from MATE's)."""
+    return bool(((got.double() - exact).abs() <= exact.abs() * 2.0**-10 + 1e-6).all())
+
+
+def test_stochastic_rounding_rounds_the_final_store():
+    """vLLM's kernel rounds the final fp16 state store stochastically, a fresh seed per call (torch's generator
+    draws it): every value written is within one fp16 step of the exact one, and other draws round differently."""
+    src = torch.tensor([2, 0, 1], dtype=torch.int32)
+    pools = []
+    for seed in (1, 1, 2):
+        t = decode_tensors(rows=3, S=4, io=F16, state_dtype=F16, N=32, seed=11)
+        pool0 = t.state.clone()
+        torch.manual_seed(seed)
+        ssu(t, state_batch_indices=src, null_block_id=-1, enable_stochastic_rounding=True, cache_philox_rounds=7)
+        e = vllm_expect(pool0.float(), t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, src=src, null=-1)
+        assert _within_one_fp16_step(t.state[src.long()], e.state[src.long()].double())
+        assert torch.equal(t.state[3], pool0[3])
+        pools.append(t.state.clone())
+    assert torch.equal(pools[0], pools[1]) and not torch.equal(pools[0], pools[2])
+
+
+def test_stochastic_rounding_leaves_speculative_writes_to_nearest():
+    """With num_accepted_tokens (speculative decoding) vLLM's per-token stores round to nearest: the same bits as
+    with the flag off; a non-fp16 state with the flag is refused naming the state."""
+    pools = []
+    for sr in (True, False):
+        t = decode_tensors(rows=4, S=12, io=F16, state_dtype=F16, N=32, seed=12)
+        src = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)
+        ssu(t, state_batch_indices=src, dst_state_batch_indices=torch.tensor([[5, 6], [7, 8]], dtype=torch.int32),
+            cu_seqlens=torch.tensor([0, 2, 4], dtype=torch.int32), num_accepted_tokens=torch.tensor([1, 2]),
+            null_block_id=-1, enable_stochastic_rounding=sr)  # fmt: skip
+        pools.append(t.state)
+    assert torch.equal(pools[0], pools[1])
+    t = decode_tensors(rows=2, S=3, seed=11)
+    with pytest.raises(ValueError, match="^state:.*float16"):
+        ssu(t, enable_stochastic_rounding=True)
+    with pytest.raises(ValueError, match="^cache_philox_rounds:"):
+        ssu(t, cache_philox_rounds=-1)
 
 
 # ---------------------------------------------------------------------------------------- prefill (SSD)

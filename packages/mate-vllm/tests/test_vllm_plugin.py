@@ -229,20 +229,23 @@ def test_imports_cleanly_without_vllm():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
-def test_stochastic_rounding_config_is_refused_at_backend_init(tmp_path):
+def test_stochastic_rounding_config_reaches_the_backend(tmp_path):
+    """--enable-mamba-cache-stochastic-rounding: MATE's backend is built with it (its calls round the fp16 final
+    stores, the Philox rounds from the config)."""
     fake = write_fake(tmp_path, FAKE)
     code = """
         import mate_vllm.plugin as plugin
         plugin.register()
         from vllm.model_executor.layers.mamba.ops import ssu_dispatch as sd
         from vllm.config.mamba import MambaConfig
-        try:
-            sd.initialize_mamba_ssu_backend(MambaConfig("triton", enable_stochastic_rounding=True))
-        except NotImplementedError as e:
-            print("REFUSED", e)
+        cfg = MambaConfig("triton", enable_stochastic_rounding=True)
+        cfg.stochastic_rounding_philox_rounds = 7
+        sd.initialize_mamba_ssu_backend(cfg)
+        b = sd._mamba_ssu_backend
+        print("BACKEND", b.name, b._sr, b._sr_rounds)
     """
     r = run(code, {"MATE_VLLM_ENABLE": "1"}, [fake])
-    assert "REFUSED" in r.stdout and "stochastic rounding" in r.stdout, r.stderr
+    assert "BACKEND mate True 7" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize("value", ["0", ""])

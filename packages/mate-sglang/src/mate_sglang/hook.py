@@ -95,17 +95,12 @@ def make_backend_class(base):
     class MateSSUBackend(base):
         """MATE's selective_state_update behind SGLang's SSU backend interface (SGLang's Triton semantics).
 
-        Constructed as SGLang constructs every backend. Stochastic rounding of an fp16 state cache
-        (``--enable-mamba-cache-stochastic-rounding``) is not served by MATE: asking for it fails at start-up
-        with ``NotImplementedError`` instead of serving deterministic rounding in its place."""
+        Constructed as SGLang constructs every backend: with ``--enable-mamba-cache-stochastic-rounding`` the
+        fp16 state cache's final stores are rounded stochastically, ``cache_philox_rounds`` Philox rounds (as
+        SGLang's Triton backend rounds them)."""
 
         def __init__(self, *, enable_stochastic_rounding: bool = False, cache_philox_rounds: int = 0) -> None:
-            if enable_stochastic_rounding:
-                raise NotImplementedError(
-                    "mate-sglang: --enable-mamba-cache-stochastic-rounding is not served by MATE (its fp16 state "
-                    "is rounded to nearest); run without it, or leave that backend to SGLang with "
-                    f"{ENV_SSU}=none and --mamba-backend flashinfer"
-                )
+            self.enable_stochastic_rounding = bool(enable_stochastic_rounding)
             self.cache_philox_rounds = cache_philox_rounds
 
         @property
@@ -139,6 +134,8 @@ def make_backend_class(base):
                 disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
                 cache_steps=cache_steps, retrieve_parent_token=retrieve_parent_token,
                 intermediate_state_indices=intermediate_state_indices,
+                enable_stochastic_rounding=self.enable_stochastic_rounding,
+                cache_philox_rounds=self.cache_philox_rounds,
             )  # fmt: skip
 
     return MateSSUBackend

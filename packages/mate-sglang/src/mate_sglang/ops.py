@@ -12,8 +12,11 @@
 * Dtypes: SGLang's kernel loads every input as fp32, so any float mix is valid. One dtype for x/B/C/z/out, or
   fp32 B/C beside a bf16/fp16 x, runs natively; any other mix is computed in fp32 (x, B, C, z upcast, y
   stored into ``out``'s dtype), and a bf16/fp16 ``A`` is upcast (exact).
-* ``enable_stochastic_rounding=True`` raises ``NotImplementedError`` (after SGLang's own checks: an fp16
-  state, ``cache_philox_rounds >= 0``); ``cache_philox_rounds`` is otherwise ignored, as in SGLang.
+* ``enable_stochastic_rounding`` (an fp16 state, ``cache_philox_rounds >= 0``: SGLang's checks): as SGLang's
+  kernel, the final state store is rounded stochastically with a fresh seed per call (``torch.randint`` on the
+  state's device: a captured graph draws a new one per replay) and ``cache_philox_rounds`` Philox rounds (0: 10);
+  the intermediate buffer's stores round to nearest, as there. The random bits are MATE's
+  (``mate.mamba.rounding``), not Triton's: the same distribution, other values.
 * Speculative verify: with ``intermediate_states_buffer`` (``[entries, cache_steps, H, P, N]``, contiguous) the
   state after token ``t`` is written to ``buf[idx, t]``, ``idx`` = ``intermediate_state_indices[b]``, else the
   read slot; ``retrieve_parent_token [batch, T]`` (EAGLE trees) reloads the state before token ``t > 0`` from
@@ -100,17 +103,17 @@ def selective_state_update(
     cache_philox_rounds=0,
 ):
     """SGLang's ``selective_state_update`` (see the module docstring). Writes ``out`` and the state in place."""
-    # SGLang's own argument checks first (a call SGLang rejects is rejected here the same way), then the one
-    # valid request MATE does not serve yet: the quantized-state work brings stochastic rounding.
+    # SGLang's own argument checks first (a call SGLang rejects is rejected here the same way)
     if not isinstance(cache_philox_rounds, int) or isinstance(cache_philox_rounds, bool) or cache_philox_rounds < 0:
         _bad("cache_philox_rounds", cache_philox_rounds, "a non-negative int")
+    rand_seed = None
     if enable_stochastic_rounding:
         if isinstance(state, torch.Tensor) and state.dtype != torch.float16:
             _bad("state", state, "dtype float16 with enable_stochastic_rounding (SGLang's rule)")
-        raise NotImplementedError(
-            "enable_stochastic_rounding=True (stochastic rounding of the fp16 state store) is not supported by MATE "
-            "yet; pass enable_stochastic_rounding=False"
-        )
+        # SGLang rounds the final state store only: none with a buffer (its stores round to nearest) or without
+        # a state update
+        if intermediate_states_buffer is None and not disable_state_update and isinstance(state, torch.Tensor):
+            rand_seed = torch.randint(0, 2**32, (1,), device=state.device)
     if out is None:
         _bad("out", out, "a preallocated tensor shaped like x (SGLang's op writes it in place)")
     if state_batch_indices is not None and (
@@ -147,7 +150,7 @@ def selective_state_update(
         state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(run_out),
         disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
         intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-        retrieve_parent_token=retrieve_parent_token,
+        retrieve_parent_token=retrieve_parent_token, rand_seed=rand_seed, philox_rounds=cache_philox_rounds or 10,
     )  # fmt: skip
     if copy_to is not None:
         copy_to.copy_(run_out)

@@ -19,8 +19,12 @@
   fp16 ``A`` is cast to fp32 here (exact); B/C in fp32 beside a bf16/fp16 ``x`` are served by the runtime;
   ``z``/``out`` in another dtype than ``x``, and B/C in a 16-bit dtype other than ``x``'s, raise
   ``NotImplementedError``.
-* ``is_blackwell`` is a tuning hint (ignored: MATE picks its own tiling); ``enable_stochastic_rounding=True``
-  raises ``NotImplementedError``.
+* ``is_blackwell`` is a tuning hint (ignored: MATE picks its own tiling).
+* ``enable_stochastic_rounding`` (an fp16 state; ``--enable-mamba-cache-stochastic-rounding``): as vLLM's kernel,
+  the final state store is rounded stochastically with a fresh seed per call (``torch.randint`` on the state's
+  device, so a captured graph draws a new one per replay) and ``cache_philox_rounds`` Philox rounds (0: 10, as
+  ``tl.randint``); the per-token stores of speculative decoding (``num_accepted_tokens``) round to nearest, as
+  there. The random bits are MATE's (``mate.mamba.rounding``), not Triton's: the same distribution, other values.
 
 Difference kept on purpose: when the source slot is live but the final-write destination ``dst[b, 0]`` is the
 null block, vLLM's kernel writes into the null block (slot 0, whose contents vLLM never reads); MATE skips it.
@@ -96,11 +100,17 @@ def selective_state_update(
     """vLLM's ``selective_state_update`` (see the module docstring). Writes ``out`` and the state pool."""
     if out is None:
         raise ValueError("out: got None; expected a preallocated tensor shaped like x (vLLM's op writes it in place)")
+    if not isinstance(cache_philox_rounds, int) or isinstance(cache_philox_rounds, bool) or cache_philox_rounds < 0:
+        raise ValueError(f"cache_philox_rounds: got {cache_philox_rounds!r}; expected a non-negative int")
+    rand_seed = None
     if enable_stochastic_rounding:
-        raise NotImplementedError(
-            "enable_stochastic_rounding (stochastic rounding of the stored state) is not supported by MATE yet "
-            "(disable --enable-mamba-cache-stochastic-rounding)"
-        )
+        if isinstance(state, torch.Tensor) and state.dtype != torch.float16:
+            raise ValueError(
+                f"state: got dtype {str(state.dtype).removeprefix('torch.')}; expected float16 with "
+                "enable_stochastic_rounding (vLLM's kernel rounds into an fp16 state)"
+            )
+        if num_accepted_tokens is None and isinstance(state, torch.Tensor):  # (vLLM: the final store only)
+            rand_seed = torch.randint(0, 2**32, (1,), device=state.device)
     if num_accepted_tokens is not None and state_batch_indices is None:
         raise ValueError("state_batch_indices: got None; expected a slot table when num_accepted_tokens is given")
     if isinstance(x, torch.Tensor):
@@ -116,6 +126,7 @@ def selective_state_update(
         state_batch_indices=state_batch_indices, pad_slot_id=null_block_id, out=out,
         dst_state_batch_indices=dst_state_batch_indices, cu_seqlens=cu_seqlens,
         num_accepted_tokens=num_accepted_tokens, final_write_to_dst=num_accepted_tokens is None,
+        rand_seed=rand_seed, philox_rounds=cache_philox_rounds or 10,
     )  # fmt: skip
     return None
 

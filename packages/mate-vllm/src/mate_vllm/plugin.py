@@ -80,11 +80,9 @@ def make_backend_class(base, null_block_id=0):
 
         def __init__(self, mamba_config):
             super().__init__(mamba_config)
-            if getattr(mamba_config, "enable_stochastic_rounding", False):
-                raise NotImplementedError(
-                    "mate-vllm: stochastic rounding of the Mamba state cache is not supported by MATE yet; "
-                    "disable --enable-mamba-cache-stochastic-rounding or unset MATE_VLLM_ENABLE"
-                )
+            # --enable-mamba-cache-stochastic-rounding and its Philox rounds, as vLLM's Triton backend reads them
+            self._sr = bool(getattr(mamba_config, "enable_stochastic_rounding", False))
+            self._sr_rounds = getattr(mamba_config, "stochastic_rounding_philox_rounds", 0) or 0
 
         @property
         def name(self) -> str:
@@ -114,7 +112,7 @@ def make_backend_class(base, null_block_id=0):
                 state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus,
                 state_batch_indices=state_batch_indices, dst_state_batch_indices=dst_state_batch_indices,
                 null_block_id=null_block_id, out=out, num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens,
-                is_blackwell=is_blackwell,
+                is_blackwell=is_blackwell, enable_stochastic_rounding=self._sr, cache_philox_rounds=self._sr_rounds,
             )  # fmt: skip
 
     return MateSSUBackend

@@ -24,11 +24,13 @@ differ from ``mate.mamba``:
 * ``algorithm``: ``auto``, ``simple``, ``vertical``, ``horizontal`` and the legacy ``async_horizontal``
   (= ``simple``) are accepted (MATE picks its own tiling); anything else is a ``ValueError``. ``backend``:
   FlashInfer's ``auto`` / ``flashinfer`` / ``cake`` all mean MATE's automatic choice; MATE's own ``tilelang`` /
-  ``torch`` select that backend. ``rand_seed`` (stochastic rounding) raises ``NotImplementedError``. An int16
-  ``state`` with ``state_scale`` (and an int16 ``intermediate_states_buffer`` with
-  ``intermediate_state_scales``) is FlashInfer's block-scaled state, served by MATE's reference backend (the
-  TileLang kernels raise ``NotImplementedError``); unlike FlashInfer, a scale beside a float state, or an int16
-  tensor without its scales, is a ``ValueError``.
+  ``torch`` select that backend. ``rand_seed`` / ``philox_rounds`` round an fp16 state's writes
+  stochastically with FlashInfer's generator (Philox-4x32) and rule (13 random bits below the fp16 mantissa,
+  truncated); MATE draws one counter per eight values where FlashInfer draws one per four, so the bits differ
+  from FlashInfer's, the distribution does not (``mate.mamba.rounding``); another state dtype with a seed raises
+  ``NotImplementedError``. An int16 ``state`` with ``state_scale`` (and an int16 ``intermediate_states_buffer``
+  with ``intermediate_state_scales``) is FlashInfer's block-scaled state, served by both of MATE's backends;
+  unlike FlashInfer, a scale beside a float state, or an int16 tensor without its scales, is a ``ValueError``.
 
 * **Dtypes.** FlashInfer compiles its kernel per (state, x, dt, A, index) dtype: B/C/z/out in x's dtype,
   D/dt_bias in dt's dtype, A in fp32/bf16/fp16. A bf16/fp16 ``A`` is cast to fp32 here (exact: FlashInfer
