@@ -68,15 +68,34 @@ def test_vllms_initializer_builds_mates_backend(backend):
     assert sd.get_mamba_ssu_backend() is backend
 
 
-def test_stochastic_rounding_fails_at_start_up():
+def test_stochastic_rounding_is_served_from_vllms_config():
+    """--enable-mamba-cache-stochastic-rounding: vLLM's initializer builds MATE's backend from the config, and the
+    mixer's decode on an fp16 pool rounds the final stores stochastically (torch's generator draws the seed: the
+    same draw gives the same bits, within one fp16 step of the exact state)."""
     saved = sd._mamba_ssu_backend
     sd._mamba_ssu_backend = None
     try:
         cfg = MambaConfig(backend="flashinfer")
         # vLLM's own validator refuses the flag off CUDA (this machine), so it is set past the validator
         object.__setattr__(cfg, "enable_stochastic_rounding", True)
-        with pytest.raises(NotImplementedError, match="stochastic rounding"):
-            sd.initialize_mamba_ssu_backend(cfg, kv_cache_config())
+        object.__setattr__(cfg, "stochastic_rounding_philox_rounds", 7)
+        sd.initialize_mamba_ssu_backend(cfg, kv_cache_config())
+        assert sd.get_mamba_ssu_backend().name == "mate"
+        src = torch.tensor([[4], [2], [7]], dtype=torch.int32)
+        pools = []
+        for seed in (3, 3):
+            t = decode_tensors(rows=3, S=9, H=4, G=2, N=32, io=torch.float16, state_dtype=torch.float16, seed=3)
+            pool0 = t.state.clone()
+            torch.manual_seed(seed)
+            mixer.selective_state_update(t.state, t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z,
+                                         dt_softplus=True, state_batch_indices=src, dst_state_batch_indices=src,
+                                         out=t.out)  # fmt: skip
+            e = vllm_expect(pool0.float(), t.x, t.dt, t.A, t.B, t.C, t.D, t.dt_bias, z=t.z, src=src, dst=src)
+            rows = src.view(-1).long()
+            exact = e.state[rows].double()
+            assert bool(((t.state[rows].double() - exact).abs() <= exact.abs() * 2.0**-10 + 1e-6).all())
+            pools.append(t.state)
+        assert torch.equal(pools[0], pools[1])
     finally:
         sd._mamba_ssu_backend = saved
 
