@@ -152,7 +152,34 @@ def test_mamba_exports():
         "prewarm_ssd_combined_fwd_varlen",
         "plan_selective_state_update",
         "plan_ssd_combined_fwd_varlen",
+        "replay_state_update",
+        "materialize_replayed_state",
+        "advance_replay_ring",
     }
+
+
+# FlashInfer 0.7.2's checkpointing_ssu (flashinfer/mamba/checkpointing_ssu.py), written out from its source
+FI_CHECKPOINTING_SSU = [
+    ("state", inspect.Parameter.empty), ("x_cache", inspect.Parameter.empty), ("B_cache", inspect.Parameter.empty),
+    ("dt_cache", inspect.Parameter.empty), ("ring_start", inspect.Parameter.empty),
+    ("prev_num_accepted_tokens", inspect.Parameter.empty), ("x", inspect.Parameter.empty),
+    ("dt", inspect.Parameter.empty), ("A", inspect.Parameter.empty), ("B", inspect.Parameter.empty),
+    ("C", inspect.Parameter.empty), ("out", inspect.Parameter.empty), ("D", None), ("z", None), ("dt_bias", None),
+    ("dt_softplus", False), ("state_batch_indices", None), ("pad_slot_id", -1), ("state_scale", None),
+    ("rand_seed", None), ("philox_rounds", 10), ("d_split", None), ("cu_seqlens", None), ("max_seqlen", None),
+    ("enable_pdl", False), ("cb_scaled", None), ("cumAdt_vec", None), ("cb_old", None),
+    ("precompute_heads_per_cta", 0), ("algorithm", "auto"),
+]  # fmt: skip
+
+
+def test_replay_state_update_has_checkpointing_ssus_signature():
+    """FlashInfer's parameters in its order with its defaults, then MATE's keyword-only ``backend``."""
+    import mate.mamba
+
+    params = inspect.signature(mate.mamba.replay_state_update).parameters.values()
+    positional = [(p.name, p.default) for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == FI_CHECKPOINTING_SSU
+    assert [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY] == ["backend"]
 
 
 # --------------------------------------------------------------------------------------- import hygiene

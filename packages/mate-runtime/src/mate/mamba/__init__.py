@@ -1,4 +1,4 @@
-"""``mate.mamba``: Mamba2 selective state update (decode) and packed SSD prefill.
+"""``mate.mamba``: Mamba2 selective state update (decode), ReplaySSM decode and packed SSD prefill.
 
 Importing this module never imports TileLang: kernels are compiled lazily on CUDA/MUSA devices, and the
 pure-PyTorch reference serves every other device.
@@ -15,16 +15,20 @@ from typing import TYPE_CHECKING
 
 # public name -> the submodule defining it
 _PUBLIC = {
+    "advance_replay_ring": "replay",
+    "materialize_replayed_state": "replay",
     "plan_selective_state_update": "planning",
     "plan_ssd_combined_fwd_varlen": "planning",
     "prewarm_selective_state_update": "ssu",
     "prewarm_ssd_combined_fwd_varlen": "ssd",
+    "replay_state_update": "replay",
     "selective_state_update": "ssu",
     "ssd_combined_fwd_varlen": "ssd",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time ``__getattr__`` loads them
     from .planning import plan_selective_state_update, plan_ssd_combined_fwd_varlen
+    from .replay import advance_replay_ring, materialize_replayed_state, replay_state_update
     from .ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
     from .ssu import prewarm_selective_state_update, selective_state_update
 
@@ -45,10 +49,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # = _PUBLIC's names
+    "advance_replay_ring",
+    "materialize_replayed_state",
     "plan_selective_state_update",
     "plan_ssd_combined_fwd_varlen",
     "prewarm_selective_state_update",
     "prewarm_ssd_combined_fwd_varlen",
+    "replay_state_update",
     "selective_state_update",
     "ssd_combined_fwd_varlen",
 ]

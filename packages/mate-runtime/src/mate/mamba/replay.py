@@ -1,0 +1,116 @@
+"""ReplaySSM decode (FlashInfer 0.7.2's ``checkpointing_ssu`` contract) under MATE's names:
+``replay_state_update``, ``materialize_replayed_state`` and the host's ring bookkeeping ``advance_replay_ring``.
+
+A slot keeps a checkpoint state and a ring of its last tokens' x, B and processed dt; a decode step replays the
+ring's live tokens instead of reading and writing a whole updated state, and writes the state back only when the
+ring's window is full (a flush). ``mate.mamba.naive_replay`` holds the reference (the plain recurrence); the
+TileLang kernels are not built yet, so these run on the reference backend (``backend="torch"``; a TileLang backend
+raises ``NotImplementedError``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._backends import resolve_backend
+from .._errors import bad_arg
+from ._replay_call import normalize_materialize, normalize_replay
+
+
+def _reference(backend: str, device: torch.device, what: str) -> None:
+    if resolve_backend(backend, device) != "torch":
+        raise NotImplementedError(
+            f"{what} on the TileLang backend is not supported by MATE yet (its kernels are not built); pass "
+            "backend='torch' (the reference)"
+        )
+
+
+def replay_state_update(
+    state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out, D=None, z=None,
+    dt_bias=None, dt_softplus=False, state_batch_indices=None, pad_slot_id=-1, state_scale=None, rand_seed=None,
+    philox_rounds=10, d_split=None, cu_seqlens=None, max_seqlen=None, enable_pdl=False, cb_scaled=None,
+    cumAdt_vec=None, cb_old=None, precompute_heads_per_cta=0, algorithm="auto", *, backend="auto",
+):  # fmt: skip
+    """One ReplaySSM decode step over a pool of checkpointed slots; FlashInfer 0.7.2's ``checkpointing_ssu``
+    (arguments, order, defaults, semantics). Returns ``out``.
+
+    Shapes (``S`` slots, ``L`` ring rows, ``H`` heads, ``P`` dim, ``N`` dstate, ``G`` groups, ``T`` new tokens):
+
+    - ``state``: ``[S, H, P, N]`` fp32 / bf16 / fp16, or int16 / int8 / fp8-e4m3 with ``state_scale`` fp32
+      ``[S, H, P]``: the checkpoint (the state before the live ring tokens), written only by a flush.
+    - ``x_cache [S, H, L, P]``, ``B_cache [S, G, L, N]`` (x's dtype), ``dt_cache [S, H, L]`` fp32: each cached
+      token's raw x, raw B and ``softplus(dt + dt_bias)`` (without A); the call appends its tokens to them.
+    - ``ring_start``, ``prev_num_accepted_tokens``: ``[S]`` int32, read only: the ring row of the oldest live
+      token and how many are live (``<= L - T``). The caller moves them after the call
+      (:func:`advance_replay_ring`).
+    - ``x``, ``z``, ``out``: ``[batch, T, H, P]``, or ``[1, tokens, H, P]`` packed with ``cu_seqlens [batch + 1]``
+      int32 and ``max_seqlen`` (then ``T``); ``B``, ``C``: ``[batch, T, G, N]``; ``dt``: ``[batch, T, H]`` or
+      ``[batch, T, H, P]`` of stride 0 over P; ``A`` ``[H]`` or ``[H, P, N]`` tied; ``D``, ``dt_bias``: ``[H]`` or
+      ``[H, P]`` tied.
+    - ``state_batch_indices``: ``[batch]`` (or ``[batch, k]``, its first column) int32 / int64; a sentinel
+      ``pad_slot_id`` runs nothing for its sequence (its ``out`` rows are not written).
+
+    Per sequence, with ``W = L - T``: the slot's state is replayed through its live tokens; if the live and new
+    tokens do not fit the window (``pnat + T_b > W``) that replayed state is written back (a flush; stochastically
+    rounded with ``rand_seed`` for an fp16 state, requantised with new scales for a quantised one); each new token
+    then updates it, ``y = C s + D x`` (``* silu(z)``), and the new tokens go to ring rows ``(ring_start + pnat +
+    i) % L``. ``d_split``, ``enable_pdl``, the scratch tensors ``cb_scaled`` / ``cumAdt_vec`` / ``cb_old``,
+    ``precompute_heads_per_cta`` and ``algorithm`` are FlashInfer's kernel choices: validated as FlashInfer does,
+    otherwise without effect. ``backend``: ``"auto"`` / ``"torch"`` / ``"tilelang"`` (MATE's extension).
+    """
+    call = normalize_replay(
+        state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out, D, z, dt_bias,
+        dt_softplus, state_batch_indices, pad_slot_id, state_scale, rand_seed, philox_rounds, d_split, cu_seqlens,
+        max_seqlen, enable_pdl, cb_scaled, cumAdt_vec, cb_old, precompute_heads_per_cta, algorithm,
+    )  # fmt: skip
+    _reference(backend, state.device, "replay_state_update")
+    from . import naive_replay
+
+    return naive_replay.replay_state_update(call)
+
+
+def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
+                               dst_slots, *, state_scale=None, pad_slot_id=-1, backend="auto") -> None:  # fmt: skip
+    """Write a slot's true state into another slot (e.g. a prefix-cache block): for each request ``b``,
+    ``state[dst_slots[b]]`` = ``state[src_slots[b]]`` advanced through ``replay_prefix_len[b]`` tokens of the
+    source slot's ring from row ``ring_start[b]`` (FlashInfer's ``replayssm_materialize`` for one layer, with
+    tensors instead of its per-layer pointer tables). ``ring_start``, ``replay_prefix_len``, ``src_slots``,
+    ``dst_slots``: ``[batch]`` int32 / int64, per request; a sentinel source or destination skips the request.
+    A quantised state's destination rows get new scales. The rings and the trackers are not changed."""
+    call = normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
+                                 dst_slots, state_scale, pad_slot_id)  # fmt: skip
+    _reference(backend, state.device, "materialize_replayed_state")
+    from . import naive_replay
+
+    naive_replay.materialize_replayed_state(call)
+
+
+def advance_replay_ring(ring_start: torch.Tensor, prev_num_accepted_tokens: torch.Tensor,
+                        state_batch_indices: torch.Tensor, num_new_tokens: torch.Tensor,
+                        num_accepted_tokens: torch.Tensor, *, ring_len: int, window: int,
+                        pad_slot_id: int = -1) -> None:  # fmt: skip
+    """The host's ring bookkeeping after a :func:`replay_state_update` call, in place, as vLLM 0.33's trackers
+    keep it (tensor operations only: no sync, capture-safe). For sequence ``b`` on slot ``state_batch_indices[b]``
+    (not the sentinel) that ran ``num_new_tokens[b] > 0`` tokens and keeps ``num_accepted_tokens[b]`` of them: if
+    the call flushed (``pnat + new > window``), ``ring_start`` moves past the folded tokens (``+ pnat``, modulo
+    ``ring_len``) and the accepted tokens are the live ones; otherwise they are added to the live ones."""
+    for name, t in (("state_batch_indices", state_batch_indices), ("num_new_tokens", num_new_tokens),
+                    ("num_accepted_tokens", num_accepted_tokens)):  # fmt: skip
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != state_batch_indices.shape[0]:
+            bad_arg(name, t, f"a 1-D tensor of {state_batch_indices.shape[0]} entries (one per sequence)")
+    if not isinstance(ring_len, int) or not isinstance(window, int) or not 0 < window < ring_len:
+        bad_arg("window", window, f"an int in [1, ring_len) (ring_len={ring_len!r})")
+    slots = state_batch_indices.to(torch.int64)
+    live = (slots != pad_slot_id) & (num_new_tokens > 0)
+    slots = torch.where(live, slots, torch.zeros_like(slots))
+    rs, pk = ring_start[slots].to(torch.int64), prev_num_accepted_tokens[slots].to(torch.int64)
+    new, acc = num_new_tokens.to(torch.int64), num_accepted_tokens.to(torch.int64)
+    flush = pk + new > window
+    new_rs = torch.where(flush, (rs + pk) % ring_len, rs)
+    new_pk = torch.where(flush, acc, pk + acc)
+    keep = slots[live]
+    ring_start[keep] = new_rs[live].to(ring_start.dtype)
+    prev_num_accepted_tokens[keep] = new_pk[live].to(prev_num_accepted_tokens.dtype)
+
+
+__all__ = ["replay_state_update", "materialize_replayed_state", "advance_replay_ring"]

@@ -1,0 +1,239 @@
+"""The ReplaySSM decode on the reference backend (``mate.mamba.replay_state_update``, FlashInfer 0.7.2's
+``checkpointing_ssu`` contract) against stored-state decode (``selective_state_update`` on an fp32 pool).
+
+Long random decode traces run both side by side from the same states: every output equal, flushes included
+(a ring of 5 rows with one token per call flushes every fourth call of a slot), every slot's true state
+(:func:`materialize_replayed_state` of its checkpoint and live tokens) equal to the stored one; speculative steps of
+3 tokens with random accepted counts (the stored-state side keeps the state after the accepted tokens); packed
+varlen rows with empty sequences; sentinel slots; quantised and stochastically rounded checkpoints within their
+rounding; the host bookkeeping (:func:`advance_replay_ring`) as vLLM 0.33's trackers keep it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mate.mamba import advance_replay_ring, materialize_replayed_state, replay_state_update, selective_state_update
+
+H, P, N, G = 4, 4, 8, 2
+F32 = torch.float32
+
+
+class Pool:
+    """A replayed pool (checkpoints, rings, trackers) and the stored-state pool it must agree with."""
+
+    def __init__(self, S, L, T, state_dtype=F32, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.S, self.L, self.T, self.W = S, L, T, L - T
+        self.truth = torch.randn(S, H, P, N, generator=g) * 0.5
+        self.scale = None
+        if state_dtype in (torch.int8, torch.float8_e4m3fn, torch.int16):
+            qmax = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0, torch.int16: 32767.0}[state_dtype]
+            self.scale = self.truth.abs().amax(-1) / qmax
+            q = self.truth / self.scale.unsqueeze(-1)
+            self.state = (q if state_dtype == torch.float8_e4m3fn else q.round()).to(state_dtype)
+            self.truth = self.state.float() * self.scale.unsqueeze(-1)  # both sides start from the same values
+        else:
+            self.state = self.truth.to(state_dtype)
+            self.truth = self.state.float().clone()  # (not the checkpoint tensor itself, also for an fp32 one)
+        self.x_cache = torch.zeros(S, H, L, P)
+        self.B_cache = torch.zeros(S, G, L, N)
+        self.dt_cache = torch.zeros(S, H, L)
+        self.ring_start = torch.zeros(S, dtype=torch.int32)
+        self.pnat = torch.zeros(S, dtype=torch.int32)
+        self.A = -(torch.rand(H, generator=g) + 0.3)
+        self.D = torch.randn(H, generator=g)
+        self.dt_bias = torch.rand(H, generator=g) * 0.2
+        self.g = g
+
+    def inputs(self, batch, T):
+        g = self.g
+        return dict(
+            x=torch.randn(batch, T, H, P, generator=g), dt=torch.randn(batch, T, H, generator=g) * 0.5,
+            B=torch.randn(batch, T, G, N, generator=g), C=torch.randn(batch, T, G, N, generator=g),
+            z=torch.randn(batch, T, H, P, generator=g),
+        )  # fmt: skip
+
+    def step(self, slots, inp, lens=None, rand_seed=None):
+        """One replayed call; returns out (NaN where nothing was written)."""
+        out = torch.full_like(inp["x"], float("nan"))
+        kw = {}
+        if lens is not None:  # packed: [1, tokens, ...] with cu_seqlens
+            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+            kw = dict(cu_seqlens=cu, max_seqlen=self.T)
+        replay_state_update(
+            self.state, self.x_cache, self.B_cache, self.dt_cache, self.ring_start, self.pnat, inp["x"], inp["dt"],
+            self.A, inp["B"], inp["C"], out, D=self.D, z=inp["z"], dt_bias=self.dt_bias, dt_softplus=True,
+            state_batch_indices=slots, state_scale=self.scale, rand_seed=rand_seed, backend="torch", **kw,
+        )  # fmt: skip
+        return out
+
+    def stored_tokens(self, slot, x, dt, B, C, z):
+        """The stored-state decode of one sequence's tokens from the truth state: (y [T, H, P], states after each
+        token [T, H, P, N])."""
+        s = self.truth[slot : slot + 1].clone()
+        ys, states = [], []
+        for t in range(x.shape[0]):
+            y = selective_state_update(
+                s, x[t : t + 1], dt[t : t + 1].unsqueeze(-1).expand(1, H, P), self.A.view(H, 1, 1).expand(H, P, N),
+                B[t : t + 1], C[t : t + 1], self.D, z=z[t : t + 1], dt_bias=self.dt_bias, dt_softplus=True,
+                backend="torch",
+            )  # fmt: skip
+            ys.append(y[0])
+            states.append(s[0].clone())
+        return torch.stack(ys), torch.stack(states)
+
+    def true_state(self, slot, scratch):
+        """The slot's state as its checkpoint and live tokens give it (materialised into ``scratch``)."""
+        materialize_replayed_state(
+            self.state, self.x_cache, self.B_cache, self.dt_cache, self.A, self.ring_start[slot : slot + 1],
+            self.pnat[slot : slot + 1], torch.tensor([slot]), torch.tensor([scratch]), state_scale=self.scale,
+            backend="torch",
+        )  # fmt: skip
+        s = self.state[scratch].float()
+        return s if self.scale is None else s * self.scale[scratch].unsqueeze(-1)
+
+
+def run_trace(pool: Pool, steps: int, batch: int, T: int, tol: float, packed=False, rand_seed=None, pads=True):
+    flushes = 0
+    scratch = pool.S - 1  # never a sequence's slot: the materialisation target
+    for step in range(steps):
+        slots = torch.randperm(pool.S - 1, generator=pool.g)[:batch].to(torch.int32)
+        if pads and step % 5 == 2:
+            slots[0] = -1  # a padded sequence: nothing run, nothing written
+        lens = torch.randint(0 if packed else T, T + 1, (batch,), generator=pool.g).tolist()
+        inp = pool.inputs(batch, T)
+        if packed:  # the same tokens as packed rows of the lengths
+            rows = {k: torch.cat([v[b, : lens[b]] for b in range(batch)]).unsqueeze(0) for k, v in inp.items()}
+            out = pool.step(slots, rows, lens, rand_seed).squeeze(0)
+            starts = [0, *torch.tensor(lens).cumsum(0).tolist()]
+        else:
+            out = pool.step(slots, inp, None, rand_seed)
+        accepted = torch.tensor([int(torch.randint(1, n + 1, (1,), generator=pool.g)) if n else 0 for n in lens])
+        before = pool.pnat.clone()
+        for b in range(batch):
+            slot, n = int(slots[b]), lens[b]
+            got = out[starts[b] : starts[b] + n] if packed else out[b, :n]
+            if slot == -1:
+                assert torch.isnan(got).all(), "a padded sequence's output was written"
+                continue
+            if n == 0:
+                continue
+            cut = {k: v[b, :n] for k, v in inp.items()}
+            ys, states = pool.stored_tokens(slot, cut["x"], cut["dt"], cut["B"], cut["C"], cut["z"])
+            torch.testing.assert_close(got, ys, rtol=tol, atol=tol * (1 + float(ys.abs().max())))
+            pool.truth[slot] = states[int(accepted[b]) - 1]
+            flushes += int(before[slot]) + n > pool.W
+        advance_replay_ring(pool.ring_start, pool.pnat, slots, torch.tensor(lens), accepted, ring_len=pool.L,
+                            window=pool.W)  # fmt: skip
+        assert bool((pool.ring_start >= 0).all() and (pool.ring_start < pool.L).all())
+        assert bool((pool.pnat >= 0).all() and (pool.pnat <= pool.W).all())
+    for slot in range(pool.S - 1):
+        true = pool.true_state(slot, scratch)
+        torch.testing.assert_close(
+            true, pool.truth[slot], rtol=tol, atol=tol * (1 + float(pool.truth[slot].abs().max()))
+        )
+    return flushes
+
+
+def test_one_token_trace_equals_stored_state_decode():
+    """200 one-token steps of 4 of 7 slots, a ring of 5 rows (window 4): flushes every fourth call of a slot."""
+    pool = Pool(S=8, L=5, T=1)
+    flushes = run_trace(pool, steps=200, batch=4, T=1, tol=1e-5)
+    assert flushes > 50
+
+
+def test_speculative_trace_with_accepted_counts():
+    """3 tokens per call, 1-3 of them accepted: the stored-state side keeps the state after the accepted ones, the
+    replayed side counts them live (a rejected token's ring row is overwritten later)."""
+    pool = Pool(S=8, L=7, T=3, seed=1)
+    flushes = run_trace(pool, steps=120, batch=3, T=3, tol=1e-5)
+    assert flushes > 20
+
+
+def test_packed_varlen_trace_with_empty_sequences():
+    pool = Pool(S=8, L=7, T=3, seed=2)
+    flushes = run_trace(pool, steps=100, batch=4, T=3, tol=1e-5, packed=True)
+    assert flushes > 10
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8"),
+                                   pytest.param(torch.int16, id="int16")])  # fmt: skip
+def test_quantised_checkpoints_within_their_rounding(dtype):
+    """A quantised checkpoint is requantised at each flush (new row scales): the trace stays within the format's
+    rounding of the stored fp32 decode."""
+    pool = Pool(S=8, L=5, T=1, state_dtype=dtype, seed=3)
+    tol = {torch.int8: 5e-2, torch.float8_e4m3fn: 2e-1, torch.int16: 1e-3}[dtype]
+    run_trace(pool, steps=60, batch=4, T=1, tol=tol, pads=False)
+
+
+def test_stochastically_rounded_fp16_checkpoints():
+    """An fp16 checkpoint rounded stochastically at each flush: deterministic for a seed, within fp16's
+    rounding of the stored decode, and other than round to nearest."""
+    final = []
+    for seed in (5, 5, None):
+        pool = Pool(S=8, L=5, T=1, state_dtype=torch.float16, seed=4)
+        rs = None if seed is None else torch.tensor([seed])
+        run_trace(pool, steps=40, batch=4, T=1, tol=5e-3, rand_seed=rs, pads=False)
+        final.append(pool.state.clone())
+    assert torch.equal(final[0], final[1]) and not torch.equal(final[0], final[2])
+
+
+def test_tracker_rule_is_vllms():
+    """advance_replay_ring: a flushed call moves ring_start past the live tokens and keeps the accepted ones live;
+    another adds them; a sentinel or an empty sequence changes nothing."""
+    rs = torch.tensor([3, 0, 4, 2], dtype=torch.int32)
+    pk = torch.tensor([4, 1, 2, 0], dtype=torch.int32)
+    advance_replay_ring(rs, pk, torch.tensor([0, 1, -1, 3]), torch.tensor([1, 3, 1, 0]), torch.tensor([1, 2, 1, 0]),
+                        ring_len=5, window=4)  # fmt: skip
+    assert rs.tolist() == [2, 0, 4, 2] and pk.tolist() == [1, 3, 2, 0]
+
+
+def _args(pool, inp, out):
+    return (pool.state, pool.x_cache, pool.B_cache, pool.dt_cache, pool.ring_start, pool.pnat, inp["x"], inp["dt"],
+            pool.A, inp["B"], inp["C"], out)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error", "name"),
+    [
+        pytest.param(lambda a, k: a.__setitem__(3, a[3][:, :2]), ValueError, "dt_cache", id="dt-cache-shape"),
+        pytest.param(lambda a, k: a.__setitem__(4, a[4].long()), ValueError, "ring_start", id="ring-start-int64"),
+        pytest.param(lambda a, k: k.update(max_seqlen=2), ValueError, "max_seqlen", id="max-seqlen-without-cu"),
+        pytest.param(lambda a, k: k.update(algorithm="fastest"), ValueError, "algorithm", id="algorithm"),
+        pytest.param(lambda a, k: k.update(d_split=3), ValueError, "d_split", id="d-split"),
+        pytest.param(lambda a, k: k.update(cb_scaled=torch.zeros(1)), ValueError, "cb_scaled", id="partial-scratch"),
+        pytest.param(
+            lambda a, k: k.update(rand_seed=torch.tensor([1])),
+            NotImplementedError,
+            "rand_seed",
+            id="seed-with-fp32-state",
+        ),  # fmt: skip
+        pytest.param(lambda a, k: k.update(backend="tilelang"), NotImplementedError, "tilelang", id="tilelang-on-cpu"),
+        pytest.param(lambda a, k: a[5].fill_(5), ValueError, "prev_num_accepted_tokens", id="pnat-past-window"),
+        pytest.param(
+            lambda a, k: k.update(state_batch_indices=torch.tensor([9, 0])),
+            ValueError,
+            "state_batch_indices",
+            id="slot-outside-pool",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_calls_are_named_before_anything_is_written(mutate, error, name):
+    pool = Pool(S=8, L=5, T=1, seed=6)
+    inp = pool.inputs(2, 1)
+    out = torch.full_like(inp["x"], float("nan"))
+    args, kw = list(_args(pool, inp, out)), dict(state_batch_indices=torch.tensor([1, 2]), backend="torch")
+    mutate(args, kw)
+    before = [t.clone() for t in (pool.state, pool.x_cache, pool.B_cache, pool.dt_cache)]
+    with pytest.raises(error, match=name):
+        replay_state_update(*args, **kw)
+    after = (pool.state, pool.x_cache, pool.B_cache, pool.dt_cache)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True)) and torch.isnan(out).all()
+
+
+def test_a_window_that_cannot_hold_a_call_is_refused():
+    pool = Pool(S=8, L=5, T=3, seed=7)  # window 2 < 3 new tokens
+    inp = pool.inputs(2, 3)
+    with pytest.raises(ValueError, match="x_cache"):
+        replay_state_update(*_args(pool, inp, torch.empty_like(inp["x"])), backend="torch")
