@@ -477,6 +477,14 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             return ((T.cast(slot, i64) * heads + T.cast(h, i64)) * P + T.cast(p, i64)) * N + T.cast(n0, i64)
 
         @T.macro
+        def draw_chunk(words, w0, ctr, tmp, dst, slot, h, p, n0, k0, k1):
+            """words[w0 : w0 + GW] = the Philox words of the chunk of row ``p`` of ``dst[slot, h]`` from ``n0``."""
+            for j in T.unroll(VEC // 8):
+                philox(ctr, tmp, k0, k1, offset_of(dst, slot, h, p, n0 + 8 * j))
+                for i in T.unroll(4):
+                    words[w0 + 4 * j + i] = ctr[i]
+
+        @T.macro
         def draw(words, dst, slot, h, pb, tx, k0, k1):
             """words = the thread's Philox words for its values in ``dst[slot]`` (``NS // 2`` uint32)."""
             ctr = T.alloc_local((4,), u32)
@@ -486,11 +494,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             for r in T.unroll(R):
                 p = pb * BP + r * RP + rg
                 for v in T.unroll(NV):
-                    n0 = (v * L + lane) * VEC
-                    for j in T.unroll(VEC // 8):
-                        philox(ctr, tmp, k0, k1, offset_of(dst, slot, h, p, n0 + 8 * j))
-                        for i in T.unroll(4):
-                            words[(r * NV + v) * GW + 4 * j + i] = ctr[i]
+                    draw_chunk(words, (r * NV + v) * GW, ctr, tmp, dst, slot, h, p, (v * L + lane) * VEC, k0, k1)
 
         @T.macro
         def round_chunk(buf, s, k0, words, w0):
@@ -521,10 +525,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 p = pb * BP + r * RP + rg
                 for v in T.unroll(NV):
                     n0 = (v * L + lane) * VEC
-                    for j in T.unroll(VEC // 8):
-                        philox(ctr, tmp, k0, k1, offset_of(dst, slot, h, p, n0 + 8 * j))
-                        for i in T.unroll(4):
-                            words[4 * j + i] = ctr[i]
+                    draw_chunk(words, 0, ctr, tmp, dst, slot, h, p, n0, k0, k1)
                     round_chunk(buf, s, (r * NV + v) * VEC, words, 0)
                     store_chunk(buf, dst, slot, h, p, n0)
 

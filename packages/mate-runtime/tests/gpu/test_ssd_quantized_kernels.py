@@ -17,38 +17,14 @@ from dataclasses import replace
 import pytest
 import torch
 from test_ssd_kernels import BF16, F32, OUT_TOL, STATE_TOL, Case, build, fresh_pool, rel_err
+from test_ssu_quantized_kernels import QDTYPES, quantise_like
+from test_ssu_quantized_kernels import _bytes as _bits
 
 pytestmark = pytest.mark.gpu
 
 from mate._tilelang import ssd_plan  # noqa: E402
 from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402
 from mate.mamba.planning import plan_ssd_combined_fwd_varlen  # noqa: E402
-
-QMAX = {torch.int16: 32767.0, torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
-QDTYPES = [
-    pytest.param(torch.int16, id="int16"),
-    pytest.param(torch.int8, id="int8"),
-    pytest.param(torch.float8_e4m3fn, id="fp8"),
-]
-
-
-def quantise_like(owner: torch.Tensor, view: torch.Tensor, dtype: torch.dtype):
-    """(owner, view, scales): ``view`` (a view of ``owner``) quantised by rows into a zeroed copy of ``owner`` of
-    ``dtype`` with the same layout, and the fp32 scales ``view.shape[:-1]``."""
-    qmax = QMAX[dtype]
-    v = view.float()
-    scale = v.abs().amax(-1) / qmax
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    q = (v / scale.unsqueeze(-1)).clamp(-qmax, qmax)
-    q = q.round() if dtype != torch.float8_e4m3fn else q
-    owner_q = torch.zeros(owner.shape, dtype=dtype, device=owner.device)
-    view_q = torch.as_strided(owner_q, view.shape, view.stride(), view.storage_offset())
-    view_q.copy_(q.to(dtype))
-    return owner_q, view_q, scale.contiguous()
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({1: torch.int8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def _dequantised(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -93,6 +93,19 @@ def _per_head(name, t, H, device, *, tied_dims: int):
     return t.float()
 
 
+def _check_scale(state_scale, state) -> None:
+    """A quantised checkpoint's fp32 ``[S, H, P]`` row scales (only beside one)."""
+    S, H, P, _ = state.shape
+    quantised = state.dtype in QUANT_STATE_DTYPES
+    if state_scale is not None:
+        if not quantised:
+            bad_arg("state_scale", state_scale, "None unless state is int16, int8 or float8_e4m3fn")
+        _tensor("state_scale", state_scale, 3, (torch.float32,), state.device)
+        _shape("state_scale", state_scale, (S, H, P))
+    elif quantised:
+        bad_arg("state_scale", None, f"a float32 [{S}, {H}, {P}] tensor of the state's block scales")
+
+
 def normalize_replay(state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out,
                      D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None, pad_slot_id=-1,
                      state_scale=None, rand_seed=None, philox_rounds=10, d_split=None, cu_seqlens=None,
@@ -162,14 +175,7 @@ def normalize_replay(state, x_cache, B_cache, dt_cache, ring_start, prev_num_acc
         slots = state_batch_indices if state_batch_indices.dim() == 1 else state_batch_indices[:, 0]
     if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
         bad_arg("pad_slot_id", pad_slot_id, "an int")
-    quantised = state.dtype in QUANT_STATE_DTYPES
-    if state_scale is not None:
-        if not quantised:
-            bad_arg("state_scale", state_scale, "None unless state is int16, int8 or float8_e4m3fn")
-        _tensor("state_scale", state_scale, 3, (torch.float32,), dev)
-        _shape("state_scale", state_scale, (S, H, P))
-    elif quantised:
-        bad_arg("state_scale", None, f"a float32 [{S}, {H}, {P}] tensor of the state's block scales")
+    _check_scale(state_scale, state)
     if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool):
         bad_arg("philox_rounds", philox_rounds, "an int")
     if rand_seed is not None:
@@ -263,14 +269,7 @@ def normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, repl
     for name, t in (("ring_start", ring_start), ("replay_prefix_len", replay_prefix_len)):
         _tensor(name, t, 1, INDEX_DTYPES, dev)
         _shape(name, t, (batch,), " (one per request, as src_slots)")
-    quantised = state.dtype in QUANT_STATE_DTYPES
-    if state_scale is not None:
-        if not quantised:
-            bad_arg("state_scale", state_scale, "None unless state is int16, int8 or float8_e4m3fn")
-        _tensor("state_scale", state_scale, 3, (torch.float32,), dev)
-        _shape("state_scale", state_scale, (S, H, P))
-    elif quantised:
-        bad_arg("state_scale", None, f"a float32 [{S}, {H}, {P}] tensor of the state's block scales")
+    _check_scale(state_scale, state)
     if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
         bad_arg("pad_slot_id", pad_slot_id, "an int")
     return MaterializeCall(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots, dst_slots,
