@@ -119,6 +119,7 @@ SEED_PREWARM_SSD = [
 
 
 PREWARM_EXT = {"jobs": None}  # worker processes for the compiles
+PREWARM_SSU_EXT = {"jobs": None, "philox_rounds": 0}  # + the kernels of fp16 stochastic rounding
 
 
 def _params(fn):
@@ -129,7 +130,7 @@ def _params(fn):
     "fn,seed,extensions",
     [
         pytest.param(selective_state_update, SEED_SSU, SSU_EXTENSIONS, id="selective_state_update"),
-        pytest.param(prewarm_selective_state_update, SEED_PREWARM_SSU, PREWARM_EXT, id="prewarm_ssu"),
+        pytest.param(prewarm_selective_state_update, SEED_PREWARM_SSU, PREWARM_SSU_EXT, id="prewarm_ssu"),
         pytest.param(ssd_combined_fwd_varlen, SEED_SSD, SSD_EXTENSIONS, id="ssd_combined_fwd_varlen"),
         pytest.param(prewarm_ssd_combined_fwd_varlen, SEED_PREWARM_SSD, PREWARM_EXT, id="prewarm_ssd"),
     ],
@@ -590,6 +591,8 @@ PREWARM_SSU_CASES = [
     ("dt_dim", dict(dt_dim=64)),
     ("jobs", dict(jobs=0)),
     ("jobs", dict(jobs=2.0)),
+    ("philox_rounds", dict(philox_rounds=-1)),
+    ("philox_rounds", dict(philox_rounds=10)),  # (PREWARM_SSU_OK's state is not fp16)
 ]
 
 
@@ -607,6 +610,8 @@ def test_prewarm_ssu_valid_is_a_noop_without_device():
     assert prewarm_selective_state_update(**PREWARM_SSU_OK, packed=True, dt_dim=1, meta_dtype=torch.int64) is None
     for quantised in (torch.int16, torch.int8, torch.float8_e4m3fn):  # the block-scaled kernels
         assert prewarm_selective_state_update(**dict(PREWARM_SSU_OK, state_dtype=quantised), packed=True) is None
+    fp16 = dict(PREWARM_SSU_OK, state_dtype=torch.float16)  # the stochastically rounding kernels
+    assert prewarm_selective_state_update(**fp16, packed=True, philox_rounds=10) is None
 
 
 PREWARM_SSD_OK = dict(heads=8, groups=2, dim=64, dstate=128, chunk_size=128)

@@ -49,14 +49,14 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
 
 
 def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim,
-            jobs=1):  # fmt: skip
+            jobs=1, philox_rounds=0):  # fmt: skip
     """Compile (without launching) every kernel the configuration will call on ``device``, those not cached in
     ``jobs`` worker processes (:func:`.cache.compile_missing`)."""
     hw = hardware(torch.device(device))
     specs = serving_specs(
         state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate, groups=groups,
         slot_dtype=slot_dtype, packed=packed, meta_dtype=meta_dtype, tie_hdim=tie_hdim,
-        pdl=pdl_for_capability(hw.kind, hw.major),
+        pdl=pdl_for_capability(hw.kind, hw.major), philox_rounds=philox_rounds,
     )  # fmt: skip
     compile_missing(specs, target=tilelang_target(device), jobs=jobs)
     for spec in specs:

@@ -231,6 +231,7 @@ def prewarm_selective_state_update(
     meta_dtype: torch.dtype = torch.int32,
     dt_dim: int | None = None,
     jobs: int | None = None,
+    philox_rounds: int = 0,
 ) -> None:
     """Compile the TileLang kernel one serving configuration will use, without launching it.
 
@@ -238,7 +239,8 @@ def prewarm_selective_state_update(
     capturing raises instead of stalling the worker. ``packed`` selects the packed/MTP kernel (a different
     compilation from the one-token kernel). ``dt_dim=1`` is the tied per-head dt (one value per head,
     broadcast over dim; the tied A/dt_bias fast path); ``None`` a full ``[rows, heads, dim]`` dt. ``state_dtype``
-    int16 / int8 / float8_e4m3fn: the block-scaled kernels (their scales are fp32).
+    int16 / int8 / float8_e4m3fn: the block-scaled kernels (their scales are fp32). ``philox_rounds`` > 0 (an
+    fp16 state): the kernels that round it stochastically with that many Philox rounds (calls with ``rand_seed``).
     ``meta_dtype`` is the dtype of ``cu_seqlens`` / ``num_accepted_tokens``. ``batch`` is accepted for the
     seed's signature but is a runtime dimension (one kernel serves every batch). ``rows_per_cta`` and
     ``lanes_per_row`` are the seed's tiling hints: MATE's kernels pick their tiling from (dim, dstate, state
@@ -270,6 +272,10 @@ def prewarm_selective_state_update(
     if dt_dim not in (None, 1):
         bad_arg("dt_dim", dt_dim, "None (full [rows, heads, dim] dt) or 1 (one dt per head)")
     check_jobs(jobs)
+    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
+        bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
+    if philox_rounds and state_dtype != torch.float16:
+        bad_arg("philox_rounds", philox_rounds, "0 unless state_dtype is float16 (stochastic rounding)")
 
     from .._backends import tilelang_installed
     from .._device import default_accelerator
@@ -292,6 +298,7 @@ def prewarm_selective_state_update(
         meta_dtype=meta_dtype,
         tie_hdim=dt_dim == 1,
         jobs=jobs,
+        philox_rounds=philox_rounds,
     )
 
 
