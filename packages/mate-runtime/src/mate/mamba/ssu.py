@@ -75,9 +75,9 @@ def selective_state_update(
     own tiling). ``backend``: ``"auto"`` (TileLang on a CUDA/MUSA device where it is installed, else the
     reference), ``"tilelang"`` or ``"torch"``.
 
-    Quantised and stochastically rounded states (both backends serve block-scaled states, the TileLang kernels
-    with an intermediate buffer of the state's dtype; stochastic rounding is the reference backend's, the
-    TileLang kernels raise ``NotImplementedError`` for it):
+    Quantised and stochastically rounded states (both backends serve both; the TileLang kernels take a
+    block-scaled state with an intermediate buffer of the state's dtype, and stochastic rounding with a
+    ``dstate`` that is a multiple of 8):
 
     - ``state`` int16 (FlashInfer's), int8 or fp8-e4m3 with ``state_scale`` fp32 ``[slots, H, P]``: a value is
       its stored number times its row's scale; each row written gets the scale ``max|row| / qmax`` and the
