@@ -187,6 +187,23 @@ def test_tracker_rule_is_vllms():
     advance_replay_ring(rs, pk, torch.tensor([0, 1, -1, 3]), torch.tensor([1, 3, 1, 0]), torch.tensor([1, 2, 1, 0]),
                         ring_len=5, window=4)  # fmt: skip
     assert rs.tolist() == [2, 0, 4, 2] and pk.tolist() == [1, 3, 2, 0]
+    # with vLLM's sentinel 0, a -1 entry (or one past the trackers) is no slot: nothing changes
+    rs2, pk2 = rs.clone(), torch.tensor([0, 0, 0, 3], dtype=torch.int32)
+    advance_replay_ring(rs2, pk2, torch.tensor([-1, 7]), torch.tensor([2, 1]), torch.tensor([1, 1]), ring_len=5,
+                        window=3, pad_slot_id=0)  # fmt: skip
+    assert rs2.tolist() == rs.tolist() and pk2.tolist() == [0, 0, 0, 3]
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.int8, id="int8"), pytest.param(F32, id="fp32")])
+def test_materialising_no_tokens_is_an_exact_copy(dtype):
+    """A replay prefix of 0 copies the stored numbers and their scale as they are (no requantisation)."""
+    pool = Pool(S=4, L=5, T=1, state_dtype=dtype, seed=8)
+    materialize_replayed_state(pool.state, pool.x_cache, pool.B_cache, pool.dt_cache, pool.A, torch.tensor([0]),
+                               torch.tensor([0]), torch.tensor([1]), torch.tensor([3]), state_scale=pool.scale,
+                               backend="torch")  # fmt: skip
+    assert torch.equal(pool.state[3], pool.state[1])
+    if pool.scale is not None:
+        assert torch.equal(pool.scale[3], pool.scale[1])
 
 
 def _args(pool, inp, out):
@@ -230,6 +247,26 @@ def test_bad_calls_are_named_before_anything_is_written(mutate, error, name):
         replay_state_update(*args, **kw)
     after = (pool.state, pool.x_cache, pool.B_cache, pool.dt_cache)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True)) and torch.isnan(out).all()
+
+
+def test_two_cta_split_is_refused_with_an_8_bit_state():
+    pool = Pool(S=8, L=5, T=1, state_dtype=torch.int8, seed=9)
+    inp = pool.inputs(2, 1)
+    with pytest.raises(ValueError, match="^d_split:"):
+        replay_state_update(*_args(pool, inp, torch.empty_like(inp["x"])), state_scale=pool.scale, d_split=2,
+                            backend="torch")  # fmt: skip
+
+
+def test_more_sequences_than_slots_need_a_table():
+    """Without state_batch_indices sequence b runs on slot b: more sequences than slots are refused before
+    anything is written."""
+    pool = Pool(S=2, L=5, T=1, seed=10)
+    inp = pool.inputs(3, 1)
+    out = torch.full_like(inp["x"], float("nan"))
+    caches = pool.x_cache.clone()
+    with pytest.raises(ValueError, match="^state_batch_indices:"):
+        replay_state_update(*_args(pool, inp, out), backend="torch")
+    assert torch.isnan(out).all() and torch.equal(pool.x_cache, caches)
 
 
 def test_a_window_that_cannot_hold_a_call_is_refused():

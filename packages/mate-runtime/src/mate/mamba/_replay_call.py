@@ -173,6 +173,9 @@ def normalize_replay(state, x_cache, B_cache, dt_cache, ring_start, prev_num_acc
         if state_batch_indices.shape[0] != nseq:
             bad_arg("state_batch_indices", state_batch_indices, f"[{nseq}] (one slot per sequence)")
         slots = state_batch_indices if state_batch_indices.dim() == 1 else state_batch_indices[:, 0]
+    elif nseq > S:
+        bad_arg("state_batch_indices", None, f"a [{nseq}] slot table: {nseq} sequences, {S} slots (without a table "
+                "sequence b runs on slot b)")  # fmt: skip
     if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
         bad_arg("pad_slot_id", pad_slot_id, "an int")
     _check_scale(state_scale, state)
@@ -190,6 +193,8 @@ def normalize_replay(state, x_cache, B_cache, dt_cache, ring_start, prev_num_acc
     # FlashInfer's kernel knobs: validated as FlashInfer does, otherwise without effect (MATE plans its own)
     if d_split not in (None, 1, 2):
         bad_arg("d_split", d_split, "None, 1 or 2")
+    if d_split == 2 and state.dtype in (torch.int8, torch.float8_e4m3fn):
+        bad_arg("d_split", d_split, "None or 1 with an 8-bit state (FlashInfer's rule)")
     if algorithm not in REPLAY_ALGORITHMS:
         bad_arg("algorithm", algorithm, f"one of {REPLAY_ALGORITHMS}")
     scratch = (cb_scaled, cumAdt_vec, cb_old)

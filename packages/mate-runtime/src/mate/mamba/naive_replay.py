@@ -107,6 +107,11 @@ def materialize_replayed_state(call: MaterializeCall) -> None:
     for b in range(len(src)):
         if call.pad_slot_id in (src[b], dst[b]):
             continue
+        if pre[b] == 0:  # nothing to replay: an exact copy of the stored numbers (and scales)
+            call.state[dst[b]] = call.state[src[b]]
+            if call.state_scale is not None:
+                call.state_scale[dst[b]] = call.state_scale[src[b]]
+            continue
         s = load_rows(call.state, call.state_scale, torch.tensor([src[b]], device=call.state.device))[0]
         s = replay(s, call.A, *_ring_tokens(call.x_cache, call.B_cache, call.dt_cache, src[b], rs[b], pre[b], H))
         store_rows(call.state, call.state_scale, torch.tensor([dst[b]], device=s.device), s.unsqueeze(0))

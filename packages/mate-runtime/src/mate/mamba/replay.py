@@ -91,9 +91,10 @@ def advance_replay_ring(ring_start: torch.Tensor, prev_num_accepted_tokens: torc
                         pad_slot_id: int = -1) -> None:  # fmt: skip
     """The host's ring bookkeeping after a :func:`replay_state_update` call, in place, as vLLM 0.33's trackers
     keep it (tensor operations only: no sync, capture-safe). For sequence ``b`` on slot ``state_batch_indices[b]``
-    (not the sentinel) that ran ``num_new_tokens[b] > 0`` tokens and keeps ``num_accepted_tokens[b]`` of them: if
-    the call flushed (``pnat + new > window``), ``ring_start`` moves past the folded tokens (``+ pnat``, modulo
-    ``ring_len``) and the accepted tokens are the live ones; otherwise they are added to the live ones."""
+    (not the sentinel, inside the trackers; the live sequences on distinct slots) that ran ``num_new_tokens[b] >
+    0`` tokens and keeps ``num_accepted_tokens[b]`` of them: if the call flushed (``pnat + new > window``),
+    ``ring_start`` moves past the folded tokens (``+ pnat``, modulo ``ring_len``) and the accepted tokens are the
+    live ones; otherwise they are added to the live ones."""
     for name, t in (("state_batch_indices", state_batch_indices), ("num_new_tokens", num_new_tokens),
                     ("num_accepted_tokens", num_accepted_tokens)):  # fmt: skip
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != state_batch_indices.shape[0]:
@@ -101,16 +102,21 @@ def advance_replay_ring(ring_start: torch.Tensor, prev_num_accepted_tokens: torc
     if not isinstance(ring_len, int) or not isinstance(window, int) or not 0 < window < ring_len:
         bad_arg("window", window, f"an int in [1, ring_len) (ring_len={ring_len!r})")
     slots = state_batch_indices.to(torch.int64)
-    live = (slots != pad_slot_id) & (num_new_tokens > 0)
+    # a sentinel, a slot outside the trackers or an empty sequence changes nothing (vLLM's trackers skip them)
+    live = (slots != pad_slot_id) & (slots >= 0) & (slots < ring_start.shape[0]) & (num_new_tokens > 0)
     slots = torch.where(live, slots, torch.zeros_like(slots))
     rs, pk = ring_start[slots].to(torch.int64), prev_num_accepted_tokens[slots].to(torch.int64)
     new, acc = num_new_tokens.to(torch.int64), num_accepted_tokens.to(torch.int64)
     flush = pk + new > window
     new_rs = torch.where(flush, (rs + pk) % ring_len, rs)
     new_pk = torch.where(flush, acc, pk + acc)
-    keep = slots[live]
-    ring_start[keep] = new_rs[live].to(ring_start.dtype)
-    prev_num_accepted_tokens[keep] = new_pk[live].to(prev_num_accepted_tokens.dtype)
+    # written as differences added at every lane's index (0 where not live): no boolean indexing, which would
+    # read a count back to the host
+    zero = torch.zeros_like(rs)
+    ring_start.index_add_(0, slots, torch.where(live, new_rs - rs, zero).to(ring_start.dtype))
+    prev_num_accepted_tokens.index_add_(
+        0, slots, torch.where(live, new_pk - pk, zero).to(prev_num_accepted_tokens.dtype)
+    )
 
 
 __all__ = ["replay_state_update", "materialize_replayed_state", "advance_replay_ring"]
