@@ -17,12 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ._replay_call import MaterializeCall, ReplayCall, check_replay_data
-from .naive_ssu import load_rows, softplus, store_rows
-
-
-def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """[..., G, N] -> [..., H, N]: head h uses group h // (H // G)."""
-    return t.repeat_interleave(heads // t.shape[-2], dim=-2)
+from .naive_ssu import _heads, load_rows, softplus, store_rows
 
 
 def replay(s: torch.Tensor, A: torch.Tensor, xs: torch.Tensor, Bs: torch.Tensor, dts: torch.Tensor) -> torch.Tensor:
