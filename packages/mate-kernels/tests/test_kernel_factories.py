@@ -136,7 +136,9 @@ SSD_SHAPE = dict(heads=8, groups=2, dim=64, dstate=128, chunk_size=128)
         pytest.param(dict(block_P=48), "divide dim", id="block_P-divides-dim"),
         pytest.param(dict(block_L=96), "block_L", id="block_L-divides-chunk"),
         pytest.param(dict(dim=40, block_P=40, narrow_p=True), "multiple of 16", id="block_P-16"),
-        pytest.param(dict(dim=80, block_P=80), "narrow_p", id="narrow-needs-flag"),
+        pytest.param(dict(dim=112, block_P=112), "tail of 0, 16 or 32", id="mn-major-needs-a-split"),
+        pytest.param(dict(dim=80, block_P=80, chunk_size=64, block_L=64), "block_L 128", id="tail-needs-block_L-128"),
+        pytest.param(dict(dim=80, block_P=80, dstate=64), "dstate 128 or 256", id="tail-needs-dstate-128"),
     ],
 )
 def test_ssd_fused_kernel_checks_its_tile_before_importing_tilelang(bad, match):

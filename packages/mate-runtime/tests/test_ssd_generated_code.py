@@ -204,10 +204,11 @@ KERNELS = [
     pytest.param(dict(SMALL), id="c128"),
     pytest.param(dict(SMALL, D_per_dim=True), id="D-per-dim"),
     pytest.param(dict(FALCON), id="tile64_P128_N256"),
-    pytest.param(dict(SMALL, P=80), id="narrow-P80"),  # the K-major tiling: GEMMs waited one by one
+    pytest.param(dict(SMALL, P=80), id="tail-P80"),  # a 64-wide main part and a 16-wide tail: seven GEMMs
+    pytest.param(dict(SMALL, P=80, L=64), id="narrow-P80_c64"),  # the K-major tiling: GEMMs waited one by one
     pytest.param(dict(SMALL, prefetch=True), id="prefetch"),  # the L2 prefetch of the next entering state
     pytest.param(dict(SMALL, split=True), id="split"),  # runs entering mid-sequence with the handed-over state
-    pytest.param(dict(SMALL, P=80, split=True), id="split-narrow-P80"),
+    pytest.param(dict(SMALL, P=80, split=True), id="split-tail-P80"),
 ]
 # the split design's state pass: TMA loads through its own pipeline, one GEMM per tile
 STATE_PASSES = [
@@ -251,12 +252,15 @@ def test_tma_store_reads_finish_before_the_next_barrier(spec):
 
 @pytest.mark.parametrize("spec", KERNELS)
 def test_overlap_waits_once_per_pair(spec):
-    """Per tile the kernel issues its four GEMMs in two asynchronous pairs (C.state + C B^T, S x + the end-state
-    GEMM) and waits once per pair; the narrow-P tiling waits for each GEMM at once."""
+    """Per tile the kernel issues its four GEMMs in two asynchronous groups (C.state + C B^T, S x + the end-state
+    GEMM) and waits once per group; a tail part adds its three GEMMs to the groups (seven, two waits); the
+    narrow-P tiling waits for each GEMM at once."""
     src = _source(spec)
     waits = re.findall(r"tl::(warpgroup_wait|wait_wgmma)<(\d)>", src)
-    assert len(re.findall(r"tl::warpgroup_commit_batch\(\);", src)) == 4  # four GEMMs, four groups
-    assert waits == [("warpgroup_wait", "0")] * (4 if spec.get("P") == 80 else 2)
+    narrow = spec.get("P") == 80 and spec["L"] == 64
+    tail = spec.get("P") == 80 and not narrow
+    assert len(re.findall(r"tl::warpgroup_commit_batch\(\);", src)) == (7 if tail else 4)  # a group per GEMM
+    assert waits == [("warpgroup_wait", "0")] * (4 if narrow else 2)
 
 
 @pytest.mark.parametrize("spec", KERNELS + STATE_PASSES)

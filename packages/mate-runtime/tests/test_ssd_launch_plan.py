@@ -51,9 +51,10 @@ def test_plan_raises_not_implemented(P, N, L, io, words):
 @pytest.mark.parametrize(
     "P, N, L, block_P, block_L",
     [
-        pytest.param(80, 128, 256, 80, 64, id="P80-N128"),  # a 128-token tile does not fit beside the x transpose
-        pytest.param(80, 64, 128, 80, 128, id="P80-N64"),
-        pytest.param(160, 128, 128, 80, 64, id="P160-two-blocks"),
+        pytest.param(80, 64, 64, 80, 64, id="P80-c64"),  # 64-token tiles: the tail's GEMMs need 128 rows
+        pytest.param(80, 64, 128, 80, 128, id="P80-N64"),  # and so does the tail's state GEMM (N rows)
+        pytest.param(96, 128, 256, 96, 64, id="P96-N128"),  # 64 + 32 at 128-token tiles does not fit
+        pytest.param(112, 128, 256, 112, 64, id="P112"),  # 64 + 48: no MN-major tail of 48
         pytest.param(48, 256, 256, 48, 64, id="P48-N256"),
     ],
 )
@@ -65,6 +66,33 @@ def test_narrow_p_plan(P, N, L, block_P, block_L):
     smem = fused_smem_bytes(dim_block=block_P, dstate=N, block_L=block_L, io_bytes=2, num_stages=2,
                             scores_in_shared=p.scores_in_shared, narrow_p=True)  # fmt: skip
     assert smem <= ssd_plan.SMEM_LIMIT
+
+
+@pytest.mark.parametrize(
+    "P, N, L, block_P",
+    [
+        pytest.param(80, 128, 256, 80, id="P80-N128-c256"),  # Nemotron-3 Nano 4B
+        pytest.param(80, 128, 128, 80, id="P80-N128-c128"),
+        pytest.param(160, 128, 128, 80, id="P160-two-blocks"),
+    ],
+)
+def test_tail_plan(P, N, L, block_P):
+    """A head dim of 64 k + 16 runs the MN-major tiling with a tail part at 128-token tiles where they fit."""
+    from mate_kernels.ssd import fused_smem_bytes, p_parts
+
+    p = ssd_plan.tiles(P, N, L, torch.bfloat16)
+    assert (p.block_P, p.block_L, p.narrow_p, p.scores_in_shared) == (block_P, 128, False, False)
+    assert p_parts(block_P) == (64, 16)
+    smem = fused_smem_bytes(dim_block=block_P, dstate=N, block_L=128, io_bytes=2, num_stages=2)
+    assert smem <= ssd_plan.SMEM_LIMIT
+
+
+@pytest.mark.parametrize("block_P", [pytest.param(b, id=f"P{b}") for b in (16, 48, 112, 72)])
+def test_p_parts_refuses_a_block_without_a_tail_split(block_P):
+    from mate_kernels.ssd import p_parts
+
+    with pytest.raises(ValueError, match="block_P"):
+        p_parts(block_P)
 
 
 @pytest.mark.parametrize("P", [pytest.param(72, id="P72-not-16"), pytest.param(8, id="P8")])

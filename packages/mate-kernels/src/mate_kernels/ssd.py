@@ -13,10 +13,10 @@ With the split design (:mod:`.ssd_split`: a sequence's chunks over several scan 
 pre-pass and the scan: :func:`ssd_run_states_kernel` (each run's end state from the state recurrence alone) and
 :func:`ssd_combine_kernel` (the hand-over of the fp32 states across the runs).
 
-:mod:`.ssd_common` holds what the two agree on (the pre-pass output's layout).
+:mod:`.ssd_common` holds what they agree on (the pre-pass output's layout, the tiling, the P block's parts).
 """
 
-from .ssd_common import DT_ROWS, LOG2E, META_WIDTH
+from .ssd_common import DT_ROWS, LOG2E, META_WIDTH, p_parts
 from .ssd_dt import dt_prime, ssd_dt_kernel
 from .ssd_scan import FLAG_INIT, FLAG_Z, THREADS, fused_smem_bytes, ssd_fused_kernel
 from .ssd_split import SPLIT_OPENED, ssd_combine_kernel, ssd_run_states_kernel, states_smem_bytes
@@ -34,6 +34,7 @@ __all__ = [
     "ssd_run_states_kernel",
     "states_smem_bytes",
     "fused_smem_bytes",
+    "p_parts",
     "ssd_dt_kernel",
     "ssd_fused_kernel",
 ]

@@ -21,3 +21,17 @@ def check_tiling(*, heads: int, groups: int, dim: int, chunk_size: int, block_P:
         raise ValueError(f"block_L ({block_L}) must divide chunk_size ({chunk_size})")
     if block_P % 16:
         raise ValueError(f"block_P ({block_P}) must be a multiple of 16")
+
+
+MN_TAILS = (16, 32)  # tail widths whose MN-major tiles TileLang 0.1.15 lays out for wgmma (32- and 64-byte swizzle)
+
+
+def p_parts(block_P: int) -> tuple[int, int]:
+    """The P block of the MN-major tiling as ``(main, tail)``: a main part of a multiple of 64 columns and a tail
+    of 0, 16 or 32 (80 = 64 + 16, 96 = 64 + 32). TileLang 0.1.15 lays out an MN-major wgmma operand canonically
+    only where its width is one swizzle atom or a multiple of the 128-byte one, so an 80-wide tile is two GEMM
+    operands; ValueError for a block with no such split (e.g. 112 = 64 + 48: the K-major tiling serves it)."""
+    main, tail = block_P - block_P % 64, block_P % 64
+    if main == 0 or tail not in (0, *MN_TAILS):
+        raise ValueError(f"block_P ({block_P}) is not a multiple of 64 plus a tail of 0, 16 or 32")
+    return main, tail

@@ -28,10 +28,15 @@ Issue order (same arithmetic as the stages above):
   that reads it in program order, whatever that GEMM's wait, so the mask cannot run under ``C·state`` (``C_s``
   would be released early) nor the epilogue under the end-state GEMM (``B_s``, and the output tile is ``xw_s``'s
   buffer);
-- ``narrow_p`` (a ``block_P`` that is not a multiple of 64, e.g. a head dim of 80): the three GEMMs whose N
-  dimension is ``block_P`` (``C·state``, ``S x``, ``Bᵀ x``) take their B operand K-major (the state, x and the
-  weighted x transposed into shared memory by the consumers), because TileLang 0.1.15 has no canonical MN-major
-  wgmma layout for such a width; each GEMM waits for itself;
+- a ``block_P`` of 64 k + 16 or 64 k + 32 (a head dim of 80: 64 + 16) is two parts: the three GEMMs whose N
+  dimension is ``block_P`` (``C·state``, ``S x``, ``Bᵀ x``) run once on the main part and once on the tail, each
+  part with its own x, state, output tile and fragments (TileLang 0.1.15 lays out an MN-major wgmma operand
+  canonically only where its width is one swizzle atom or a multiple of the 128-byte one; :func:`.p_parts`).
+  The tail's GEMMs join the two asynchronous groups (seven GEMMs, two waits per tile) and split their rows over
+  the warps (``FullRow``), so the tiling needs 128-token tiles and a dstate of 128 or 256;
+- ``narrow_p`` (any other ``block_P`` that is not a multiple of 64, and a tail at 64-token tiles): the three
+  GEMMs take their B operand K-major (the state, x and the weighted x transposed into shared memory by the
+  consumers); each GEMM waits for itself;
 - the consumers load the CTA's first entering state (its first chunk always opens a run, so that is
   ``initial_states[seq_idx[bounds[b]]]``) before the pipelined loop, while the producer waits for the first
   tiles' loads: the two global-memory round trips of a CTA's start overlap instead of adding up;
@@ -53,7 +58,7 @@ Token, chunk and batch counts are ``T.dynamic``. Factories take plain Python val
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the T.Tensor annotations.
-from .ssd_common import DT_ROWS, LOG2E, META_WIDTH, check_tiling
+from .ssd_common import DT_ROWS, LOG2E, META_WIDTH, check_tiling, p_parts
 
 # wgmma issued without waiting for it: the next GEMM's wait completes it
 NO_WAIT = {"wg_wait": -1}
@@ -121,7 +126,9 @@ def ssd_fused_kernel(
 
     ``scores_in_shared``: the scores ``S`` feed the ``S x`` GEMM from shared memory (any warp layout) instead of
     registers (the row-split layout, which matches the A operand's only with two consumer warpgroups at 128
-    tokens). ``narrow_p``: K-major B operands, required for a ``block_P`` that is not a multiple of 64.
+    tokens). ``narrow_p``: K-major B operands; without it a ``block_P`` off the 64 grid is a main part and a tail
+    (:func:`.p_parts`: 80 = 64 + 16; ValueError for one without such a split, and for a tail at ``block_L`` 64
+    or ``dstate`` 64).
 
     ``prefetch`` (with initial states): where a CTA opens sequence ``s`` it also asks L2 for the entering state of
     sequence ``s + 1`` (one ``prefetch.global.L2`` per 128-byte line, spread over the consumer threads), which the
@@ -146,11 +153,20 @@ def ssd_fused_kernel(
     """
     H, G, P, N, L = heads, groups, dim, dstate, chunk_size
     check_tiling(heads=H, groups=G, dim=P, chunk_size=L, block_P=block_P, block_L=block_L)
-    if block_P % 64 and not narrow_p:
-        raise ValueError(f"block_P ({block_P}) not a multiple of 64 needs narrow_p (K-major B operands)")
+    if not narrow_p:
+        _, tail = p_parts(block_P)  # (ValueError where the MN-major tiling cannot split the block)
+        if tail and (block_L != 128 or dstate % 128):
+            # the tail's GEMMs split their M (block_L rows, dstate for the state GEMM) over the two warpgroups
+            raise ValueError(
+                f"block_P ({block_P}) with a tail part needs block_L 128 and dstate 128 or 256 "
+                f"(got {block_L}, {dstate})"
+            )
     import tilelang.language as T  # (after the argument checks: they need no toolchain)
 
     overlap = not narrow_p  # the GEMMs in two asynchronous pairs (see the module doc)
+    # the P block as a main part (a multiple of 64, or all of it K-major) and a tail part of TW columns (16 or 32)
+    BM, TW = p_parts(block_P) if not narrow_p else (block_P, 0)
+    ROWS = T.GemmWarpPolicy.FullRow  # the tail's GEMMs: rows over the warps (each one's N is the tail's width)
     threads = THREADS
     rep = H // G
     n_pb = P // block_P
@@ -214,10 +230,10 @@ def ssd_fused_kernel(
         run_states,
     ):
         with T.Kernel(n_pb, H, batch1 - 1, threads=threads, prelude=prelude) as (pb, h, b):
-            x_s = T.alloc_shared((BL, BP), io_dtype)
+            x_s = T.alloc_shared((BL, BM), io_dtype)
             B_s = T.alloc_shared((BL, N), io_dtype)
             C_s = T.alloc_shared((BL, N), io_dtype)
-            y_s = T.alloc_shared((BL, BP), io_dtype)
+            y_s = T.alloc_shared((BL, BM), io_dtype)
             if narrow_p:
                 # K-major B operands: x transposed (then x weighted, for the state update) and the state
                 xt_s = T.alloc_shared((BP, BL), io_dtype)
@@ -225,7 +241,13 @@ def ssd_fused_kernel(
             else:
                 # One buffer serves the output tile (epilogue) and then x weighted for the state update.
                 xw_s = y_s
-                st_s = T.alloc_shared((N, BP), io_dtype)
+                st_s = T.alloc_shared((N, BM), io_dtype)
+            if TW:
+                # the tail part: its own x, output (then x weighted) and state tiles, 16 or 32 wide
+                x_t = T.alloc_shared((BL, TW), io_dtype)
+                y_t = T.alloc_shared((BL, TW), io_dtype)
+                xw_t = y_t
+                st_t = T.alloc_shared((N, TW), io_dtype)
             # the pre-pass's four rows (cumsum in log2 units, dt', end-state weights, entering-state decays)
             dt_sh = T.alloc_shared((BL,), accum)
             dA_cs = T.alloc_shared((BL,), accum)
@@ -233,13 +255,16 @@ def ssd_fused_kernel(
             wx_s = T.alloc_shared((BL,), accum)
             wy_s = T.alloc_shared((BL,), accum)
 
-            state = T.alloc_fragment((N, BP), accum)
+            state = T.alloc_fragment((N, BM), accum)
             cb = T.alloc_fragment((BL, BL), accum)
             if scores_in_shared:
                 cb_c = T.alloc_shared((BL, BL), io_dtype)
             else:
                 cb_c = T.alloc_fragment((BL, BL), io_dtype)
-            y = T.alloc_fragment((BL, BP), accum)
+            y = T.alloc_fragment((BL, BM), accum)
+            if TW:
+                state_t = T.alloc_fragment((N, TW), accum)
+                y_tl = T.alloc_fragment((BL, TW), accum)
             d_row = T.alloc_local((1,), "int32")
 
             g = h // rep
@@ -250,32 +275,45 @@ def ssd_fused_kernel(
             n_tiles = (bounds[b + 1] - c_first) * S
 
             T.clear(state)
+            if TW:
+                T.clear(state_t)
             # the first entering state, under the producer's first loads (the loop skips it at j == 0)
             if split:
                 # a run that starts mid-sequence enters with the true end state of the run before it
                 if n_tiles > 0 and b > 0 and tmeta[c_first * S, 2] < 0:
-                    for n, p in T.Parallel(N, BP):
+                    for n, p in T.Parallel(N, BM):
                         state[n, p] = run_states[b - 1, h, p0 + p, n]
+                    if TW:
+                        for n, p in T.Parallel(N, TW):
+                            state_t[n, p] = run_states[b - 1, h, p0 + BM + p, n]
             if n_tiles > 0:
                 if has_init:
                     if split:
                         # a run may start mid-sequence: only a first tile that opens its sequence loads a state
                         sq_open = tmeta[c_first * S, 2]
                         if sq_open >= 0 and sq_open < Bi:
-                            for n, p in T.Parallel(N, BP):
+                            for n, p in T.Parallel(N, BM):
                                 state[n, p] = T.Cast(accum, initial_states[sq_open, h, p0 + p, n])
+                            if TW:
+                                for n, p in T.Parallel(N, TW):
+                                    state_t[n, p] = T.Cast(accum, initial_states[sq_open, h, p0 + BM + p, n])
                     else:
                         sq_first = T.Cast("int32", seq_idx[c_first])
                         if sq_first >= 0 and sq_first < Bi:  # a seq_idx outside the initial states: zero state
-                            for n, p in T.Parallel(N, BP):
+                            for n, p in T.Parallel(N, BM):
                                 state[n, p] = T.Cast(accum, initial_states[sq_first, h, p0 + p, n])
+                            if TW:
+                                for n, p in T.Parallel(N, TW):
+                                    state_t[n, p] = T.Cast(accum, initial_states[sq_first, h, p0 + BM + p, n])
                             if prefetch:
                                 prefetch_next_init(initial_states, sq_first + 1, h, p0)
             for j in T.Pipelined(n_tiles, num_stages=num_stages):
                 c = c_first + j // S
                 sub = j % S
                 s0 = T.Cast("int32", cu_chunk_seqlens[c]) + sub * BL
-                T.copy(x[s0 : s0 + BL, h, p0 : p0 + BP], x_s)
+                T.copy(x[s0 : s0 + BL, h, p0 : p0 + BM], x_s)
+                if TW:
+                    T.copy(x[s0 : s0 + BL, h, p0 + BM : p0 + BP], x_t)
                 T.copy(B[s0 : s0 + BL, g, 0:N], B_s)
                 T.copy(C[s0 : s0 + BL, g, 0:N], C_s)
                 vt = c * S + sub
@@ -297,94 +335,147 @@ def ssd_fused_kernel(
                 opens = T.if_then_else(j > 0, opens, 0)
                 if opens == 1:
                     if has_init and sq < Bi:  # (sq >= 0 where the tile opens; outside the initial states: zero)
-                        for n, p in T.Parallel(N, BP):
+                        for n, p in T.Parallel(N, BM):
                             state[n, p] = T.Cast(accum, initial_states[sq, h, p0 + p, n])
+                        if TW:
+                            for n, p in T.Parallel(N, TW):
+                                state_t[n, p] = T.Cast(accum, initial_states[sq, h, p0 + BM + p, n])
                         if prefetch:
                             prefetch_next_init(initial_states, sq + 1, h, p0)
                     else:
                         T.clear(state)
-                # y = exp(dA_m) C_m . state; C B^T.
-                if overlap:
-                    # issued back to back, one wait (the second GEMM's) for both
-                    T.copy(state, st_s)
-                    T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations=NO_WAIT)
-                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
-                    for m, p in T.Parallel(BL, BP):
-                        y[m, p] = y[m, p] * wy_s[m]
-                else:
-                    for p, n in T.Parallel(BP, N):
-                        st_s[p, n] = state[n, p]
-                    T.gemm(C_s, st_s, y, transpose_B=True, clear_accum=True, policy=policy)
-                    for m, p in T.Parallel(BL, BP):
-                        y[m, p] = y[m, p] * wy_s[m]
-                    T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
+                        if TW:
+                            T.clear(state_t)
+                # A tile past its chunk's end (the second 128-token tile of a chunk of 128 tokens or fewer at
+                # chunk 256: a short sequence) adds nothing: its rows have dt' 0, so the state stays, and it
+                # stores no row. It skips to the chunk end's state write. (With one tile per chunk no tile is
+                # empty: the test is not compiled in, and those kernels are the same as without it.)
+                if S == 1 or n_valid > 0:
+                    # y = exp(dA_m) C_m . state; C B^T.
+                    if overlap:
+                        # issued back to back, one wait (the second GEMM's) for both
+                        T.copy(state, st_s)
+                        T.gemm(C_s, st_s, y, clear_accum=True, policy=policy, annotations=NO_WAIT)
+                        if TW:
+                            T.copy(state_t, st_t)
+                            T.gemm(C_s, st_t, y_tl, clear_accum=True, policy=ROWS, annotations=NO_WAIT)
+                        T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
+                        for m, p in T.Parallel(BL, BM):
+                            y[m, p] = y[m, p] * wy_s[m]
+                        if TW:
+                            for m, p in T.Parallel(BL, TW):
+                                y_tl[m, p] = y_tl[m, p] * wy_s[m]
+                    else:
+                        for p, n in T.Parallel(BM, N):
+                            st_s[p, n] = state[n, p]
+                        T.gemm(C_s, st_s, y, transpose_B=True, clear_accum=True, policy=policy)
+                        for m, p in T.Parallel(BL, BM):
+                            y[m, p] = y[m, p] * wy_s[m]
+                        T.gemm(C_s, B_s, cb, transpose_B=True, clear_accum=True, policy=policy)
 
-                # The causal decay mask and dt' weights. No branch around the loads (so the compiler can reuse the
-                # per-row / per-column values): a 0/1 factor lo masks the upper triangle and zeroes its exponent
-                # there (exp2(0) stays finite whatever the decay); the causal part keeps its exact exponent.
-                for m, k in T.Parallel(BL, BL):
-                    lo = T.Cast(accum, k <= m)
-                    ex = (dA_cs[m] - dA_cs[k]) * lo
-                    cb_c[m, k] = cb[m, k] * T.exp2(ex) * (dt_sh[k] * lo)
-                # y += S x
-                if overlap:
-                    # S x runs under the x weighting and the state decay; the end-state GEMM's wait covers both
-                    # (it runs before the epilogue: the epilogue's output tile shares xw_s's buffer)
-                    T.gemm(cb_c, x_s, y, policy=policy, annotations=NO_WAIT)
-                    T.tma_store_wait()  # the previous tile's output store has read this buffer
-                    for k, p in T.Parallel(BL, BP):
-                        xw_s[k, p] = x_s[k, p] * wx_s[k]
-                    for n, p in T.Parallel(N, BP):
-                        state[n, p] = state[n, p] * wy_s[BL - 1]
-                    T.gemm(B_s, xw_s, state, transpose_A=True)
-                else:
-                    for p, k in T.Parallel(BP, BL):
-                        xt_s[p, k] = x_s[k, p]
-                    T.gemm(cb_c, xt_s, y, transpose_B=True, policy=policy)
-
-                # Epilogue: D x, silu(z), store the valid rows. Each step updates the accumulator fragment in
-                # place: a loop that reads global memory (z) and writes shared memory would be taken for a
-                # producer copy by the warp-specialisation pass and moved out of the consumer.
-                if has_D:
-                    for m, p in T.Parallel(BL, BP):
-                        if D_per_dim:
-                            y[m, p] = y[m, p] + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
+                    # The causal decay mask and dt' weights. No branch around the loads (so the compiler can reuse the
+                    # per-row / per-column values): a 0/1 factor lo masks the upper triangle and zeroes its exponent
+                    # there (exp2(0) stays finite whatever the decay); the causal part keeps its exact exponent.
+                    for m, k in T.Parallel(BL, BL):
+                        lo = T.Cast(accum, k <= m)
+                        ex = (dA_cs[m] - dA_cs[k]) * lo
+                        cb_c[m, k] = cb[m, k] * T.exp2(ex) * (dt_sh[k] * lo)
+                    # y += S x
+                    if overlap:
+                        # S x runs under the x weighting and the state decay; the end-state GEMM's wait covers both
+                        # (it runs before the epilogue: the epilogue's output tile shares xw_s's buffer)
+                        T.gemm(cb_c, x_s, y, policy=policy, annotations=NO_WAIT)
+                        if TW:
+                            T.gemm(cb_c, x_t, y_tl, policy=ROWS, annotations=NO_WAIT)
+                        T.tma_store_wait()  # the previous tile's output store has read this buffer
+                        for k, p in T.Parallel(BL, BM):
+                            xw_s[k, p] = x_s[k, p] * wx_s[k]
+                        for n, p in T.Parallel(N, BM):
+                            state[n, p] = state[n, p] * wy_s[BL - 1]
+                        if TW:
+                            for k, p in T.Parallel(BL, TW):
+                                xw_t[k, p] = x_t[k, p] * wx_s[k]
+                            for n, p in T.Parallel(N, TW):
+                                state_t[n, p] = state_t[n, p] * wy_s[BL - 1]
+                            # the tail's GEMM waits for both
+                            T.gemm(B_s, xw_s, state, transpose_A=True, annotations=NO_WAIT)
+                            T.gemm(B_s, xw_t, state_t, transpose_A=True, policy=ROWS)
                         else:
-                            y[m, p] = y[m, p] + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
-                if has_z:
-                    # rows past the valid ones read a clamped, in-bounds row and are never stored
-                    for m, p in T.Parallel(BL, BP):
-                        zv = T.Cast(accum, z[T.min(s0 + m, Tz - 1), h, p0 + p])
-                        y[m, p] = y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E))
-                if narrow_p:
-                    T.tma_store_wait()  # y_s's next write (elsewhere y_s is xw_s: its write above waits)
-                T.copy(y, y_s)
-                if n_valid >= BL:
-                    # every row belongs to this chunk: one TMA store, waited for before y_s's next write
-                    T.tma_copy(y_s, out[s0 : s0 + BL, h, p0 : p0 + BP])
-                else:
-                    # the rows past the chunk's end belong to the next chunk (maybe another CTA's)
-                    for m, p in T.Parallel(BL, BP):
-                        if m < n_valid:
-                            out[s0 + m, h, p0 + p] = y_s[m, p]
+                            T.gemm(B_s, xw_s, state, transpose_A=True)
+                    else:
+                        for p, k in T.Parallel(BM, BL):
+                            xt_s[p, k] = x_s[k, p]
+                        T.gemm(cb_c, xt_s, y, transpose_B=True, policy=policy)
 
-                # State update (the overlapped form did it before the epilogue): state = exp(dA_last) state +
-                # B^T (x * exp(dA_last - dA_k) dt'_k), the weighted x written transposed (K-major for the GEMM).
-                if narrow_p:
-                    for p, k in T.Parallel(BP, BL):
-                        xt_s[p, k] = x_s[k, p] * wx_s[k]
-                    for n, p in T.Parallel(N, BP):
-                        state[n, p] = state[n, p] * wy_s[BL - 1]
-                    T.gemm(B_s, xt_s, state, transpose_A=True, transpose_B=True)
+                    # Epilogue: D x, silu(z), store the valid rows. Each step updates the accumulator fragment in
+                    # place: a loop that reads global memory (z) and writes shared memory would be taken for a
+                    # producer copy by the warp-specialisation pass and moved out of the consumer.
+                    if has_D:
+                        for m, p in T.Parallel(BL, BM):
+                            if D_per_dim:
+                                y[m, p] = y[m, p] + T.Cast(accum, D[h, p0 + p]) * T.Cast(accum, x_s[m, p])
+                            else:
+                                y[m, p] = y[m, p] + T.Cast(accum, D[h]) * T.Cast(accum, x_s[m, p])
+                        if TW:
+                            for m, p in T.Parallel(BL, TW):
+                                if D_per_dim:
+                                    y_tl[m, p] = y_tl[m, p] + T.Cast(accum, D[h, p0 + BM + p]) * T.Cast(
+                                        accum, x_t[m, p]
+                                    )
+                                else:
+                                    y_tl[m, p] = y_tl[m, p] + T.Cast(accum, D[h]) * T.Cast(accum, x_t[m, p])
+                    if has_z:
+                        # rows past the valid ones read a clamped, in-bounds row and are never stored
+                        for m, p in T.Parallel(BL, BM):
+                            zv = T.Cast(accum, z[T.min(s0 + m, Tz - 1), h, p0 + p])
+                            y[m, p] = y[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E))
+                        if TW:
+                            for m, p in T.Parallel(BL, TW):
+                                zv = T.Cast(accum, z[T.min(s0 + m, Tz - 1), h, p0 + BM + p])
+                                y_tl[m, p] = y_tl[m, p] * zv / (1.0 + T.exp2(-zv * LOG2E))
+                    if narrow_p:
+                        T.tma_store_wait()  # y_s's next write (elsewhere y_s is xw_s: its write above waits)
+                    T.copy(y, y_s)
+                    if TW:
+                        T.copy(y_tl, y_t)
+                    if n_valid >= BL:
+                        # every row belongs to this chunk: one TMA store, waited for before y_s's next write
+                        T.tma_copy(y_s, out[s0 : s0 + BL, h, p0 : p0 + BM])
+                        if TW:
+                            T.tma_copy(y_t, out[s0 : s0 + BL, h, p0 + BM : p0 + BP])
+                    else:
+                        # the rows past the chunk's end belong to the next chunk (maybe another CTA's)
+                        for m, p in T.Parallel(BL, BM):
+                            if m < n_valid:
+                                out[s0 + m, h, p0 + p] = y_s[m, p]
+                        if TW:
+                            for m, p in T.Parallel(BL, TW):
+                                if m < n_valid:
+                                    out[s0 + m, h, p0 + BM + p] = y_t[m, p]
+
+                    # State update (the overlapped form did it before the epilogue): state = exp(dA_last) state +
+                    # B^T (x * exp(dA_last - dA_k) dt'_k), the weighted x written transposed (K-major for the GEMM).
+                    if narrow_p:
+                        for p, k in T.Parallel(BM, BL):
+                            xt_s[p, k] = x_s[k, p] * wx_s[k]
+                        for n, p in T.Parallel(N, BM):
+                            state[n, p] = state[n, p] * wy_s[BL - 1]
+                        T.gemm(B_s, xt_s, state, transpose_A=True, transpose_B=True)
 
                 # Chunk end: report the end state where asked.
                 if sub == S - 1:
                     if intermediate:
-                        for n, p in T.Parallel(N, BP):
+                        for n, p in T.Parallel(N, BM):
                             states_out[c, h, p0 + p, n] = state[n, p]
+                        if TW:
+                            for n, p in T.Parallel(N, TW):
+                                states_out[c, h, p0 + BM + p, n] = state_t[n, p]
                     elif d_row[0] >= 0 and d_row[0] < So:  # a row outside the state output is not written
-                        for n, p in T.Parallel(N, BP):
+                        for n, p in T.Parallel(N, BM):
                             states_out[d_row[0], h, p0 + p, n] = state[n, p]
+                        if TW:
+                            for n, p in T.Parallel(N, TW):
+                                states_out[d_row[0], h, p0 + BM + p, n] = state_t[n, p]
             T.tma_store_wait()  # the last tile's store has read shared memory before the CTA exits
 
     # TileLang reads a kernel's parameters from the Python signature, so the split scan (one more input) is a

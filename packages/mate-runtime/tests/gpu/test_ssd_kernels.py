@@ -200,18 +200,24 @@ def test_dim_not_a_multiple_of_16_raises():
         ssd_combined_fwd_varlen(**kw, backend="tilelang")
 
 
-# Head dims that are not a multiple of 64: the K-major tiling (``narrow_p``).
-NARROW_P_CASES = [
-    pytest.param(Case(P=80, H=4, chunk=256, seqlens=(1, 255, 300, 513)), id="P80_c256_N128_64-token-tiles"),
-    pytest.param(Case(P=80, N=64, D="full", z=True, seqlens=(77, 129, 2)), id="P80_N64_128-token-tiles_Dfull_z"),
+# Head dims that are not a multiple of 64. At 128-token tiles the MN-major tiling with a tail part (80 = 64 + 16:
+# seven GEMMs per tile); where the tile is 64 tokens (chunk 64) or the block has no tail split, the K-major one
+# (``narrow_p``).
+HEAD_DIM_CASES = [
+    pytest.param(Case(P=80, H=4, chunk=256, seqlens=(1, 255, 300, 513)), id="P80_c256_N128_tail"),
+    pytest.param(Case(P=80, D="full", z=True, seqlens=(77, 129, 2)), id="P80_tail_Dfull_z"),
+    pytest.param(Case(P=80, N=64, D="full", z=True, seqlens=(77, 129, 2)), id="P80_N64_narrow_Dfull_z"),
     pytest.param(Case(P=80, intermediate=True, state=BF16, history=(0, 100, 0, 64)), id="P80_intermediate_bf16"),
     pytest.param(Case(P=80, pool="paged", io=F16, seqlens=(5, 400)), id="P80_paged-pool_fp16"),
+    pytest.param(Case(P=80, H=8, G=8, chunk=256, seqlens=(3000,), history=(17,)), id="P80_G8_long_continuing"),
     pytest.param(Case(P=160, H=2, G=1, seqlens=(300, 40)), id="P160_two-80-wide-blocks"),
+    pytest.param(Case(P=80, chunk=64, z=True, seqlens=(1, 64, 65, 300)), id="P80_c64_narrow"),
+    pytest.param(Case(P=112, H=2, G=1, chunk=256, seqlens=(3, 600)), id="P112_narrow"),
 ]
 
 
-@pytest.mark.parametrize("case", NARROW_P_CASES)
-def test_narrow_p_matches_reference(case: Case):
+@pytest.mark.parametrize("case", HEAD_DIM_CASES)
+def test_head_dims_off_64_match_reference(case: Case):
     test_kernels_match_reference(case)
 
 
@@ -394,7 +400,7 @@ SPLIT_CASES = [
     pytest.param(Case(state=BF16, seqlens=(700, 33)), 4, id="bf16-state_4-runs"),
     pytest.param(Case(P=128, io=F16, D="full", z=True, seqlens=(77, 1290, 2)), 6, id="P128_fp16_Dfull_z"),
     pytest.param(Case(chunk=256, H=4, G=1, P=128, N=256, seqlens=(3, 3000, 513)), 5, id="P128_N256_falcon"),
-    pytest.param(Case(P=80, H=4, chunk=256, seqlens=(1, 255, 3000, 513)), 5, id="P80_c256_narrow"),
+    pytest.param(Case(P=80, H=4, chunk=256, seqlens=(1, 255, 3000, 513)), 5, id="P80_c256_tail"),
     pytest.param(
         Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D="", seqlens=(900,)), 4, id="dt-limit_no-D"
     ),  # fmt: skip

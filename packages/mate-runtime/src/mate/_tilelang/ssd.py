@@ -190,10 +190,10 @@ def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_d
 
 
 def compile_grid() -> list[KernelSpec]:
-    """Representative configurations: chunk 128/256, P 64/80/128, N 128/256, G 1/4/8, bf16/fp16 io, fp32/bf16
-    state, per-head and per-dim D, intermediate states, the prefetching scan, and their pre-passes (the runs
-    table for returned final states and for states written into a pool by index; 1 and 8 heads per CTA), and the
-    conversions of quantised pools."""
+    """Representative configurations: chunk 64/128/256, P 64/80/128 (80: the tail and the K-major tilings),
+    N 128/256, G 1/4/8, bf16/fp16 io, fp32/bf16 state, per-head and per-dim D, intermediate states, the
+    prefetching scan, and their pre-passes (the runs table for returned final states and for states written into a
+    pool by index; 1 and 8 heads per CTA), and the conversions of quantised pools."""
     grid = [
         # (H, G, P, N, L, io, state, intermediate, D_per_dim, prefetch)
         (128, 8, 64, 128, 128, "bfloat16", "float32", False, False, False),
@@ -203,6 +203,9 @@ def compile_grid() -> list[KernelSpec]:
         (80, 1, 64, 128, 256, "float16", "bfloat16", False, True, False),
         (24, 1, 128, 256, 256, "float16", "bfloat16", True, True, False),
         (32, 4, 80, 128, 256, "bfloat16", "float32", False, False, False),
+        # P 80's tail tiling with intermediate states, per-dim D, fp16 and the prefetch; its K-major one (chunk 64)
+        (96, 8, 80, 128, 256, "float16", "bfloat16", True, True, True),
+        (32, 4, 80, 128, 64, "bfloat16", "float32", False, False, False),
     ]
     specs: list[KernelSpec] = []
     for H, G, P, N, L, io, state, inter, dpd, prefetch in grid:

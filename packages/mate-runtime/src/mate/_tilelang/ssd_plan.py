@@ -95,6 +95,15 @@ def _check_supported(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dty
         )
 
 
+def _mn_parts(block_P: int) -> bool:
+    """Whether the MN-major tiling splits the P block into a main part and a tail (:func:`mate_kernels.ssd.p_parts`)."""
+    try:
+        _kmod().p_parts(block_P)
+    except ValueError:
+        return False
+    return True
+
+
 def _block_p(dim: int) -> int:
     if dim % 64 == 0:
         return 64
@@ -114,8 +123,14 @@ def tiles(dim: int, dstate: int, chunk_size: int, io_dtype: torch.dtype) -> Tile
     """The scan kernel's tile for one shape (NotImplementedError naming the capability when none serves it)."""
     _check_supported(dim, dstate, chunk_size, io_dtype)
     block_P = _block_p(dim)
-    narrow = block_P % 64 != 0
     kmod = _kmod()
+    if block_P % 64 and _mn_parts(block_P) and chunk_size % 128 == 0 and dstate % 128 == 0:
+        # the MN-major tiling with a tail part (80 = 64 + 16) at 128-token tiles, where they fit: the tail's
+        # GEMMs split their rows (128 tokens; N for the state GEMM) over the two warpgroups
+        smem = kmod.fused_smem_bytes(dim_block=block_P, dstate=dstate, block_L=128, io_bytes=2, num_stages=NUM_STAGES)
+        if smem <= SMEM_LIMIT:
+            return Tiles(block_P, 128, False, False)
+    narrow = block_P % 64 != 0
     for block_L in (128, 64):
         if chunk_size % block_L:
             continue
