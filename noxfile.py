@@ -146,7 +146,8 @@ def compile(session: nox.Session) -> None:
     """Every kernel spec of the compile grid lowered and compiled for sm_90a (nvcc, no GPU), each generating the
     CUDA recorded in tests/data/generated_sources.json; then the generated-code checks of the SSD kernels
     (tests/test_ssd_generated_code.py: hazards of TileLang's warp specialisation that compiling alone does not
-    show; they need TileLang and nvcc, so they run here)."""
+    show; they need TileLang and nvcc, so they run here) and the emulated kernel tests (``-m emulated``: a kernel's
+    generated CUDA run on the CPU against the reference; they need TileLang and g++)."""
     install_torch(session)
     # Only the two packages the compile check uses, through their `cuda` extra (which pins TileLang).
     kernels, runtime = ROOT / "packages" / "mate-kernels", ROOT / "packages" / "mate-runtime"
@@ -165,6 +166,9 @@ def compile(session: nox.Session) -> None:
     if not session.posargs:  # (a filtered compile check, e.g. --only ssu, skips them)
         generated = runtime / "tests" / "test_ssd_generated_code.py"
         session.run("pytest", "-q", "-p", "no:cacheprovider", str(generated.relative_to(ROOT)), env=env)
+        # the decode kernels' generated CUDA run on the CPU against the reference (tests/emulate; needs g++)
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "-m", "emulated",
+                    str((runtime / "tests").relative_to(ROOT)), env=env)  # fmt: skip
 
 
 @nox.session(python=PYTHON, reuse_venv=False)

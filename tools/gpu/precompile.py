@@ -1,6 +1,6 @@
 """Compile the TileLang kernels of the GPU tests and of the benchmarks before they run, in parallel processes.
 
-    python tools/gpu/precompile.py [ssu|ssd|ssd-quantized|all] [--jobs N] [--pdl] [--list]
+    python tools/gpu/precompile.py [ssu|ssd|ssd-quantized|replay|all] [--jobs N] [--pdl] [--list]
 
 The kernels are the exact specs the planners give: every case of
 ``packages/mate-runtime/tests/gpu/test_ssu_kernels.py`` (and ``test_ssu_quantized_kernels.py``) /
@@ -156,13 +156,29 @@ def ssd_quantized_specs() -> list:
     return list(dict.fromkeys(specs))
 
 
+def replay_specs() -> list:
+    """The ReplaySSM kernels of ``test_replay_kernels`` and of ``mate bench replay``."""
+    from mate._tilelang import replay_plan
+    from mate.bench.replay import serving_configs
+    from mate.mamba.planning import plan_replay_state_update
+
+    t = _test_module("test_replay_kernels")
+    specs = []
+    for c in _cases(t):
+        pool, kw = t.build(c, 0, dev="cpu")
+        specs += plan_replay_state_update(*pool.values(), **kw)
+    for cfg in serving_configs():
+        specs += replay_plan.serving_specs(**cfg)
+    return list(dict.fromkeys(specs))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "op",
         nargs="?",
         default="all",
-        choices=("ssu", "ssd", "ssd-quantized", "all"),
+        choices=("ssu", "ssd", "ssd-quantized", "replay", "all"),
         help="which kernels (default all; ssd-quantized: those of the quantised-pool SSD tests)",
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="worker processes (default: CPU count)")
@@ -176,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         specs += ssd_quantized_specs()
     if args.op in ("ssu", "all"):
         specs += ssu_specs(args.pdl)
+    if args.op in ("replay", "all"):
+        specs += replay_specs()
     if args.list:
         for s in specs:
             print(s)

@@ -153,9 +153,11 @@ def test_mamba_exports():
         "prewarm_ssd_combined_fwd_varlen",
         "plan_selective_state_update",
         "plan_ssd_combined_fwd_varlen",
+        "plan_replay_state_update",
         "replay_state_update",
         "materialize_replayed_state",
         "advance_replay_ring",
+        "prewarm_replay_state_update",
     }
 
 

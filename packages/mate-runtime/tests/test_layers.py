@@ -25,12 +25,19 @@ ADAPTERS = ("mate_vllm", "mate_sglang", "mate_flashinfer_compat")
 # Top to bottom; an import may stay in its layer or go to a lower one. Modules not named here (the CLI, the
 # benchmarks, the model prewarm, test support) are tools above every layer: nothing layered may import them.
 LAYERS = (
-    ("public API", ("mate.mamba", "mate.mamba.ssu", "mate.mamba.ssd", "mate.mamba.planning")),
+    ("public API", ("mate.mamba", "mate.mamba.ssu", "mate.mamba.ssd", "mate.mamba.replay", "mate.mamba.planning")),
     ("custom ops", ("mate._ops",)),
     ("dispatch", ("mate._backends",)),
     (
         "backends",
-        ("mate.mamba.naive_ssu", "mate.mamba.naive_ssd", "mate.mamba.rounding", "mate._tilelang", "mate._tilelang.*"),
+        (
+            "mate.mamba.naive_ssu",
+            "mate.mamba.naive_ssd",
+            "mate.mamba.naive_replay",
+            "mate.mamba.rounding",
+            "mate._tilelang",
+            "mate._tilelang.*",
+        ),
     ),
     (
         "contract",
@@ -38,6 +45,7 @@ LAYERS = (
             "mate",
             "mate.mamba._ssu_call",
             "mate.mamba._ssd_call",
+            "mate.mamba._replay_call",
             "mate.mamba.chunking",
             "mate._errors",
             "mate._device",

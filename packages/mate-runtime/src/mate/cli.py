@@ -6,7 +6,7 @@
 - ``mate demo``: one Mamba2 layer's worth of work on a Nemotron-like shape (prefill of a ragged batch through
   ``ssd_combined_fwd_varlen``, decode steps and one MTP step through ``selective_state_update``), checked
   against the float64 token-by-token recurrence of ``mate.testing`` (``mate.demo``).
-- ``mate bench ssu|ssd [args]``: the benchmark harness (``mate.bench.ssu`` / ``mate.bench.ssd``).
+- ``mate bench ssu|ssd|replay [args]``: the benchmark harness (``mate.bench.ssu`` / ``ssd`` / ``replay``).
 - ``mate prewarm [args]``: compile the kernels a model configuration needs (``mate.prewarm_model``).
 - ``mate cache list|verify|clear|export FILE|import FILE``: MATE's compiled-kernel cache (``MATE_CACHE_DIR``).
 
@@ -42,6 +42,7 @@ DISTRIBUTIONS = (
 PASSTHROUGH = {
     ("bench", "ssu"): ("mate.bench.ssu", "benchmark selective_state_update"),
     ("bench", "ssd"): ("mate.bench.ssd", "benchmark ssd_combined_fwd_varlen"),
+    ("bench", "replay"): ("mate.bench.replay", "benchmark replay_state_update"),
     ("prewarm",): ("mate.prewarm_model", "compile the kernels of a model configuration before serving"),
 }
 
@@ -293,10 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     demo.set_defaults(func=_cmd_demo)
 
-    bench = sub.add_parser("bench", help="benchmarks: mate bench ssu|ssd [options of mate.bench.ssu|ssd]")
+    bench = sub.add_parser("bench", help="benchmarks: mate bench ssu|ssd|replay [options of mate.bench.ssu|ssd|replay]")
     bench.add_argument(
-        "kernel", choices=("ssu", "ssd"),
-        help="ssu: selective_state_update (decode), ssd: ssd_combined_fwd_varlen (prefill); "
+        "kernel", choices=("ssu", "ssd", "replay"),
+        help="ssu: selective_state_update (decode), ssd: ssd_combined_fwd_varlen (prefill), replay: "
+        "replay_state_update (ReplaySSM decode); "
         "mate bench ssu --help lists its options",
     )  # fmt: skip
     sub.add_parser("prewarm", help="compile a model configuration's kernels: mate prewarm [options]")
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     # bench / prewarm hand every remaining argument (``--help`` included) to the module's own parser.
     if rest[:1] == ["prewarm"]:
         return run_module_main(PASSTHROUGH[("prewarm",)][0], rest[1:] + ["--debug"] * debug, debug)
-    if rest[:1] == ["bench"] and len(rest) > 1 and rest[1] in ("ssu", "ssd"):
+    if rest[:1] == ["bench"] and len(rest) > 1 and rest[1] in ("ssu", "ssd", "replay"):
         return run_module_main(PASSTHROUGH[("bench", rest[1])][0], rest[2:], debug)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Lower and compile every kernel spec of the compile grid, without a GPU.
 
-``python -m mate._tilelang.compile_check [--only ssu|ssd] [--arch sm_90a] [--sources FILE]`` prints one line per
+``python -m mate._tilelang.compile_check [--only ssu|replay|ssd] [--arch sm_90a] [--sources FILE]`` prints one line per
 spec (``[3/24] ssu <spec> ok 2.1s``) and exits non-zero if any failed. CI runs it on the CPU machine (nvcc is
 there), proving that every kernel still lowers and compiles for Hopper.
 
@@ -23,11 +23,13 @@ import traceback
 
 def grid(only: str | None = None) -> list:
     """The compile grid's specs (``only``: one family)."""
-    from . import ssd, ssu
+    from . import replay, ssd, ssu
 
     specs = []
     if only in (None, "ssu"):
         specs += ssu.compile_grid()
+    if only in (None, "replay"):
+        specs += replay.compile_grid()
     if only in (None, "ssd"):
         specs += ssd.compile_grid()
     return specs
@@ -39,7 +41,7 @@ def source_sha256(kern) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mate._tilelang.compile_check", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("ssu", "ssd"), default=None, help="compile one kernel family only")
+    ap.add_argument("--only", choices=("ssu", "replay", "ssd"), default=None, help="compile one kernel family only")
     ap.add_argument("--arch", default="sm_90a", help="CUDA arch to compile for (default sm_90a)")
     ap.add_argument("--sources", default=None, help="JSON map str(spec) -> sha256 of the generated CUDA to check")
     ap.add_argument("--write-sources", action="store_true", help="write the hashes to --sources instead")

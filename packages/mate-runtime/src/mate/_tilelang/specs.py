@@ -110,6 +110,33 @@ class SSUSpec(KernelSpec):
 
 
 @dataclass(frozen=True)
+class ReplaySpec(KernelSpec):
+    """``mate_kernels.ssu_replay.replay_kernel``: the ReplaySSM decode step (``replay_state_update``)."""
+
+    module: ClassVar[str] = "mate_kernels.ssu_replay"
+    factory: ClassVar[str] = "replay_kernel"
+    family: ClassVar[str] = "replay"
+
+    dim: int
+    dstate: int
+    heads_per_group: int
+    state_dtype: str
+    io_dtype: str
+    dt_dtype: str
+    slot_dtype: str
+    ring_rows: int
+    new_rows: int
+    tiling: SSUTiling
+    min_blocks: int
+    philox_rounds: int
+    vector_state: bool
+    vector_io: bool
+
+    def pass_configs(self) -> dict:
+        return ssu_pass_configs()
+
+
+@dataclass(frozen=True)
 class SSDScanSpec(KernelSpec):
     """``mate_kernels.ssd.ssd_fused_kernel``: the chunk scan (state carried across chunks in registers). It reads
     dt' and the decay factors the pre-pass wrote, so the dt options live in :class:`SSDDtSpec` alone."""
@@ -224,6 +251,7 @@ class StateCodecSpec(KernelSpec):
 
 __all__ = [
     "KernelSpec",
+    "ReplaySpec",
     "SSDCombineSpec",
     "SSDDtSpec",
     "SSDStatesSpec",

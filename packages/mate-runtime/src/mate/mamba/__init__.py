@@ -19,6 +19,8 @@ _PUBLIC = {
     "materialize_replayed_state": "replay",
     "plan_selective_state_update": "planning",
     "plan_ssd_combined_fwd_varlen": "planning",
+    "plan_replay_state_update": "planning",
+    "prewarm_replay_state_update": "replay",
     "prewarm_selective_state_update": "ssu",
     "prewarm_ssd_combined_fwd_varlen": "ssd",
     "replay_state_update": "replay",
@@ -27,8 +29,13 @@ _PUBLIC = {
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time ``__getattr__`` loads them
-    from .planning import plan_selective_state_update, plan_ssd_combined_fwd_varlen
-    from .replay import advance_replay_ring, materialize_replayed_state, replay_state_update
+    from .planning import plan_replay_state_update, plan_selective_state_update, plan_ssd_combined_fwd_varlen
+    from .replay import (
+        advance_replay_ring,
+        materialize_replayed_state,
+        prewarm_replay_state_update,
+        replay_state_update,
+    )
     from .ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
     from .ssu import prewarm_selective_state_update, selective_state_update
 
@@ -53,6 +60,8 @@ __all__ = [  # = _PUBLIC's names
     "materialize_replayed_state",
     "plan_selective_state_update",
     "plan_ssd_combined_fwd_varlen",
+    "plan_replay_state_update",
+    "prewarm_replay_state_update",
     "prewarm_selective_state_update",
     "prewarm_ssd_combined_fwd_varlen",
     "replay_state_update",

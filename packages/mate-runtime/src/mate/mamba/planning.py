@@ -1,10 +1,11 @@
 """Which kernels a call runs: the TileLang planners' answer for a call, without running it.
 
-``plan_selective_state_update(...)`` and ``plan_ssd_combined_fwd_varlen(...)`` take exactly the arguments of the
-op they describe, validate them as the op does (the same ``ValueError`` / ``NotImplementedError``), and return
-the kernel specs the TileLang backend would launch, in launch order. A spec is a frozen record of one kernel
-factory's arguments (``print(spec)`` shows them); it is also the compiled-kernel cache key, so two calls with
-equal specs share one compiled kernel. Nothing is compiled or launched, and TileLang need not be installed.
+``plan_selective_state_update(...)``, ``plan_ssd_combined_fwd_varlen(...)`` and ``plan_replay_state_update(...)``
+take exactly the arguments of the op they describe, validate them as the op does (the same ``ValueError`` /
+``NotImplementedError``), and return the kernel specs the TileLang backend would launch, in launch order. A spec is
+a frozen record of one kernel factory's arguments (``print(spec)`` shows them); it is also the compiled-kernel cache
+key, so two calls with equal specs share one compiled kernel. Nothing is compiled or launched, and TileLang need not
+be installed.
 
 Tensors on a GPU are planned for that device; tensors anywhere else (CPU, ``meta``) are planned as for an H200
 (compute capability 9.0, 132 SMs), the choices that depend on the device being the small-grid one-token SSU
@@ -13,6 +14,7 @@ kernel, programmatic dependent launch (``MATE_SSU_PDL=auto``) and the SSD's sequ
 
 from __future__ import annotations
 
+from ._replay_call import normalize_replay
 from ._ssd_call import normalize_ssd
 from ._ssu_call import normalize_ssu
 
@@ -41,4 +43,14 @@ def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tupl
     return p.specs()
 
 
-__all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen"]
+def plan_replay_state_update(*args, backend: str = "auto", **kwargs) -> tuple:
+    """The kernel specs ``replay_state_update(*args, **kwargs)`` launches on the TileLang backend (one, or none for
+    a call with nothing to run). Nothing is written to the arguments."""
+    from .._tilelang import replay_plan
+
+    del backend
+    planned = replay_plan.plan(normalize_replay(*args, **kwargs))
+    return () if planned is None else (planned[0],)
+
+
+__all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen", "plan_replay_state_update"]

@@ -3,9 +3,10 @@
 
 A slot keeps a checkpoint state and a ring of its last tokens' x, B and processed dt; a decode step replays the
 ring's live tokens instead of reading and writing a whole updated state, and writes the state back only when the
-ring's window is full (a flush). ``mate.mamba.naive_replay`` holds the reference (the plain recurrence); the
-TileLang kernels are not built yet, so these run on the reference backend (``backend="torch"``; a TileLang backend
-raises ``NotImplementedError``).
+ring's window is full (a flush). ``mate.mamba.naive_replay`` holds the reference (the plain recurrence);
+``replay_state_update`` runs MATE's TileLang kernel (``mate_kernels.ssu_replay``) on CUDA/MUSA devices.
+``materialize_replayed_state`` runs on the reference backend only (``backend="torch"``; the TileLang backend raises
+``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from .._backends import resolve_backend
-from .._errors import bad_arg
+from .._errors import bad_arg, check_jobs
 from ._replay_call import normalize_materialize, normalize_replay
+from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 
 
 def _reference(backend: str, device: torch.device, what: str) -> None:
@@ -63,7 +65,10 @@ def replay_state_update(
         dt_softplus, state_batch_indices, pad_slot_id, state_scale, rand_seed, philox_rounds, d_split, cu_seqlens,
         max_seqlen, enable_pdl, cb_scaled, cumAdt_vec, cb_old, precompute_heads_per_cta, algorithm,
     )  # fmt: skip
-    _reference(backend, state.device, "replay_state_update")
+    if resolve_backend(backend, state.device) == "tilelang":
+        from .._tilelang import replay as tl_replay
+
+        return tl_replay.replay_state_update(call)
     from . import naive_replay
 
     return naive_replay.replay_state_update(call)
@@ -119,4 +124,47 @@ def advance_replay_ring(ring_start: torch.Tensor, prev_num_accepted_tokens: torc
     )
 
 
-__all__ = ["replay_state_update", "materialize_replayed_state", "advance_replay_ring"]
+def prewarm_replay_state_update(*, state_dtype: torch.dtype, io_dtype: torch.dtype, heads: int, dim: int,
+                                dstate: int, groups: int, slot_dtype: torch.dtype = torch.int32,
+                                philox_rounds: int = 0, window: int = 16, tokens: int = 1,
+                                jobs: int | None = None) -> None:  # fmt: skip
+    """Compile the TileLang kernels :func:`replay_state_update` will use for one serving configuration (dt fp32 and
+    in the io dtype), without launching them; call before graph capture (a compile during capture raises).
+    ``window`` and ``tokens``: the ring's window ``W`` and the tokens per step ``T`` (a ring of ``W + T`` rows;
+    vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative tokens); their kernel serves
+    every batch and call form, and any ring and token count that stage in as many rows (powers of two: 16, 32,
+    64 ring rows; 1, 2, 4, 8, ... tokens). ``philox_rounds`` > 0 (an fp16 state): the kernel that rounds flushes
+    stochastically. ``jobs``: as for ``prewarm_selective_state_update``. Without a usable TileLang device the call
+    only validates its arguments."""
+    dtypes = (("state_dtype", state_dtype, STATE_DTYPES + QUANT_STATE_DTYPES), ("io_dtype", io_dtype, IO_DTYPES),
+              ("slot_dtype", slot_dtype, INDEX_DTYPES))  # fmt: skip
+    for name, dt_, allowed in dtypes:
+        if dt_ not in allowed:
+            bad_arg(name, dt_, f"one of {tuple(str(d).removeprefix('torch.') for d in allowed)}")
+    for name, v in (("heads", heads), ("dim", dim), ("dstate", dstate), ("groups", groups)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            bad_arg(name, v, "a positive int")
+    for name, v in (("window", window), ("tokens", tokens)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < (name == "tokens"):
+            bad_arg(name, v, "a positive int" if name == "tokens" else "a non-negative int")
+    if heads % groups:
+        bad_arg("groups", groups, f"a divisor of heads ({heads})")
+    check_jobs(jobs)
+    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
+        bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
+    if philox_rounds and state_dtype != torch.float16:
+        bad_arg("philox_rounds", philox_rounds, "0 unless state_dtype is float16 (stochastic rounding)")
+    from .._backends import tilelang_installed
+    from .._device import default_accelerator
+
+    device = default_accelerator()
+    if device is None or not tilelang_installed():
+        return
+    from .._tilelang import replay as tl_replay
+
+    tl_replay.prewarm(device, state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
+                      groups=groups, slot_dtype=slot_dtype, philox_rounds=philox_rounds, window=window,
+                      tokens=tokens, jobs=jobs)  # fmt: skip
+
+
+__all__ = ["replay_state_update", "materialize_replayed_state", "advance_replay_ring", "prewarm_replay_state_update"]

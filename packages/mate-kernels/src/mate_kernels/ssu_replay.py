@@ -1,0 +1,459 @@
+"""The ReplaySSM decode kernel (FlashInfer 0.7.2's ``checkpointing_ssu`` contract; the reference is
+``mate.mamba.naive_replay``).
+
+A slot keeps a checkpoint state ``h0`` and a ring of its last tokens (``x_cache [S, H, L, P]``, ``B_cache [S, G,
+L, N]``, ``dt_cache [S, H, L]`` = ``softplus(dt + dt_bias)``); ``pnat`` of them, from ring row ``ring_start``, are
+live (not yet folded into ``h0``). CTA ``(pb, h, b)`` owns ``block_p`` rows of head ``h`` for sequence ``b``, as
+the SSU kernels do (:mod:`.ssu_parts`' tiling: a row's ``N`` values over ``lanes`` lanes, in registers).
+
+Staging: the CTA copies into shared memory the slot's whole ring by physical row (``ring_rows`` >= ``L`` rows of B,
+of x for its block, and of dt' with its decay ``exp(A dt')``) and the step's new tokens by index (``new_rows`` >= T
+rows of B, C, x, dt', decay). No placement depends on ``ring_start`` or ``pnat``, so the loads need only the slot:
+the new tokens' are issued at once, the state's and the ring's together one round trip later. A ring row past the
+live ones is copied and never read.
+
+Without a flush the state is only read. The state after the live tokens and new tokens ``0..t`` is
+``decay * h0 + sum_j w_j dt_j x_j B_j^T`` (``w_j``: the decay of the tokens after ``j``; ``decay``: of all), so
+
+    y_t[p] = decay * (h0[p] . C_t) + sum_j w_j dt_j x_j[p] (B_j . C_t)
+
+and each lane adds ``w_j dt_j x_j[p] (B_j . C_t)`` over its own ``N`` values into the row partial of ``h0[p] .
+C_t`` before the one row reduction: per token ``j`` a partial dot product of ``N / lanes`` values and one FMA per
+row, instead of an update of every state value. The tokens are walked newest first, so ``w`` is a running
+product. The state bytes of such a step are one read (a stored-state decode reads and writes them).
+
+A flush (``pnat + T_b > window``) folds the live tokens into the registers (``s = exp(A dt_j) s + dt_j x_j
+B_j^T`` per token, oldest first), writes them back as the new checkpoint (rounded, requantised or stochastically
+rounded as the SSU kernels store a state), and the new tokens then run against it with no live tokens.
+
+Every call appends its tokens to the ring after the live ones (rows ``(ring_start + pnat + t) % L``): ``x`` by
+each CTA for its rows, ``B`` by the CTA of block 0 of the group's first head, the processed ``dt`` by block 0 of
+each head. Those rows are never live rows (``pnat <= window = L - T``): a CTA that stages one of them while it is
+written never reads it.
+
+Index guards: a slot outside the pool or the sentinel runs nothing (no ``out`` row is written, as the reference);
+``ring_start`` is taken modulo ``L``, ``pnat`` clamped into ``[0, window]``, a packed sequence's rows clamped into
+x's rows and into ``new_rows``. Whatever the tables hold, no access leaves the tensors (the planner launches a ring
+of at most ``ring_rows`` rows and at most ``new_rows`` tokens per sequence).
+"""
+
+# no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
+
+from .ssu_common import (
+    BYTES,
+    FLAG_CU,
+    FLAG_D,
+    FLAG_DT_BIAS,
+    FLAG_SOFTPLUS,
+    FLAG_SRC,
+    FLAG_Z,
+    QMAX,
+    SSUTiling,
+    choose_tiling,
+)
+
+
+def replay_kernel(
+    *,
+    dim: int,
+    dstate: int,
+    heads_per_group: int,
+    state_dtype: str,
+    io_dtype: str,
+    dt_dtype: str = "float32",
+    slot_dtype: str = "int32",
+    ring_rows: int = 32,
+    new_rows: int = 1,
+    tiling: SSUTiling | None = None,
+    min_blocks: int = 0,
+    philox_rounds: int = 0,
+    vector_state: bool = True,
+    vector_io: bool = True,
+):
+    """Return the ``T.prim_func`` of one ReplaySSM decode configuration (see the module docstring).
+
+    Argument order (the launcher passes them positionally): ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``,
+    ``B_cache [S, G, L, N]``, ``dt_cache [S, H, L]`` fp32, ``ring_start [S]``, ``pnat [S]`` int32, ``x [XB, XT,
+    H, P]``, ``dt [XB, XT, H]``, ``A [H]`` fp32, ``B, C [XB, XT, G, N]``, ``D [HD]``, ``z [.., .., .., ..]``,
+    ``dt_bias [HB]`` (fp32; D, z, dt_bias dummies when absent), ``out`` like x, ``slots [LS]``, ``cu [LC]`` int32,
+    then ``nseq, ntok`` (T, or ``max_seqlen`` packed), ``window`` (``L - T``), ``pad`` (int64), ``flags``
+    (``FLAG_D | FLAG_Z | FLAG_DT_BIAS | FLAG_SOFTPLUS | FLAG_SRC | FLAG_CU``), then ``state_scale [S, H, P]`` for
+    a block-scaled state, or ``rand_seed [1]`` int64 with ``philox_rounds`` > 0 (an fp16 state's flush).
+
+    ``ring_rows`` / ``new_rows``: the staged rows (powers of two; the planner's ``staged_rows``). ``tiling``
+    (default :func:`.ssu_common.choose_tiling`), ``min_blocks`` (``__launch_bounds__``) and ``vector_state`` mean
+    what they mean for :func:`.ssu.ssu_kernel`; ``vector_io``: the rings' rows in 16-byte pieces (their outer
+    strides and bases on the 16-byte grid).
+    """
+    import tilelang.language as T
+
+    from .ssu_parts import row_ops
+
+    if philox_rounds < 0 or (philox_rounds and state_dtype != "float16"):
+        raise ValueError(f"philox_rounds: stochastic rounding (> 0) serves a float16 state, got {philox_rounds!r} "
+                         f"with {state_dtype!r}")  # fmt: skip
+    P, N, ratio = int(dim), int(dstate), int(heads_per_group)
+    tiling = tiling or choose_tiling(P, N, state_dtype)
+    ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
+                  vector_state=vector_state, transposed=False)  # fmt: skip
+    VEC, NV, LN, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
+    prow, bit, aligned = ops.prow, ops.bit, ops.aligned
+    fetch_state, convert_state, store_state = ops.fetch_state, ops.convert_state, ops.store_state
+    guard_p = ops.guard_p
+    quant = state_dtype in QMAX
+    q = ops.quant_ops(state_dtype) if quant else None
+    sr = ops.sr_ops(philox_rounds) if philox_rounds else None
+    f32, i64 = "float32", "int64"
+    LOG_LN = LN.bit_length() - 1
+    CH, TN = int(ring_rows), int(new_rows)
+    if CH < 1 or CH & (CH - 1):
+        raise ValueError(f"ring_rows: a power of two (the staged ring rows, >= the ring length L), got {ring_rows!r}")
+    if TN < 1 or TN & (TN - 1) or TN > CH:
+        raise ValueError(f"new_rows: a power of two <= ring_rows (the staged new tokens, >= T), got {new_rows!r}")
+    IOB = max(1, 16 // BYTES[io_dtype])  # io values per 16 bytes
+
+    def piece(n: int) -> int:
+        """The widest power of two <= 16 bytes of io values dividing ``n``."""
+        v = IOB
+        while n % v:
+            v //= 2
+        return v
+
+    IOV, XV = piece(N), piece(BP)  # B/C and x row pieces (of io values) of the staging loads
+    LV = piece(VEC)  # a lane's chunk of a staged row, in 16-byte pieces
+    NCB, NCX = N // IOV, BP // XV
+    B_ITERS, X_ITERS, D_ITERS = -(-CH * NCB // TH), -(-CH * NCX // TH), -(-CH // TH)  # the ring's pieces per thread
+    NB_ITERS, NX_ITERS, ND_ITERS = -(-TN * NCB // TH), -(-TN * NCX // TH), -(-TN // TH)  # the new tokens'
+
+    def aligned_io(buf):
+        """A ring view whose outer strides are written as multiples of ``IOB`` (16 bytes: ``vector_io``)."""
+        if not vector_io:
+            return buf
+        last = len(buf.strides) - 1
+        strides = [st if i == last else T.floordiv(st, IOB) * IOB for i, st in enumerate(buf.strides)]
+        return T.view(buf, strides=strides)
+
+    S, H, G, L, XB, XT, HD, HB, LS, LC = T.dynamic("S, H, G, L, XB, XT, HD, HB, LS, LC")
+    ZB, ZT, HZ, PZ = T.dynamic("ZB, ZT, HZ, PZ")
+    s_s0, s_s1, q_s0, q_s1 = T.dynamic("s_s0, s_s1, q_s0, q_s1", i64)
+    xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2 = T.dynamic("xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2", i64)
+    sx0, sx1, sx2, sx3, sd0, sd1, sd2 = T.dynamic("sx0, sx1, sx2, sx3, sd0, sd1, sd2")
+    sb0, sb1, sb2, sc0, sc1, sc2 = T.dynamic("sb0, sb1, sb2, sc0, sc1, sc2")
+    so0, so1, so2, so3, sz0, sz1, sz2, sz3 = T.dynamic("so0, so1, so2, so3, sz0, sz1, sz2, sz3")
+    sa0, sD0, sB0 = T.dynamic("sa0, sD0, sB0")
+    state_t = T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype)
+    xc_t = T.StridedTensor((S, H, L, P), (xc0, xc1, xc2, 1), io_dtype)
+    bc_t = T.StridedTensor((S, G, L, N), (bc0, bc1, bc2, 1), io_dtype)
+    dc_t = T.StridedTensor((S, H, L), (dc0, dc1, dc2), f32)
+    # (one type object per parameter: TileLang binds parameters of one annotation object to one buffer)
+    rs_t = T.Tensor((S,), "int32")
+    pk_t = T.Tensor((S,), "int32")
+    x_t = T.StridedTensor((XB, XT, H, P), (sx0, sx1, sx2, sx3), io_dtype)
+    dt_t = T.StridedTensor((XB, XT, H), (sd0, sd1, sd2), dt_dtype)
+    A_t = T.StridedTensor((H,), (sa0,), f32)
+    B_t = T.StridedTensor((XB, XT, G, N), (sb0, sb1, sb2, 1), io_dtype)
+    C_t = T.StridedTensor((XB, XT, G, N), (sc0, sc1, sc2, 1), io_dtype)
+    D_t = T.StridedTensor((HD,), (sD0,), f32)
+    z_t = T.StridedTensor((ZB, ZT, HZ, PZ), (sz0, sz1, sz2, sz3), io_dtype)
+    dtb_t = T.StridedTensor((HB,), (sB0,), f32)
+    out_t = T.StridedTensor((XB, XT, H, P), (so0, so1, so2, so3), io_dtype)
+    slots_t = T.Tensor((LS,), slot_dtype)
+    cu_t = T.Tensor((LC,), "int32")
+    scale_t = T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32)
+
+    def softplus(d):
+        return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
+
+    def dt_of(dt, dt_bias, xb, tok, h, flags):
+        """The processed dt of a new token: ``dt + dt_bias``, softplus where asked (what the ring caches)."""
+        hb = bit(flags, FLAG_DT_BIAS)
+        d = T.cast(dt[xb, tok, h], f32) + dt_bias[h * hb] * T.cast(hb, f32)
+        return T.if_then_else((flags & FLAG_SOFTPLUS) != 0, softplus(d), d)
+
+    @T.macro
+    def reduce_lanes(acc):
+        for j in T.unroll(LOG_LN):
+            for r in T.unroll(R):
+                acc[r] = acc[r] + T.shfl_xor(acc[r], LN >> (j + 1))
+
+    @T.macro
+    def lane_row(dst, rb, src, q, lane):
+        """dst = this lane's values of row ``q`` of a staged ``[rows, N]`` tile, as fp32 (``rb``: io registers)."""
+        for v in T.unroll(NV):
+            n0 = (v * LN + lane) * VEC
+            for c in T.unroll(VEC // LV):
+                for i in T.vectorized(LV):
+                    rb[v * VEC + c * LV + i] = src[q, n0 + c * LV + i]
+        for k in T.unroll(NV * VEC):
+            dst[k] = T.cast(rb[k], f32)
+
+    @T.macro
+    def put(dst, q, j0, stg, width):
+        """dst[q, j0 : j0 + width] = the io registers ``stg`` (one shared store of ``width`` values)."""
+        for i in T.vectorized(width):
+            dst[q, j0 + i] = stg[i]
+
+    @T.macro
+    def body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
+             nseq, ntok, window, pad, flags, scale, seed_t):  # fmt: skip
+        pool = aligned(state, vector_state)
+        ring_b = aligned_io(B_cache)
+        ring_x = aligned_io(x_cache)
+        with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
+            if min_blocks > 0:
+                T.annotate_min_blocks_per_sm(min_blocks)
+            tx = T.get_thread_binding()
+            lane = tx % LN
+            rg = tx // LN
+            g = h // ratio
+            # Staged in shared memory in the io dtype (as fp32 they take twice the space, which costs occupancy:
+            # docs/design/decisions.md): the slot's whole ring by physical row (B, x of this block, dt' and its
+            # decay exp(A dt')), and the new tokens by index (B, C, x, dt', decay). Neither placement depends on
+            # the ring's position or live count, so every load is issued as soon as its address is known: the new
+            # tokens' at once, the ring's and the state's together once the slot is (one round trip after).
+            Bs = T.alloc_shared((CH, N), io_dtype)
+            Xs = T.alloc_shared((CH, BP), io_dtype)
+            dts = T.alloc_shared((CH,), f32)
+            dAs = T.alloc_shared((CH,), f32)
+            Bn = T.alloc_shared((TN, N), io_dtype)
+            Cn = T.alloc_shared((TN, N), io_dtype)
+            Xn = T.alloc_shared((TN, BP), io_dtype)
+            dtn = T.alloc_shared((TN,), f32)
+            dAn = T.alloc_shared((TN,), f32)
+            s = T.alloc_local((NS,), f32)
+            raw = T.alloc_local((NS,), state_dtype)
+            buf = T.alloc_local((VEC,), state_dtype)
+            stg = T.alloc_local((max(IOV, XV),), io_dtype)
+            rb = T.alloc_local((NV * VEC,), io_dtype)
+            bv = T.alloc_local((NV * VEC,), f32)
+            cv = T.alloc_local((NV * VEC,), f32)
+            acc = T.alloc_local((R,), f32)
+            dot = T.alloc_local((1,), f32)
+            dq = T.alloc_local((1,), f32)
+            if quant:
+                qs = T.alloc_local((R,), f32)
+            slot = T.alloc_var(i64)
+            t0 = T.alloc_var("int32")
+            tb = T.alloc_var("int32")
+            w = T.alloc_var(f32)
+            row = T.alloc_var("int32")
+            b64 = T.cast(b, i64)
+            hs = bit(flags, FLAG_SRC)
+            hc = bit(flags, FLAG_CU)
+            slot = T.if_then_else(hs != 0, T.cast(slots[b64 * T.cast(hs, i64)], i64), b64)
+            live_slot = T.And(slot != pad, T.And(slot >= 0, slot < T.cast(S, i64)))
+            # a packed sequence's rows clamped into x's rows (uniform: T rows of batch entry b), at most TN of them
+            t0 = T.if_then_else(hc != 0, T.min(T.max(cu[b * hc], 0), XT), 0)
+            tb = T.if_then_else(hc != 0, T.min(T.max(cu[(b + 1) * hc] - t0, 0), T.min(ntok, XT - t0)), ntok)
+            tb = T.min(tb, T.min(TN, L))  # (tb <= T <= TN, T <= L <= CH for every call the planner launches)
+            xb = b * (1 - hc)
+            a = A[h]
+            # the new tokens (B and C in 16-byte pieces over the threads; x rows past P clamped onto row P - 1)
+            for it in T.unroll(NB_ITERS):
+                idx = it * TH + tx
+                ti = idx // NCB
+                n0 = (idx % NCB) * IOV
+                if ti < tb:
+                    for i in T.unroll(IOV):
+                        stg[i] = B[xb, t0 + ti, g, n0 + i]
+                    put(Bn, ti, n0, stg, IOV)
+                    for i in T.unroll(IOV):
+                        stg[i] = C[xb, t0 + ti, g, n0 + i]
+                    put(Cn, ti, n0, stg, IOV)
+            for it in T.unroll(NX_ITERS):
+                idx = it * TH + tx
+                ti = idx // NCX
+                j0 = (idx % NCX) * XV
+                if ti < tb:
+                    for i in T.unroll(XV):
+                        stg[i] = x[xb, t0 + ti, h, T.min(pb * BP + j0 + i, P - 1)]
+                    put(Xn, ti, j0, stg, XV)
+            for it in T.unroll(ND_ITERS):
+                ti = it * TH + tx
+                if ti < tb:
+                    dq[0] = dt_of(dt, dt_bias, xb, t0 + ti, h, flags)
+                    dtn[ti] = dq[0]
+                    dAn[ti] = T.exp(a * dq[0])
+            if live_slot and tb > 0:
+                rs = T.alloc_var("int32")
+                pk = T.alloc_var("int32")
+                kp = T.alloc_var("int32")
+                rs = ((ring_start[slot] % L) + L) % L
+                pk = T.min(T.max(pnat[slot], 0), T.min(window, L - tb))
+                fetch_state(raw, pool, slot, h, pb, tx)
+                if quant:
+                    q.fetch_scales(qs, scale, slot, h, pb, tx)
+                # the whole ring by physical row (a row past the live ones is staged and never read)
+                for it in T.unroll(B_ITERS):
+                    idx = it * TH + tx
+                    ri = idx // NCB
+                    n0 = (idx % NCB) * IOV
+                    if ri < L:
+                        if vector_io:
+                            for i in T.vectorized(IOV):
+                                stg[i] = ring_b[slot, g, ri, n0 + i]
+                        else:
+                            for i in T.unroll(IOV):
+                                stg[i] = ring_b[slot, g, ri, n0 + i]
+                        put(Bs, ri, n0, stg, IOV)
+                for it in T.unroll(X_ITERS):
+                    idx = it * TH + tx
+                    ri = idx // NCX
+                    j0 = (idx % NCX) * XV
+                    if ri < L:
+                        if guard_p or not vector_io:
+                            for i in T.unroll(XV):
+                                stg[i] = ring_x[slot, h, ri, T.min(pb * BP + j0 + i, P - 1)]
+                        else:
+                            for i in T.vectorized(XV):
+                                stg[i] = ring_x[slot, h, ri, pb * BP + j0 + i]
+                        put(Xs, ri, j0, stg, XV)
+                for it in T.unroll(D_ITERS):
+                    ri = it * TH + tx
+                    if ri < L:
+                        dq[0] = dt_cache[slot, h, ri]
+                        dts[ri] = dq[0]
+                        dAs[ri] = T.exp(a * dq[0])
+                T.sync_threads()
+                if quant:
+                    q.dequantize(s, raw, qs, True)
+                else:
+                    convert_state(s, raw, True)
+                kp = pk
+                if pk + tb > window:
+                    # a flush: the live tokens folded into the registers, oldest first, written back
+                    row = rs
+                    for _j in T.serial(pk):
+                        lane_row(bv, rb, Bs, row, lane)
+                        dA = dAs[row]
+                        dtj = dts[row]
+                        for r in T.unroll(R):
+                            xr = T.cast(Xs[row, r * RP + rg], f32)
+                            for k in T.unroll(NV * VEC):
+                                s[r * NV * VEC + k] = s[r * NV * VEC + k] * dA + (dtj * xr) * bv[k]
+                        row = T.if_then_else(row + 1 == L, 0, row + 1)
+                    if quant:
+                        q.store(s, buf, pool, scale, qs, slot, h, pb, tx)
+                    elif sr is not None:
+                        seed = seed_t[0]
+                        sr.store_now(s, buf, pool, slot, h, pb, tx, T.cast(seed, "uint32"),
+                                     T.cast(T.shift_right(seed, T.int64(32)), "uint32"))  # fmt: skip
+                    else:
+                        store_state(s, buf, pool, slot, h, pb, tx)
+                    kp = 0
+                hd = bit(flags, FLAG_D)
+                hz = bit(flags, FLAG_Z)
+                dv = D[h * hd] * T.cast(hd, f32)
+                for t in T.serial(tb):
+                    lane_row(cv, rb, Cn, t, lane)
+                    for r in T.unroll(R):
+                        acc[r] = T.float32(0)
+                    w = T.float32(1)
+                    # the new tokens t..0, then the live ones newest first: w is the decay after each
+                    for ii in T.serial(t + 1):
+                        i = t - ii
+                        lane_row(bv, rb, Bn, i, lane)
+                        dot[0] = T.float32(0)
+                        for k in T.unroll(NV * VEC):
+                            dot[0] = dot[0] + bv[k] * cv[k]
+                        coef = w * dtn[i] * dot[0]
+                        for r in T.unroll(R):
+                            acc[r] = acc[r] + coef * T.cast(Xn[i, r * RP + rg], f32)
+                        w = w * dAn[i]
+                    row = (rs + kp + L - 1) % L
+                    for _jj in T.serial(kp):
+                        lane_row(bv, rb, Bs, row, lane)
+                        dot[0] = T.float32(0)
+                        for k in T.unroll(NV * VEC):
+                            dot[0] = dot[0] + bv[k] * cv[k]
+                        coef = w * dts[row] * dot[0]
+                        for r in T.unroll(R):
+                            acc[r] = acc[r] + coef * T.cast(Xs[row, r * RP + rg], f32)
+                        w = w * dAs[row]
+                        row = T.if_then_else(row == 0, L - 1, row - 1)
+                    for r in T.unroll(R):
+                        dot[0] = T.float32(0)
+                        for k in T.unroll(NV * VEC):
+                            dot[0] = dot[0] + s[r * NV * VEC + k] * cv[k]
+                        acc[r] = acc[r] + w * dot[0]
+                    reduce_lanes(acc)
+                    if lane == 0:
+                        for r in T.unroll(R):
+                            p = pb * BP + r * RP + rg
+                            pc = prow(pb, r, rg)
+                            xt = T.cast(Xn[t, r * RP + rg], f32)
+                            y = acc[r] + dv * xt
+                            zt = T.cast(z[xb * hz, (t0 + t) * hz, h * hz, pc * hz], f32)
+                            y = T.if_then_else(hz != 0, y * zt / (1.0 + T.exp(-zt)), y)
+                            if guard_p:
+                                if p < P:
+                                    out[xb, t0 + t, h, p] = T.cast(y, io_dtype)
+                            else:
+                                out[xb, t0 + t, h, p] = T.cast(y, io_dtype)
+                # the new tokens into the ring after the live ones (rows no CTA reads as live in this call): x by
+                # each CTA for its rows, B by block 0 of the group's first head, dt' by block 0 of each head
+                for it in T.unroll(NX_ITERS):
+                    idx = it * TH + tx
+                    ti = idx // NCX
+                    j0 = (idx % NCX) * XV
+                    if ti < tb:
+                        for i in T.unroll(XV):
+                            if pb * BP + j0 + i < P:
+                                ring_x[slot, h, (rs + pk + ti) % L, pb * BP + j0 + i] = Xn[ti, j0 + i]
+                if pb == 0:
+                    if h % ratio == 0:
+                        for it in T.unroll(NB_ITERS):
+                            idx = it * TH + tx
+                            ti = idx // NCB
+                            n0 = (idx % NCB) * IOV
+                            if ti < tb:
+                                for i in T.unroll(IOV):
+                                    stg[i] = Bn[ti, n0 + i]
+                                if vector_io:
+                                    for i in T.vectorized(IOV):
+                                        ring_b[slot, g, (rs + pk + ti) % L, n0 + i] = stg[i]
+                                else:
+                                    for i in T.unroll(IOV):
+                                        ring_b[slot, g, (rs + pk + ti) % L, n0 + i] = stg[i]
+                    for it in T.unroll(ND_ITERS):
+                        ti = it * TH + tx
+                        if ti < tb:
+                            dt_cache[slot, h, (rs + pk + ti) % L] = dtn[ti]
+
+    # TileLang reads a kernel's parameters from the Python signature: one signature per trailing argument
+    if quant:
+
+        @T.prim_func
+        def ssu_replay_scaled(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, ring_start: rs_t,
+                              pnat: pk_t, x: x_t, dt: dt_t, A: A_t, B: B_t, C: C_t, D: D_t, z: z_t, dt_bias: dtb_t,
+                              out: out_t, slots: slots_t, cu: cu_t, nseq: T.int32, ntok: T.int32, window: T.int32,
+                              pad: T.int64, flags: T.int32, state_scale: scale_t):  # fmt: skip
+            body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
+                 nseq, ntok, window, pad, flags, state_scale, None)  # fmt: skip
+
+        return ssu_replay_scaled
+
+    if sr is not None:
+
+        @T.prim_func
+        def ssu_replay_sr(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, ring_start: rs_t,
+                          pnat: pk_t, x: x_t, dt: dt_t, A: A_t, B: B_t, C: C_t, D: D_t, z: z_t, dt_bias: dtb_t,
+                          out: out_t, slots: slots_t, cu: cu_t, nseq: T.int32, ntok: T.int32, window: T.int32,
+                          pad: T.int64, flags: T.int32, rand_seed: T.Tensor((1,), i64)):  # fmt: skip
+            body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
+                 nseq, ntok, window, pad, flags, None, rand_seed)  # fmt: skip
+
+        return ssu_replay_sr
+
+    @T.prim_func
+    def ssu_replay(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, ring_start: rs_t, pnat: pk_t,
+                   x: x_t, dt: dt_t, A: A_t, B: B_t, C: C_t, D: D_t, z: z_t, dt_bias: dtb_t, out: out_t,
+                   slots: slots_t, cu: cu_t, nseq: T.int32, ntok: T.int32, window: T.int32, pad: T.int64,
+                   flags: T.int32):  # fmt: skip
+        body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
+             nseq, ntok, window, pad, flags, None, None)  # fmt: skip
+
+    return ssu_replay
+
+
+__all__ = ["replay_kernel"]
