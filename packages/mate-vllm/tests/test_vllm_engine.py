@@ -100,14 +100,103 @@ def test_stochastic_rounding_is_served_from_vllms_config():
         sd._mamba_ssu_backend = saved
 
 
-def test_replayssm_is_left_to_vllm_with_one_warning(backend):
+def test_replayssm_is_left_to_vllm_by_default_with_one_warning(backend):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(2):
             sd.initialize_mamba_ssu_backend(MambaConfig(backend="flashinfer"), kv_cache_config(), use_replayssm=True)
     msgs = [str(w.message) for w in seen if "--use-replayssm" in str(w.message)]
     assert len(msgs) <= 1 and plugin.status()["replayssm"] == "left to vLLM"
-    assert not msgs or "vLLM's own ReplaySSM kernels" in msgs[0]
+    assert not msgs or "MATE_VLLM_REPLAYSSM=1" in msgs[0]
+    assert sd._flashinfer_replayssm_kernel is not ops.checkpointing_ssu  # FlashInfer's own checkpointing_ssu
+
+
+def _replay_exact(pool, x, dt, A, B, C, D, dt_bias, slots, W):
+    """The plain recurrence in float64: each slot's checkpoint through its live ring tokens, then the new tokens
+    (y per token, the state after the live tokens, which a flush writes back)."""
+    state, xc, bc, dc, rs, pnat = (pool[k] for k in ("state", "x_cache", "B_cache", "dt_cache", "ring_start", "pnat"))
+    nb, T, H, P = x.shape
+    L, G = xc.shape[2], B.shape[2]
+    heads = torch.arange(H) // (H // G)
+    a = A[:, 0, 0].double()
+    y = torch.zeros(nb, T, H, P, dtype=torch.float64)
+    folded = {}
+    for b, s in enumerate(slots.tolist()):
+        if s == 0:  # vLLM's null block
+            continue
+        h = state[s].double()
+        for j in range(int(pnat[s])):
+            row = (int(rs[s]) + j) % L
+            d = dc[s, :, row].double()
+            h = (
+                torch.exp(a * d)[:, None, None] * h
+                + (d[:, None] * xc[s, :, row].double())[..., None] * bc[s, heads, row].double()[:, None, :]
+            )
+        folded[s] = h
+        for t in range(T):
+            d = torch.nn.functional.softplus(dt[b, t, :, 0].double() + dt_bias[:, 0].double())
+            bt, ct = B[b, t, heads].double(), C[b, t, heads].double()
+            h = torch.exp(a * d)[:, None, None] * h + (d[:, None] * x[b, t].double())[..., None] * bt[:, None, :]
+            y[b, t] = (h * ct[:, None, :]).sum(-1) + D[:, 0].double()[:, None] * x[b, t].double()
+    return y, folded
+
+
+@pytest.mark.parametrize("T", [pytest.param(1, id="standard-decode"), pytest.param(3, id="speculative-3")])
+def test_replayssm_flashinfer_path_runs_mates_replay(backend, T):
+    """MATE_VLLM_REPLAYSSM=1: vLLM's initializer sets its FlashInfer ReplaySSM kernel and MATE's op replaces it;
+    vLLM's own selective_state_update_replayssm_flashinfer (its reshaping, pad slot 0, the scratch trio, the
+    philox_rounds it always passes) then runs MATE's reference on this CPU: outputs equal the float64 recurrence,
+    flushed checkpoints hold the replayed state, the others are untouched, and the new tokens join the ring."""
+    g = torch.Generator().manual_seed(7 + T)
+    S, H, P, N, G, W = 7, 4, 8, 16, 2, 4
+    L = W + T
+    with settings.override(MATE_VLLM_REPLAYSSM="1"):
+        sd.initialize_mamba_ssu_backend(MambaConfig(backend="flashinfer"), kv_cache_config(), use_replayssm=True)
+    assert sd._flashinfer_replayssm_kernel is ops.checkpointing_ssu
+    assert plugin.status()["replayssm"].startswith("served by MATE")
+    pool = dict(
+        state=torch.randn(S, H, P, N, generator=g) * 0.5,
+        x_cache=torch.randn(S, H, L, P, generator=g).to(torch.bfloat16),
+        B_cache=torch.randn(S, G, L, N, generator=g).to(torch.bfloat16),
+        dt_cache=torch.rand(S, H, L, generator=g) * 0.3,
+        ring_start=torch.randint(0, L, (S,), generator=g, dtype=torch.int32),
+        pnat=torch.tensor([0, W, 1, W - T, W, 0, 2], dtype=torch.int32).clamp(0, W),
+    )
+    slots = torch.tensor([2, 0, 4, 3, 1, 6], dtype=torch.int32)  # slot 0: vLLM's null block (a padded row)
+    nb = slots.numel()
+    x = torch.randn(nb, T, H, P, generator=g).to(torch.bfloat16)
+    dt = (torch.randn(nb, T, H, 1, generator=g) * 0.5).to(torch.bfloat16).expand(nb, T, H, P)
+    A = (-(torch.rand(H, generator=g) + 0.5)).view(H, 1, 1).expand(H, P, N)
+    Bm = torch.randn(nb, T, G, N, generator=g).to(torch.bfloat16)
+    Cm = torch.randn(nb, T, G, N, generator=g).to(torch.bfloat16)
+    D = torch.randn(H, 1, generator=g).to(torch.bfloat16).expand(H, P)
+    dt_bias = (torch.randn(H, 1, generator=g) * 0.3).to(torch.bfloat16).expand(H, P)
+    out = torch.full((nb, T, H, P), float("nan"), dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in pool.items()}
+    y_ref, folded = _replay_exact(pool, x, dt, A, Bm, Cm, D, dt_bias, slots, W)
+    args = (x[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], out[:, 0]) if T == 1 else (x, dt, A, Bm, Cm, out)
+    sd.selective_state_update_replayssm_flashinfer(
+        pool["state"], *args, pool["x_cache"], pool["B_cache"], pool["dt_cache"], pool["ring_start"], pool["pnat"],
+        torch.ones(S, dtype=torch.int32), W, D=D, dt_bias=dt_bias, dt_softplus=True, state_batch_indices=slots,
+        null_block_id=sd.NULL_BLOCK_ID, update_trackers=False,
+    )  # fmt: skip
+    live = slots != 0
+    got = out.double()[live]
+    ref = y_ref[live]
+    assert bool(((got - ref).abs() <= 2e-2 * ref.abs().max() + 1e-2 * ref.abs()).all())
+    assert bool(out[~live].isnan().all())  # the padded row is not written
+    for s in range(S):
+        if s in folded and int(before["pnat"][s]) + T > W:  # a flush writes the replayed state back
+            torch.testing.assert_close(pool["state"][s].double(), folded[s], rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(pool["state"][s], before["state"][s])
+    for b, s in enumerate(slots.tolist()):
+        if s == 0:
+            continue
+        for t in range(T):
+            row = (int(before["ring_start"][s]) + int(before["pnat"][s]) + t) % L
+            assert torch.equal(pool["x_cache"][s, :, row], x[b, t])
+    assert torch.equal(pool["ring_start"], before["ring_start"]) and torch.equal(pool["pnat"], before["pnat"])
 
 
 def test_decode_through_vllms_dispatch(backend):

@@ -61,9 +61,15 @@ FAKE = {
                 raise RuntimeError("the stand-in Triton backend must not run")
         _BACKEND_REGISTRY = {MambaBackendEnum.TRITON: TritonSSUBackend, MambaBackendEnum.FLASHINFER: TritonSSUBackend}
         _mamba_ssu_backend = None
+        _flashinfer_replayssm_kernel = None
+        def _stand_in_checkpointing_ssu(*a, **k):
+            raise RuntimeError("the stand-in FlashInfer ReplaySSM kernel must not run")
         def initialize_mamba_ssu_backend(mamba_config, kv_cache_config=None, *, use_replayssm=False):
-            global _mamba_ssu_backend
+            global _mamba_ssu_backend, _flashinfer_replayssm_kernel
             _mamba_ssu_backend = _BACKEND_REGISTRY[mamba_config.backend](mamba_config)
+            _flashinfer_replayssm_kernel = None
+            if use_replayssm and mamba_config.backend == MambaBackendEnum.FLASHINFER:
+                _flashinfer_replayssm_kernel = _stand_in_checkpointing_ssu
         def selective_state_update(state, x, dt, A, B, C, D, dt_bias, **kw):
             _mamba_ssu_backend(state, x, dt, A, B, C, D, dt_bias, **kw)
     """,
@@ -246,6 +252,33 @@ def test_stochastic_rounding_config_reaches_the_backend(tmp_path):
     """
     r = run(code, {"MATE_VLLM_ENABLE": "1"}, [fake])
     assert "BACKEND mate True 7" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize(
+    "env, backend, served",
+    [
+        pytest.param({}, "flashinfer", False, id="default-left-to-vllm"),
+        pytest.param({"MATE_VLLM_REPLAYSSM": "1"}, "flashinfer", True, id="flashinfer-served"),
+        pytest.param({"MATE_VLLM_REPLAYSSM": "1"}, "triton", False, id="triton-left-to-vllm"),
+    ],
+)
+def test_replayssm_kernel_slot(tmp_path, env, backend, served):
+    """--use-replayssm: MATE_VLLM_REPLAYSSM=1 puts MATE's op in the FlashInfer backend's ReplaySSM kernel slot
+    after each initialisation; otherwise (and on the Triton backend) one warning says the decode is vLLM's."""
+    fake = write_fake(tmp_path, FAKE)
+    code = f"""
+        import mate_vllm.plugin as plugin, mate_vllm.ops as mops
+        plugin.register()
+        from vllm.model_executor.layers.mamba.ops import ssu_dispatch as sd
+        from vllm.config.mamba import MambaConfig
+        for _ in range(2):
+            sd.initialize_mamba_ssu_backend(MambaConfig({backend!r}), use_replayssm=True)
+        print("SLOT", sd._flashinfer_replayssm_kernel is mops.checkpointing_ssu, plugin.status()["replayssm"])
+    """
+    r = run(code, {"MATE_VLLM_ENABLE": "1", **env}, [fake])
+    assert r.returncode == 0, r.stderr
+    assert f"SLOT {served}" in r.stdout
+    assert r.stderr.count("--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel") == (0 if served else 1)
 
 
 @pytest.mark.parametrize("value", ["0", ""])

@@ -89,6 +89,15 @@ SETTINGS: dict[str, Setting] = {
             _backends,
         ),
         Setting("MATE_VLLM_PREFILL", "1", _ON_OFF, "0: leave vLLM's SSD prefill to vLLM.", _on_off),
+        Setting(
+            "MATE_VLLM_REPLAYSSM",
+            "0",
+            _ON_OFF,
+            "1: vLLM's --use-replayssm decode on its FlashInfer backend runs MATE's replay_state_update instead of "
+            "FlashInfer's checkpointing_ssu. Off by default: on the H200 MATE's kernel is slower than FlashInfer's "
+            "(docs/ssu-kernels.md, ReplaySSM decode).",
+            _on_off,
+        ),
         Setting("MATE_SGLANG_ENABLE", "0", _ON_OFF, "1: arm the SGLang hook in every interpreter.", _on_off),
         Setting(
             "MATE_SGLANG_SSU_BACKENDS",

@@ -168,4 +168,12 @@ def mamba_chunk_scan_combined_varlen(
     )  # fmt: skip
 
 
-__all__ = ["selective_state_update", "mamba_chunk_scan_combined_varlen", "NULL_BLOCK_ID"]
+def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
+    """vLLM 0.33's ReplaySSM decode kernel slot (``ssu_dispatch._flashinfer_replayssm_kernel``): called with
+    FlashInfer 0.7.2's ``checkpointing_ssu`` arguments (vLLM passes the scratch trio and ``pad_slot_id`` 0, the
+    null block; D / dt_bias bf16 ``[H, P]`` of stride 0 over P; dt of stride 0 over P), which are
+    ``mate.mamba.replay_state_update``'s; returns ``out``. The scratch tensors are validated and unused."""
+    return mate_mamba().replay_state_update(*args, **kwargs)
+
+
+__all__ = ["selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "NULL_BLOCK_ID"]

@@ -11,9 +11,12 @@ vLLM calls :func:`register` in every process it starts. It does nothing unless `
   imported it by name) becomes :func:`mate_vllm.ops.mamba_chunk_scan_combined_varlen`, unless
   ``MATE_VLLM_PREFILL=0``.
 
-* **ReplaySSM.** vLLM's ``--use-replayssm`` decode bypasses the SSU registry and runs vLLM's own ReplaySSM
-  kernels (``mamba_mixer2.py``): MATE has no ReplaySSM op, so ``initialize_mamba_ssu_backend(...,
-  use_replayssm=True)`` warns once per process that the decode is vLLM's (the prefill stays MATE's).
+* **ReplaySSM.** vLLM's ``--use-replayssm`` decode bypasses the SSU registry. On the FlashInfer backend it calls
+  ``ssu_dispatch._flashinfer_replayssm_kernel`` (FlashInfer's ``checkpointing_ssu``); with
+  ``MATE_VLLM_REPLAYSSM=1`` that becomes MATE's ``replay_state_update`` each time
+  ``initialize_mamba_ssu_backend(..., use_replayssm=True)`` sets it (off by default: MATE's kernel is slower than
+  FlashInfer's on the H200). Otherwise, and on the Triton backend (another ring contract), the decode stays
+  vLLM's, with one warning per process; the prefill is MATE's either way.
 
 The patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
 imports nothing from vLLM. Written against vLLM 0.33.0: another version gets a warning when ``vllm`` is imported,
@@ -30,6 +33,7 @@ OWNER = "mate-vllm"
 ENV_ENABLE = "MATE_VLLM_ENABLE"
 ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
 ENV_PREFILL = "MATE_VLLM_PREFILL"
+ENV_REPLAYSSM = "MATE_VLLM_REPLAYSSM"
 SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
 TESTED_VERSIONS = ("0.33.0",)
@@ -197,25 +201,47 @@ def _patch_ssd_combined(mod) -> None:
 
 
 def _patch_replayssm(sd) -> None:
-    """Warn once per process when vLLM initialises its SSU backend for ``--use-replayssm``: that decode calls
-    vLLM's ReplaySSM kernels directly and never reaches the registry MATE serves."""
+    """Serve vLLM's ``--use-replayssm`` decode on the FlashInfer backend with MATE's ReplaySSM op, when
+    ``MATE_VLLM_REPLAYSSM=1``.
+
+    That decode bypasses the SSU registry: the mixer calls ``selective_state_update_replayssm_flashinfer``,
+    which calls the module global ``_flashinfer_replayssm_kernel`` with FlashInfer's ``checkpointing_ssu``
+    arguments and then keeps the ring trackers itself. ``initialize_mamba_ssu_backend`` sets that global on every
+    call, so right after it returns the global becomes :func:`mate_vllm.ops.checkpointing_ssu`; vLLM's
+    reshaping, scratch and tracker bookkeeping stay vLLM's. The Triton backend's ReplaySSM
+    (``selective_state_update_replayssm_output_only``, a linear buffer flushed on the host's schedule: another
+    contract) stays vLLM's, and so does the FlashInfer one without the setting, with one warning."""
     import functools
+
+    from . import ops
 
     orig = getattr(sd, "initialize_mamba_ssu_backend", None)
     if orig is None or "use_replayssm" not in inspect.signature(orig).parameters:
         _state["replayssm"] = "skipped: no initialize_mamba_ssu_backend(use_replayssm=...)"
         _warn(f"{sd.__name__} has no initialize_mamba_ssu_backend(..., use_replayssm=); --use-replayssm is not watched")
         return
+    if "_flashinfer_replayssm_kernel" not in vars(sd):
+        _warn(f"{sd.__name__} has no _flashinfer_replayssm_kernel; --use-replayssm stays vLLM's")
 
     @functools.wraps(orig)
     def initialize_mamba_ssu_backend(*args, **kwargs):
-        if kwargs.get("use_replayssm") and _state["replayssm"] != "left to vLLM":
-            _state["replayssm"] = "left to vLLM"
-            _warn(
-                "--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernels (they bypass the SSU backend "
-                "registry, and MATE has no ReplaySSM op); the prefill is still MATE's"
-            )
         orig(*args, **kwargs)
+        if not kwargs.get("use_replayssm"):
+            return
+        if _setting(ENV_REPLAYSSM) and getattr(sd, "_flashinfer_replayssm_kernel", None) is not None:
+            _ledger().set_attr(sd, "_flashinfer_replayssm_kernel", ops.checkpointing_ssu)
+            _state["replayssm"] = "served by MATE (FlashInfer's checkpointing_ssu contract)"
+        elif _state["replayssm"] != "left to vLLM":
+            _state["replayssm"] = "left to vLLM"
+            if getattr(sd, "_flashinfer_replayssm_kernel", None) is None:
+                why = (
+                    "the Triton backend's ReplaySSM keeps a linear buffer on the host's schedule, a contract MATE "
+                    "does not serve"
+                )
+            else:
+                why = f"{ENV_REPLAYSSM}=1 would serve its FlashInfer kernel's calls"
+            _warn(f"--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel ({why}); the prefill is "
+                  "still MATE's")  # fmt: skip
 
     _ledger().rebind(sd, "initialize_mamba_ssu_backend", orig, initialize_mamba_ssu_backend)
     _state["replayssm"] = "watched"
@@ -247,7 +273,7 @@ def register() -> None:
         return
     if not enabled:
         return
-    for name in (ENV_SSU, ENV_PREFILL):  # a malformed value raises here, not later inside vLLM's imports
+    for name in (ENV_SSU, ENV_PREFILL, ENV_REPLAYSSM):  # a malformed value raises here, not later inside vLLM's imports
         _setting(name)
     try:
         when_imported("vllm", _guard(_check_vllm))
