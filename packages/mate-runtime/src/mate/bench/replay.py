@@ -13,6 +13,10 @@ trackers, so each slot's live count ``pnat`` fixes what every replay of it does:
 - ``replay``: no sequence flushes (``pnat`` over ``0..W - T``);
 - ``flush``: every sequence flushes (``pnat = W``).
 
+FlashInfer compiles a JIT module per configuration on its first call (about five minutes each on the H200's
+host), so before the timing ``--prebuild-jobs`` worker processes (default 8) build the ones the cases use, in
+parallel.
+
 The stored-state column is ``mate bench ssu``'s call on a pool of the same dtype (MTP: every token's state
 written to its own slot). ``bytes`` counts what a replay step must move: the state read once, the flushed states
 written, the live ring rows read, the new tokens' rows appended; TB/s is that over the time.
@@ -239,21 +243,59 @@ def _y_err(st: Setup, impls: dict) -> tuple[dict, dict]:
     return errs, failed
 
 
+def selected(args) -> list[Case]:
+    """The cases the command line names."""
+    return [
+        c for c in cases(args.quick)
+        if (not args.batches or c.batch in args.batches) and (not args.states or DT_NAME[c.state] in args.states)
+        and (not args.tokens or c.T in args.tokens)
+    ]  # fmt: skip
+
+
+def flashinfer_configs(chosen: list[Case]) -> list[tuple[str, str, int]]:
+    """(shape, state, T) of each FlashInfer JIT module the cases use: FlashInfer compiles one per configuration
+    on its first call (minutes each on the H200's host), so :func:`prebuild_flashinfer` builds them in parallel."""
+    return list(dict.fromkeys((c.shape.name, DT_NAME[c.state], c.T) for c in chosen))
+
+
+def _build_flashinfer(shape: str, state: str, T: int) -> None:
+    """One batch-1 call of FlashInfer's op for one configuration (its JIT build), in a worker process."""
+    dtype = {v: k for k, v in DT_NAME.items()}[state]
+    st = Setup(Case(SSU_SHAPES[shape], dtype, 1, T), torch.device("cuda"), stored=False)
+    _load_flashinfer()(st, st.windows[0])
+    torch.cuda.synchronize()
+
+
+def prebuild_flashinfer(configs: list[tuple[str, str, int]], jobs: int) -> None:
+    """Build FlashInfer's JIT modules of ``configs`` in ``jobs`` worker processes at a time (a failure is
+    reported: the timed run then builds, or reports, that module itself)."""
+    import subprocess
+    import time
+
+    t0, pending, running = time.perf_counter(), list(configs), []
+    while pending or running:
+        while pending and len(running) < jobs:
+            cfg = pending.pop(0)
+            cmd = [sys.executable, "-m", "mate.bench.replay", "--build-flashinfer", *map(str, cfg)]
+            running.append((cfg, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+        cfg, proc = running.pop(0)
+        err = proc.communicate()[1]
+        status = "built" if proc.returncode == 0 else f"failed ({err.strip().splitlines()[-1:]})"
+        print(f"[flashinfer] {' '.join(map(str, cfg))}: {status} ({time.perf_counter() - t0:.0f}s)", flush=True)
+
+
 def run(args) -> tuple[list[dict], dict]:
     dev = torch.device("cuda", torch.cuda.current_device())
     impls, skipped = load_impls(args.impls)
     for name, why in skipped.items():
         print(f"[skip] {name}: {why}", flush=True)
+    chosen = selected(args)
+    if "flashinfer" in impls and args.prebuild_jobs > 0:
+        prebuild_flashinfer(flashinfer_configs(chosen), args.prebuild_jobs)
     ceiling = copy_ceiling_tbps(dev)
     print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
     rows = []
-    for case in cases(args.quick):
-        if args.batches and case.batch not in args.batches:
-            continue
-        if args.states and DT_NAME[case.state] not in args.states:
-            continue
-        if args.tokens and case.T not in args.tokens:
-            continue
+    for case in chosen:
         use = {n: f for n, f in impls.items() if n != "mate-stored" or case.phase == "cycle"}
         st = Setup(case, dev, stored="mate-stored" in use)
         errs, failed = _y_err(st, use)
@@ -323,11 +365,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=5, help="timings per implementation (median; default 5)")
     ap.add_argument("--out", default="bench-results", help="report folder (default bench-results)")
     ap.add_argument("--name", default="replay", help="report file name without suffix (default replay)")
+    ap.add_argument("--prebuild-jobs", type=int, default=8,
+                    help="worker processes building FlashInfer's JIT modules before the timing (default 8; 0: each "
+                    "on its first call)")  # fmt: skip
+    ap.add_argument("--build-flashinfer", nargs=3, metavar=("SHAPE", "STATE", "T"), help=argparse.SUPPRESS)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.build_flashinfer:  # a prebuild worker (prebuild_flashinfer)
+        shape, state, T = args.build_flashinfer
+        _build_flashinfer(shape, state, int(T))
+        return 0
+    if args.prebuild_jobs < 0:
+        print(f"mate bench replay: --prebuild-jobs: expected >= 0, got {args.prebuild_jobs}", file=sys.stderr)
+        return 2
     bad = [n for n in args.impls if n not in IMPLS]
     if bad:
         print(f"mate bench replay: --impls: unknown {bad}; expected names of {IMPLS}", file=sys.stderr)
