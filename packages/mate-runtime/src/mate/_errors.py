@@ -39,6 +39,28 @@ def bad_arg(name: str, value: Any, expected: str) -> NoReturn:
     raise ValueError(f"{name}: got {describe(value)}; expected {expected}")
 
 
+def check_dtypes(args) -> None:
+    """Each ``(name, dtype, allowed)`` of a prewarm call: the first dtype outside its allowed ones is named."""
+    for name, dt, allowed in args:
+        if dt not in allowed:
+            bad_arg(name, dt, f"one of {tuple(str(d).removeprefix('torch.') for d in allowed)}")
+
+
+def check_ints(args, least: int = 1) -> None:
+    """Each ``(name, value)``: an int (not a bool) of at least ``least`` (1: positive, 0: non-negative)."""
+    for name, v in args:
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            bad_arg(name, v, {1: "a positive int", 0: "a non-negative int"}[least])
+
+
+def check_philox_rounds(philox_rounds, state_dtype: torch.dtype) -> None:
+    """The prewarm functions' ``philox_rounds``: 0, or > 0 with a float16 state (stochastic rounding)."""
+    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
+        bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
+    if philox_rounds and state_dtype != torch.float16:
+        bad_arg("philox_rounds", philox_rounds, "0 unless state_dtype is float16 (stochastic rounding)")
+
+
 def check_jobs(jobs) -> None:
     """The prewarm functions' ``jobs``: None (the cores available) or a positive int."""
     if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):

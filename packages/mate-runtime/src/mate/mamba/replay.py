@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .._backends import resolve_backend
-from .._errors import bad_arg, check_jobs
+from .._errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
 from ._replay_call import normalize_materialize, normalize_replay
 from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 
@@ -136,24 +136,15 @@ def prewarm_replay_state_update(*, state_dtype: torch.dtype, io_dtype: torch.dty
     64 ring rows; 1, 2, 4, 8, ... tokens). ``philox_rounds`` > 0 (an fp16 state): the kernel that rounds flushes
     stochastically. ``jobs``: as for ``prewarm_selective_state_update``. Without a usable TileLang device the call
     only validates its arguments."""
-    dtypes = (("state_dtype", state_dtype, STATE_DTYPES + QUANT_STATE_DTYPES), ("io_dtype", io_dtype, IO_DTYPES),
-              ("slot_dtype", slot_dtype, INDEX_DTYPES))  # fmt: skip
-    for name, dt_, allowed in dtypes:
-        if dt_ not in allowed:
-            bad_arg(name, dt_, f"one of {tuple(str(d).removeprefix('torch.') for d in allowed)}")
-    for name, v in (("heads", heads), ("dim", dim), ("dstate", dstate), ("groups", groups)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            bad_arg(name, v, "a positive int")
-    for name, v in (("window", window), ("tokens", tokens)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < (name == "tokens"):
-            bad_arg(name, v, "a positive int" if name == "tokens" else "a non-negative int")
+    check_dtypes((("state_dtype", state_dtype, STATE_DTYPES + QUANT_STATE_DTYPES), ("io_dtype", io_dtype, IO_DTYPES),
+                  ("slot_dtype", slot_dtype, INDEX_DTYPES)))  # fmt: skip
+    check_ints((("heads", heads), ("dim", dim), ("dstate", dstate), ("groups", groups)))
+    check_ints((("window", window),), least=0)
+    check_ints((("tokens", tokens),))
     if heads % groups:
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     check_jobs(jobs)
-    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
-        bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
-    if philox_rounds and state_dtype != torch.float16:
-        bad_arg("philox_rounds", philox_rounds, "0 unless state_dtype is float16 (stochastic rounding)")
+    check_philox_rounds(philox_rounds, state_dtype)
     from .._backends import tilelang_installed
     from .._device import default_accelerator
 

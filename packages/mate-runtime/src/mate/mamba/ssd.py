@@ -11,7 +11,7 @@ import math
 import torch
 
 from .._backends import run_ssd
-from .._errors import bad_arg, check_jobs
+from .._errors import bad_arg, check_dtypes, check_ints, check_jobs
 from .._ops import SSD, trace_ssd
 from ._ssd_call import check_chunk_size, normalize_ssd
 from ._ssu_call import IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
@@ -113,20 +113,16 @@ def prewarm_ssd_combined_fwd_varlen(
     compiles in this process). The workers start with the ``spawn`` method, which imports the main script
     again: call this under ``if __name__ == "__main__":`` or pass ``jobs=1``.
     """
-    for name, v in (("heads", heads), ("groups", groups), ("dim", dim), ("dstate", dstate), ("block_M", block_M)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            bad_arg(name, v, "a positive int")
+    check_ints((("heads", heads), ("groups", groups), ("dim", dim), ("dstate", dstate), ("block_M", block_M)))
     if heads % groups:
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     check_chunk_size(chunk_size)
     check_jobs(jobs)
-    for name, d, allowed in (
+    check_dtypes((
         ("io_dtype", io_dtype, IO_DTYPES),
         ("state_dtype", state_dtype, STATE_DTYPES + QUANT_STATE_DTYPES),
         ("dt_dtype", dt_dtype, PARAM_DTYPES),
-    ):
-        if d not in allowed:
-            bad_arg(name, d, f"one of {tuple(str(a).removeprefix('torch.') for a in allowed)}")
+    ))  # fmt: skip
 
     from .._backends import tilelang_installed
     from .._device import default_accelerator

@@ -11,7 +11,7 @@ import torch
 
 from .. import settings
 from .._backends import resolve_backend, run_ssu
-from .._errors import bad_arg, check_jobs
+from .._errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
 from .._ops import SSU, trace_ssu
 from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, normalize_ssu
 
@@ -253,17 +253,13 @@ def prewarm_selective_state_update(
     compiles in this process). The workers start with the ``spawn`` method, which imports the main script
     again: call this under ``if __name__ == "__main__":`` or pass ``jobs=1``.
     """
-    for name, dt_, allowed in (
+    check_dtypes((
         ("state_dtype", state_dtype, STATE_DTYPES + QUANT_STATE_DTYPES),
         ("io_dtype", io_dtype, IO_DTYPES),
         ("slot_dtype", slot_dtype, INDEX_DTYPES),
         ("meta_dtype", meta_dtype, INDEX_DTYPES),
-    ):
-        if dt_ not in allowed:
-            bad_arg(name, dt_, f"one of {tuple(str(d).removeprefix('torch.') for d in allowed)}")
-    for name, v in (("batch", batch), ("heads", heads), ("dim", dim), ("dstate", dstate), ("groups", groups)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            bad_arg(name, v, "a positive int")
+    ))  # fmt: skip
+    check_ints((("batch", batch), ("heads", heads), ("dim", dim), ("dstate", dstate), ("groups", groups)))
     if heads % groups:
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     for name, v in (("rows_per_cta", rows_per_cta), ("lanes_per_row", lanes_per_row)):
@@ -272,10 +268,7 @@ def prewarm_selective_state_update(
     if dt_dim not in (None, 1):
         bad_arg("dt_dim", dt_dim, "None (full [rows, heads, dim] dt) or 1 (one dt per head)")
     check_jobs(jobs)
-    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
-        bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
-    if philox_rounds and state_dtype != torch.float16:
-        bad_arg("philox_rounds", philox_rounds, "0 unless state_dtype is float16 (stochastic rounding)")
+    check_philox_rounds(philox_rounds, state_dtype)
 
     from .._backends import tilelang_installed
     from .._device import default_accelerator
