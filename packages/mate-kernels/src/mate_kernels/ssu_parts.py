@@ -97,13 +97,15 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         masked arithmetically, so every input load is issued without a branch."""
         return T.shift_right(flags, flag.bit_length() - 1) & 1
 
-    def aligned(buf, vector):
-        """A view of ``buf`` whose dynamic outer strides are written as multiples of ``vec``: the caller
-        guarantees that they are (``vector_*``), which lets TileLang prove 16-byte vector accesses."""
+    def aligned(buf, vector, multiple=None):
+        """A view of ``buf`` whose dynamic outer strides are written as multiples of ``multiple`` (default
+        ``vec``): the caller guarantees that they are (``vector_*``), which lets TileLang prove 16-byte vector
+        accesses."""
         if not vector:
             return buf
+        m = VEC if multiple is None else multiple
         last = len(buf.strides) - 1
-        strides = [st if i == last else T.floordiv(st, VEC) * VEC for i, st in enumerate(buf.strides)]
+        strides = [st if i == last else T.floordiv(st, m) * m for i, st in enumerate(buf.strides)]
         return T.view(buf, strides=strides)
 
     # B/C rows are read in 16-byte pieces: ``VEC`` io values (one state chunk's worth) are more than 16 bytes

@@ -125,14 +125,6 @@ def replay_kernel(
     B_ITERS, X_ITERS, D_ITERS = -(-CH * NCB // TH), -(-CH * NCX // TH), -(-CH // TH)  # the ring's pieces per thread
     NB_ITERS, NX_ITERS, ND_ITERS = -(-TN * NCB // TH), -(-TN * NCX // TH), -(-TN // TH)  # the new tokens'
 
-    def aligned_io(buf):
-        """A ring view whose outer strides are written as multiples of ``IOB`` (16 bytes: ``vector_io``)."""
-        if not vector_io:
-            return buf
-        last = len(buf.strides) - 1
-        strides = [st if i == last else T.floordiv(st, IOB) * IOB for i, st in enumerate(buf.strides)]
-        return T.view(buf, strides=strides)
-
     S, H, G, L, XB, XT, HD, HB, LS, LC = T.dynamic("S, H, G, L, XB, XT, HD, HB, LS, LC")
     ZB, ZT, HZ, PZ = T.dynamic("ZB, ZT, HZ, PZ")
     s_s0, s_s1, q_s0, q_s1 = T.dynamic("s_s0, s_s1, q_s0, q_s1", i64)
@@ -197,8 +189,8 @@ def replay_kernel(
     def body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
              nseq, ntok, window, pad, flags, scale, seed_t):  # fmt: skip
         pool = aligned(state, vector_state)
-        ring_b = aligned_io(B_cache)
-        ring_x = aligned_io(x_cache)
+        ring_b = aligned(B_cache, vector_io, IOB)  # (the rings' outer strides on the 16-byte grid: vector_io)
+        ring_x = aligned(x_cache, vector_io, IOB)
         with T.Kernel(NB, H, nseq, threads=TH) as (pb, h, b):
             if min_blocks > 0:
                 T.annotate_min_blocks_per_sm(min_blocks)

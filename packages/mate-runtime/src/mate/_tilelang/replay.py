@@ -37,10 +37,7 @@ def replay_state_update(call: ReplayCall) -> torch.Tensor:
     planned = plan(call)
     if planned is not None:
         spec, args = planned
-        kern = _kernels.get(spec)
-        if kern is None:
-            kern = kernel(spec, call.state.device)
-        kern(*args)
+        kernel(spec, call.state.device)(*args)
     return call.out
 
 
