@@ -547,6 +547,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         P=P, N=N, VEC=VEC, NV=NV, L=L, R=R, TH=TH, BP=BP, RP=RP, NB=(P + BP - 1) // BP, guard_p=guard_p, NS=NS,
         NA=1 if tied else NS, transposed=transposed, prow=prow, bit=bit, aligned=aligned, dt_value=dt_value,
         fetch_state=fetch_state, convert_state=convert_state, store_state=store_state, reload_state=reload_state,
-        load_A=load_A, load_D=load_D, recur_and_reduce=recur_and_reduce, store_raw=store_raw, write_y=write_y,
+        load_A=load_A, load_D=load_D, reduce_rows=reduce_rows, recur_and_reduce=recur_and_reduce, store_raw=store_raw,
+        write_y=write_y,
         apply_softplus=apply_softplus, load_io_chunk=load_io_chunk, quant_ops=quant_ops, sr_ops=sr_ops,
     )  # fmt: skip

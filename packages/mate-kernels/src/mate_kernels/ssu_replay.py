@@ -7,24 +7,27 @@ live (not yet folded into ``h0``). CTA ``(pb, h, b)`` owns ``block_p`` rows of h
 the SSU kernels do (:mod:`.ssu_parts`' tiling: a row's ``N`` values over ``lanes`` lanes, in registers).
 
 Staging: the CTA copies into shared memory the slot's whole ring by physical row (``ring_rows`` >= ``L`` rows of B,
-of x for its block, and of dt' with its decay ``exp(A dt')``) and the step's new tokens by index (``new_rows`` >= T
-rows of B, C, x, dt', decay). No placement depends on ``ring_start`` or ``pnat``, so the loads need only the slot:
-the new tokens' are issued at once, the state's and the ring's together one round trip later. A ring row past the
-live ones is copied and never read.
+of x for its block, and of dt') and the step's new tokens by index (``new_rows`` >= T rows of B, C, x, dt'). No
+placement depends on ``ring_start`` or ``pnat``, so the loads need only the slot: the new tokens' are issued at
+once, the state's and the ring's together one round trip later. A ring row past the live ones is copied and never
+read.
 
-Without a flush the state is only read. The state after the live tokens and new tokens ``0..t`` is
-``decay * h0 + sum_j w_j dt_j x_j B_j^T`` (``w_j``: the decay of the tokens after ``j``; ``decay``: of all), so
+The step's tokens in order (the live ones oldest first, then the new ones) have the prefix sums ``cum`` of
+``A dt'`` (one warp scan). Without a flush the state is only read: the state after token ``t`` is
+``exp(cum_t) h0 + sum_{j <= t} exp(cum_t - cum_j) dt'_j x_j B_j^T``, so
 
-    y_t[p] = decay * (h0[p] . C_t) + sum_j w_j dt_j x_j[p] (B_j . C_t)
+    y_t[p] = exp(cum_t) (h0[p] . C_t) + sum_j coef[t, j] x_j[p],   coef[t, j] = exp(cum_t - cum_j) dt'_j (B_j . C_t)
 
-and each lane adds ``w_j dt_j x_j[p] (B_j . C_t)`` over its own ``N`` values into the row partial of ``h0[p] .
-C_t`` before the one row reduction: per token ``j`` a partial dot product of ``N / lanes`` values and one FMA per
-row, instead of an update of every state value. The tokens are walked newest first, so ``w`` is a running
-product. The state bytes of such a step are one read (a stored-state decode reads and writes them).
+The CTA computes the ``coef`` table once into shared memory (each ``B_j . C_t`` over one row group's lanes, the row
+groups over the tokens ``j``); then per new token each lane adds its partial ``h0[p] . C_t`` over its own ``N``
+values and ``coef[t, j] x_j[p]`` over every ``lanes``-th token, and one transposed reduction over the row's lanes
+gives each row's total to one lane, which writes it. The state bytes of such a step are one read (a stored-state
+decode reads and writes them).
 
-A flush (``pnat + T_b > window``) folds the live tokens into the registers (``s = exp(A dt_j) s + dt_j x_j
-B_j^T`` per token, oldest first), writes them back as the new checkpoint (rounded, requantised or stochastically
-rounded as the SSU kernels store a state), and the new tokens then run against it with no live tokens.
+A flush (``pnat + T_b > window``) folds the live tokens into the registers as one rank-``pnat`` update
+(``s = exp(cum_last) s + sum_j exp(cum_last - cum_j) dt'_j x_j B_j^T``), writes them back as the new checkpoint
+(rounded, requantised or stochastically rounded as the SSU kernels store a state), and the new tokens then run
+against the unrounded registers with no live tokens, as the reference does.
 
 Every call appends its tokens to the ring after the live ones (rows ``(ring_start + pnat + t) % L``): ``x`` by
 each CTA for its rows, ``B`` by the CTA of block 0 of the group's first head, the processed ``dt`` by block 0 of
@@ -95,17 +98,19 @@ def replay_kernel(
     P, N, ratio = int(dim), int(dstate), int(heads_per_group)
     tiling = tiling or choose_tiling(P, N, state_dtype)
     ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
-                  vector_state=vector_state, transposed=False)  # fmt: skip
+                  vector_state=vector_state, transposed=True)  # fmt: skip
     VEC, NV, LN, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
     prow, bit, aligned = ops.prow, ops.bit, ops.aligned
     fetch_state, convert_state, store_state = ops.fetch_state, ops.convert_state, ops.store_state
-    guard_p = ops.guard_p
+    guard_p, transposed, reduce_rows = ops.guard_p, ops.transposed, ops.reduce_rows
     quant = state_dtype in QMAX
     q = ops.quant_ops(state_dtype) if quant else None
     sr = ops.sr_ops(philox_rounds) if philox_rounds else None
     f32, i64 = "float32", "int64"
     LOG_LN = LN.bit_length() - 1
+    RG = TH // LN  # row groups per CTA
     CH, TN = int(ring_rows), int(new_rows)
+    NCH = -(-CH // 32)  # 32-position chunks of the prefix scan
     if CH < 1 or CH & (CH - 1):
         raise ValueError(f"ring_rows: a power of two (the staged ring rows, >= the ring length L), got {ring_rows!r}")
     if TN < 1 or TN & (TN - 1) or TN > CH:
@@ -163,12 +168,6 @@ def replay_kernel(
         return T.if_then_else((flags & FLAG_SOFTPLUS) != 0, softplus(d), d)
 
     @T.macro
-    def reduce_lanes(acc):
-        for j in T.unroll(LOG_LN):
-            for r in T.unroll(R):
-                acc[r] = acc[r] + T.shfl_xor(acc[r], LN >> (j + 1))
-
-    @T.macro
     def lane_row(dst, rb, src, q, lane):
         """dst = this lane's values of row ``q`` of a staged ``[rows, N]`` tile, as fp32 (``rb``: io registers)."""
         for v in T.unroll(NV):
@@ -186,6 +185,19 @@ def replay_kernel(
             dst[q, j0 + i] = stg[i]
 
     @T.macro
+    def write_row(out, z, Xn, total, r, pb, rg, xb, t0, t, h, dv, hz):
+        """out of row ``r`` of the thread's rows for new token ``t``: the row's total, + D x, gated by z."""
+        p = pb * BP + r * RP + rg
+        y = total + dv * T.cast(Xn[t, r * RP + rg], f32)
+        zt = T.cast(z[xb * hz, (t0 + t) * hz, h * hz, prow(pb, r, rg) * hz], f32)
+        y = T.if_then_else(hz != 0, y * zt / (1.0 + T.exp(-zt)), y)
+        if guard_p:
+            if p < P:
+                out[xb, t0 + t, h, p] = T.cast(y, io_dtype)
+        else:
+            out[xb, t0 + t, h, p] = T.cast(y, io_dtype)
+
+    @T.macro
     def body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
              nseq, ntok, window, pad, flags, scale, seed_t):  # fmt: skip
         pool = aligned(state, vector_state)
@@ -197,6 +209,7 @@ def replay_kernel(
             tx = T.get_thread_binding()
             lane = tx % LN
             rg = tx // LN
+            wl = tx % 32
             g = h // ratio
             # Staged in shared memory in the io dtype (as fp32 they take twice the space, which costs occupancy:
             # docs/design/decisions.md): the slot's whole ring by physical row (B, x of this block, dt' and its
@@ -206,12 +219,16 @@ def replay_kernel(
             Bs = T.alloc_shared((CH, N), io_dtype)
             Xs = T.alloc_shared((CH, BP), io_dtype)
             dts = T.alloc_shared((CH,), f32)
-            dAs = T.alloc_shared((CH,), f32)
             Bn = T.alloc_shared((TN, N), io_dtype)
             Cn = T.alloc_shared((TN, N), io_dtype)
             Xn = T.alloc_shared((TN, BP), io_dtype)
             dtn = T.alloc_shared((TN,), f32)
-            dAn = T.alloc_shared((TN,), f32)
+            # (static shared buffers: each its own buffer, so writing one inside a loop that reads the dynamic
+            # buffer does not make TileLang fence every iteration)
+            cum = T.alloc_shared((CH,), f32, scope="shared")
+            dtp = T.alloc_shared((CH,), f32, scope="shared")
+            coef = T.alloc_shared((TN, CH), f32, scope="shared")
+            fold = T.alloc_shared((CH,), f32, scope="shared")
             s = T.alloc_local((NS,), f32)
             raw = T.alloc_local((NS,), state_dtype)
             buf = T.alloc_local((VEC,), state_dtype)
@@ -221,6 +238,7 @@ def replay_kernel(
             cv = T.alloc_local((NV * VEC,), f32)
             acc = T.alloc_local((R,), f32)
             dot = T.alloc_local((1,), f32)
+            sc = T.alloc_local((1,), f32)
             dq = T.alloc_local((1,), f32)
             if quant:
                 qs = T.alloc_local((R,), f32)
@@ -265,11 +283,9 @@ def replay_kernel(
                 if ti < tb:
                     dq[0] = dt_of(dt, dt_bias, xb, t0 + ti, h, flags)
                     dtn[ti] = dq[0]
-                    dAn[ti] = T.exp(a * dq[0])
             if live_slot and tb > 0:
                 rs = T.alloc_var("int32")
                 pk = T.alloc_var("int32")
-                kp = T.alloc_var("int32")
                 rs = ((ring_start[slot] % L) + L) % L
                 pk = T.min(T.max(pnat[slot], 0), T.min(window, L - tb))
                 fetch_state(raw, pool, slot, h, pb, tx)
@@ -305,83 +321,106 @@ def replay_kernel(
                     if ri < L:
                         dq[0] = dt_cache[slot, h, ri]
                         dts[ri] = dq[0]
-                        dAs[ri] = T.exp(a * dq[0])
                 T.sync_threads()
+                first = T.alloc_var("int32")
+                first = T.if_then_else(pk + tb > window, pk, 0)  # a flush: the new tokens start from the fold
+                # the prefix sums of A dt' over the step's token sequence (live oldest first, then the new ones),
+                # a scan over every warp's lanes (warp 0's stored), and dt' by position
+                cv[0] = T.float32(0)
+                for c in T.unroll(NCH):
+                    pos = c * 32 + wl
+                    inl = pos < pk
+                    dtq = T.if_then_else(inl, dts[(rs + T.min(pos, CH - 1)) % L],
+                                         dtn[T.min(T.max(pos - pk, 0), TN - 1)])  # fmt: skip
+                    sc[0] = T.if_then_else(pos < pk + tb, a * dtq, T.float32(0))
+                    for d in T.unroll(5):
+                        up = T.shfl_up(sc[0], 1 << d)
+                        sc[0] = sc[0] + T.if_then_else(wl >= (1 << d), up, T.float32(0))
+                    sc[0] = sc[0] + cv[0]
+                    if tx < 32 and pos < CH:
+                        cum[pos] = sc[0]
+                        dtp[pos] = dtq
+                    cv[0] = T.shfl_sync(sc[0], 31)
+                T.sync_threads()
+                # the token pairs: coef[t, j] = exp(cum[k + t] - cum[j]) dt'_j (B_j . C_t), token j >= first up to
+                # the new token t; each dot over one row group's lanes, the groups over the tokens j
+                for t in T.serial(tb):
+                    lane_row(cv, rb, Cn, t, lane)
+                    for jj in T.serial((pk + t + RG - first) // RG):
+                        j = T.min(first + jj * RG + rg, pk + t)
+                        if j < pk:
+                            lane_row(bv, rb, Bs, (rs + j) % L, lane)
+                        else:
+                            lane_row(bv, rb, Bn, j - pk, lane)
+                        dot[0] = T.float32(0)
+                        for k in T.unroll(NV * VEC):
+                            dot[0] = dot[0] + bv[k] * cv[k]
+                        for d in T.unroll(LOG_LN):
+                            dot[0] = dot[0] + T.shfl_xor(dot[0], LN >> (d + 1))
+                        if lane == 0:
+                            coef[t, j] = T.exp(cum[pk + t] - cum[j]) * dtp[j] * dot[0]
+                # the flush's weights: h_flushed = exp(cum[k - 1]) h0 + sum_j fold[j] x_j B_j^T over the live tokens
+                for it in T.unroll(D_ITERS):
+                    j = it * TH + tx
+                    if j < pk:
+                        fold[j] = T.exp(cum[pk - 1] - cum[j]) * dtp[j]
                 if quant:
                     q.dequantize(s, raw, qs, True)
                 else:
                     convert_state(s, raw, True)
-                kp = pk
-                if pk + tb > window:
-                    # a flush: the live tokens folded into the registers, oldest first, written back
-                    row = rs
-                    for _j in T.serial(pk):
+                T.sync_threads()
+                if first > 0:
+                    # a flush: the live tokens folded into the checkpoint, written back
+                    w = T.exp(cum[pk - 1])
+                    for k in T.unroll(NS):
+                        s[k] = s[k] * w
+                    for j in T.serial(pk):
+                        row = (rs + j) % L
                         lane_row(bv, rb, Bs, row, lane)
-                        dA = dAs[row]
-                        dtj = dts[row]
                         for r in T.unroll(R):
-                            xr = T.cast(Xs[row, r * RP + rg], f32)
+                            xr = fold[j] * T.cast(Xs[row, r * RP + rg], f32)
                             for k in T.unroll(NV * VEC):
-                                s[r * NV * VEC + k] = s[r * NV * VEC + k] * dA + (dtj * xr) * bv[k]
-                        row = T.if_then_else(row + 1 == L, 0, row + 1)
+                                s[r * NV * VEC + k] = s[r * NV * VEC + k] + xr * bv[k]
                     if quant:
                         q.store(s, buf, pool, scale, qs, slot, h, pb, tx)
-                    elif sr is not None:
+                    elif sr is None:
+                        store_state(s, buf, pool, slot, h, pb, tx)
+                    else:
                         seed = seed_t[0]
                         sr.store_now(s, buf, pool, slot, h, pb, tx, T.cast(seed, "uint32"),
                                      T.cast(T.shift_right(seed, T.int64(32)), "uint32"))  # fmt: skip
-                    else:
-                        store_state(s, buf, pool, slot, h, pb, tx)
-                    kp = 0
                 hd = bit(flags, FLAG_D)
                 hz = bit(flags, FLAG_Z)
                 dv = D[h * hd] * T.cast(hd, f32)
                 for t in T.serial(tb):
+                    # y_t = decay_t (h0 . C_t) + sum_j coef[t, j] x_j: the state's part per lane, the tokens' over
+                    # the lanes (token first + lane, + LN, ...), then one reduction over the row's lanes
                     lane_row(cv, rb, Cn, t, lane)
-                    for r in T.unroll(R):
-                        acc[r] = T.float32(0)
-                    w = T.float32(1)
-                    # the new tokens t..0, then the live ones newest first: w is the decay after each
-                    for ii in T.serial(t + 1):
-                        i = t - ii
-                        lane_row(bv, rb, Bn, i, lane)
-                        dot[0] = T.float32(0)
-                        for k in T.unroll(NV * VEC):
-                            dot[0] = dot[0] + bv[k] * cv[k]
-                        coef = w * dtn[i] * dot[0]
-                        for r in T.unroll(R):
-                            acc[r] = acc[r] + coef * T.cast(Xn[i, r * RP + rg], f32)
-                        w = w * dAn[i]
-                    row = (rs + kp + L - 1) % L
-                    for _jj in T.serial(kp):
-                        lane_row(bv, rb, Bs, row, lane)
-                        dot[0] = T.float32(0)
-                        for k in T.unroll(NV * VEC):
-                            dot[0] = dot[0] + bv[k] * cv[k]
-                        coef = w * dts[row] * dot[0]
-                        for r in T.unroll(R):
-                            acc[r] = acc[r] + coef * T.cast(Xs[row, r * RP + rg], f32)
-                        w = w * dAs[row]
-                        row = T.if_then_else(row == 0, L - 1, row - 1)
+                    w = T.exp(cum[pk + t] - T.if_then_else(first > 0, cum[T.max(first - 1, 0)], T.float32(0)))
                     for r in T.unroll(R):
                         dot[0] = T.float32(0)
                         for k in T.unroll(NV * VEC):
                             dot[0] = dot[0] + s[r * NV * VEC + k] * cv[k]
-                        acc[r] = acc[r] + w * dot[0]
-                    reduce_lanes(acc)
-                    if lane == 0:
-                        for r in T.unroll(R):
-                            p = pb * BP + r * RP + rg
-                            pc = prow(pb, r, rg)
-                            xt = T.cast(Xn[t, r * RP + rg], f32)
-                            y = acc[r] + dv * xt
-                            zt = T.cast(z[xb * hz, (t0 + t) * hz, h * hz, pc * hz], f32)
-                            y = T.if_then_else(hz != 0, y * zt / (1.0 + T.exp(-zt)), y)
-                            if guard_p:
-                                if p < P:
-                                    out[xb, t0 + t, h, p] = T.cast(y, io_dtype)
+                        acc[r] = w * dot[0]
+                    for jj in T.serial((pk + t + LN - first) // LN):
+                        j = first + jj * LN + lane
+                        if j <= pk + t:
+                            cf = coef[t, j]
+                            if j < pk:
+                                row = (rs + j) % L
+                                for r in T.unroll(R):
+                                    acc[r] = acc[r] + cf * T.cast(Xs[row, r * RP + rg], f32)
                             else:
-                                out[xb, t0 + t, h, p] = T.cast(y, io_dtype)
+                                for r in T.unroll(R):
+                                    acc[r] = acc[r] + cf * T.cast(Xn[j - pk, r * RP + rg], f32)
+                    reduce_rows(acc, tx)
+                    if transposed:
+                        # lane ``lane`` holds the total of row ``lane // (LN / R)``: one lane per row writes it
+                        if lane % (LN // R) == 0:
+                            write_row(out, z, Xn, acc[0], lane // (LN // R), pb, rg, xb, t0, t, h, dv, hz)
+                    elif lane == 0:
+                        for r in T.unroll(R):
+                            write_row(out, z, Xn, acc[r], r, pb, rg, xb, t0, t, h, dv, hz)
                 # the new tokens into the ring after the live ones (rows no CTA reads as live in this call): x by
                 # each CTA for its rows, B by block 0 of the group's first head, dt' by block 0 of each head
                 for it in T.unroll(NX_ITERS):

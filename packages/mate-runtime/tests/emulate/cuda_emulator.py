@@ -56,6 +56,7 @@ def kernel_source(prim_func, pass_configs: dict | None = None) -> str:
 _SIG = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)\s*\{')
 _VEC = re.compile(r"\*\((\w+) ?\*\)\(")
 _SMEM = re.compile(r"extern __shared__ __align__\(\d+\) uchar buf_dyn_shmem\[\];")
+_STATIC_SMEM = re.compile(r"\b__shared__ __align__\((\d+)\) ")
 
 
 def _params(source: str):
@@ -78,6 +79,8 @@ def _translate(source: str) -> tuple[str, str, list]:
     body = "\n".join(line for line in body.splitlines() if not line.startswith("#")) + source[len(body) :]
     body = _VEC.sub(lambda m: f"*vec<{m.group(1)}>(", body)
     body = _SMEM.sub("uchar* buf_dyn_shmem = mate_dyn_smem;", body)
+    # a static shared array: one object every thread of the CTA sees (the CTAs run one after another)
+    body = _STATIC_SMEM.sub(lambda m: f"alignas({m.group(1)}) static ", body)
     args = []
     for i, (_, ctype, ptr) in enumerate(params):
         args.append(f"({ctype}*)a[{i}]" if ptr else f"*({ctype}*)a[{i}]")

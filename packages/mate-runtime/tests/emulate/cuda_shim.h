@@ -3,7 +3,7 @@
 // source as C++ on the CPU (tests/emulate/cuda_emulator.py). A CTA's threads are std::threads; a warp shuffle is an
 // exchange through a CTA-wide buffer between two barriers, which is exact when every thread of the CTA reaches the
 // same shuffles (the kernels' shuffles are all outside lane-dependent branches); __syncthreads is the CTA's
-// barrier, and the dynamic shared memory one buffer (the CTAs run one after another). Types convert as the device does: bf16 / fp16 / fp8-e4m3 round to nearest even, fp8
+// barrier, the dynamic shared memory one buffer and a static shared array a static local (the CTAs run one after another). Types convert as the device does: bf16 / fp16 / fp8-e4m3 round to nearest even, fp8
 // saturating to +-448.
 #pragma once
 #include <atomic>
@@ -215,8 +215,10 @@ inline thread_local Cta* cta_ = nullptr;
 alignas(1024) inline unsigned char mate_dyn_smem[1 << 18];
 #define __syncthreads() cta_->bar.arrive_and_wait()
 
-template <typename T>
-T __shfl_xor_sync(uint, T v, int lane_mask, int width) {
+// a shuffle: every thread of the CTA publishes its value, then reads the one of lane ``src(lane)`` of its
+// ``width``-lane segment (a source outside the segment reads the thread's own value, as on the GPU)
+template <typename T, typename Src>
+T shuffle_(T v, int width, Src src) {
   static_assert(sizeof(T) <= 8, "shuffle of a value of at most 8 bytes");
   int t = threadIdx.x;
   uint64_t w = 0;
@@ -224,12 +226,27 @@ T __shfl_xor_sync(uint, T v, int lane_mask, int width) {
   cta_->slots[t] = w;
   cta_->bar.arrive_and_wait();
   int lane = t % width;
-  int src = t - lane + ((lane ^ lane_mask) % width);
-  uint64_t r = cta_->slots[src];
+  int s = src(lane);
+  uint64_t r = cta_->slots[(s >= 0 && s < width) ? t - lane + s : t];
   cta_->bar.arrive_and_wait();
   T out;
   std::memcpy(&out, &r, sizeof(T));
   return out;
+}
+
+template <typename T>
+T __shfl_xor_sync(uint, T v, int lane_mask, int width) {
+  return shuffle_(v, width, [&](int lane) { return (lane ^ lane_mask) % width; });
+}
+
+template <typename T>
+T __shfl_up_sync(uint, T v, unsigned delta, int width) {
+  return shuffle_(v, width, [&](int lane) { return lane - (int)delta; });
+}
+
+template <typename T>
+T __shfl_sync(uint, T v, int src_lane, int width) {
+  return shuffle_(v, width, [&](int) { return src_lane % width; });
 }
 
 // run ``kernel()`` over a grid: ``threads`` std::threads per CTA, the CTAs one after another (each thread walks

@@ -29,8 +29,8 @@ MAX_RING = 64  # ring rows the kernel stages in shared memory at most (vLLM 0.33
 
 # state format -> tuning (H200 measurements: docs/ssu-kernels.md "ReplaySSM decode")
 TUNING = {
-    "fp32": Tuning(per_thread=8, min_blocks=0),
-    "2-byte": Tuning(per_thread=8, min_blocks=4),
+    "fp32": Tuning(per_thread=8, min_blocks=8),
+    "2-byte": Tuning(per_thread=8, min_blocks=6),
     "scaled": Tuning(per_thread=2, min_blocks=0),
     "fp16-sr": Tuning(per_thread=4, min_blocks=0),
 }
