@@ -6,12 +6,14 @@ from __future__ import annotations
 import inspect
 import linecache
 
+import mate.mamba.replay as api_replay
 import mate.mamba.ssd as api_ssd
 import mate.mamba.ssu as api_ssu
 import pytest
 import torch
-from mate._ops import REQUIRED, SSD_PARAMS, SSU_PARAMS
-from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
+from mate._ops import REPLAY_PARAMS, REQUIRED, SSD_PARAMS, SSU_PARAMS
+from mate.mamba import replay_state_update, selective_state_update, ssd_combined_fwd_varlen
+from mate.mamba._replay_call import normalize_replay
 from mate.mamba._ssd_call import normalize_ssd
 from mate.mamba._ssu_call import normalize_ssu
 
@@ -169,7 +171,11 @@ def test_unsupported_capability_is_rejected_while_tracing():
 
 @pytest.mark.parametrize(
     ("public", "table", "normaliser"),
-    [(selective_state_update, SSU_PARAMS, normalize_ssu), (ssd_combined_fwd_varlen, SSD_PARAMS, normalize_ssd)],
+    [
+        pytest.param(selective_state_update, SSU_PARAMS, normalize_ssu, id="ssu"),
+        pytest.param(ssd_combined_fwd_varlen, SSD_PARAMS, normalize_ssd, id="ssd"),
+        pytest.param(replay_state_update, REPLAY_PARAMS, normalize_replay, id="replay"),
+    ],
 )
 def test_public_signature_and_normaliser_follow_the_op_table(public, table, normaliser):
     """The parameter table is the one list; the public signature repeats it (its positional parameters are the
@@ -188,12 +194,13 @@ def test_public_signature_and_normaliser_follow_the_op_table(public, table, norm
 
 
 @pytest.mark.parametrize("compiling", [False, True])
-@pytest.mark.parametrize("op", ["ssu", "ssd"])
+@pytest.mark.parametrize("op", ["ssu", "ssd", "replay"])
 def test_public_functions_forward_every_argument_in_table_order(monkeypatch, op, compiling):
     """Each public function passes every argument to its eager or traced entry in table order."""
     table, public, module = {
         "ssu": (SSU_PARAMS, selective_state_update, api_ssu),
         "ssd": (SSD_PARAMS, ssd_combined_fwd_varlen, api_ssd),
+        "replay": (REPLAY_PARAMS, replay_state_update, api_replay),
     }[op]
     seen = []
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
@@ -211,6 +218,10 @@ def test_ops_are_registered_with_declared_mutations():
     assert "intermediate_states_buffer" in schema and "-> ()" in schema
     schema = str(torch.ops.mate.ssd_combined_fwd_varlen.default._schema)
     assert "Tensor(a10!) out" in schema and "final_states_out" in schema and "-> Tensor" in schema
+    schema = str(torch.ops.mate.replay_state_update.default._schema)
+    for arg in ("Tensor(a0!) state", "Tensor(a1!) x_cache", "Tensor(a2!) B_cache", "Tensor(a3!) dt_cache",
+                "Tensor(a11!) out", "Tensor(a18!)? state_scale", "Tensor ring_start", "-> ()"):  # fmt: skip
+        assert arg in schema, arg
 
 
 @pytest.mark.slow
@@ -298,3 +309,64 @@ def test_generated_entries_split_and_forward_in_table_order():
         entry(*changed.values())
         assert got[-1] == (tuple(changed[n] for n in SSU.tensor_names), None, tuple(changed.values())), change
     assert "def probe(state, x, dt" in "".join(linecache.getlines("<mate._ops probe>"))
+
+
+def _replay_pool(seed=0):
+    """A pool of 6 slots (H 4, P 4, N 8, G 2) with rings of 5 rows and window 3, and a 2-token step of 3
+    sequences: slot 4 flushes (3 live + 2 new > 3), slot 1 does not, the middle sequence is a pad."""
+    g = torch.Generator().manual_seed(seed)
+    S, H, P, N, G, L, T, b = 6, 4, 4, 8, 2, 5, 2, 3
+    pool = dict(
+        state=torch.randn(S, H, P, N, generator=g),
+        x_cache=torch.randn(S, H, L, P, generator=g),
+        B_cache=torch.randn(S, G, L, N, generator=g),
+        dt_cache=torch.rand(S, H, L, generator=g) * 0.3,
+        ring_start=torch.tensor([0, 4, 2, 1, 3, 0], dtype=torch.int32),
+        prev_num_accepted_tokens=torch.tensor([0, 1, 2, 0, 3, 1], dtype=torch.int32),
+    )
+    step = dict(
+        x=torch.randn(b, T, H, P, generator=g), dt=torch.randn(b, T, H, generator=g) * 0.5,
+        A=-(torch.rand(H, generator=g) + 0.3), B=torch.randn(b, T, G, N, generator=g),
+        C=torch.randn(b, T, G, N, generator=g), D=torch.randn(H, generator=g), dt_bias=torch.rand(H, generator=g),
+        slots=torch.tensor([4, -1, 1], dtype=torch.int32),
+    )  # fmt: skip
+    return pool, step
+
+
+def _replay_step(state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, D,
+                 dt_bias, slots, out):  # fmt: skip
+    y = replay_state_update(
+        state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out, D,
+        dt_bias=dt_bias, dt_softplus=True, state_batch_indices=slots, pad_slot_id=-1,
+    )  # fmt: skip
+    return y * 2.0
+
+
+def test_compiled_replay_step_equals_eager():
+    """The traced ReplaySSM step equals eager: out, the flushed checkpoint and the appended ring rows (the op's
+    in-place writes survive functionalisation), and the call did flush and append."""
+    torch._dynamo.reset()
+    pool, step = _replay_pool()
+    ref = {k: v.clone() for k, v in pool.items()}
+    mine = {k: v.clone() for k, v in pool.items()}
+    out_ref = torch.full_like(step["x"], float("nan"))
+    out = torch.full_like(step["x"], float("nan"))
+    y_ref = _replay_step(**ref, **step, out=out_ref)
+    y = torch.compile(_replay_step, fullgraph=True, backend="aot_eager")(**mine, **step, out=out)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0, equal_nan=True)  # (the pad's rows stay NaN)
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=0, equal_nan=True)
+    for k in pool:
+        assert torch.equal(mine[k], ref[k]), k
+    assert not torch.equal(ref["state"][4], pool["state"][4])  # slot 4 flushed
+    assert torch.equal(ref["state"][1], pool["state"][1])  # slot 1 did not
+    assert not torch.equal(ref["x_cache"][1], pool["x_cache"][1])  # the new tokens appended
+    assert torch.isnan(out[1]).all()  # the pad's rows untouched
+
+
+def test_bad_replay_call_is_rejected_while_tracing():
+    torch._dynamo.reset()
+    pool, step = _replay_pool(1)
+    pool["dt_cache"] = pool["dt_cache"].to(torch.float64)
+    with pytest.raises(Exception, match="dt_cache"):
+        compiled = torch.compile(_replay_step, fullgraph=True, backend="aot_eager")
+        compiled(**pool, **step, out=torch.empty_like(step["x"]))

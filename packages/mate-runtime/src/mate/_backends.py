@@ -13,6 +13,7 @@ import torch
 
 from ._device import is_accelerator
 from ._errors import bad_arg
+from .mamba._replay_call import ReplayCall
 from .mamba._ssd_call import SSDCall
 from .mamba._ssu_call import SSUCall
 
@@ -53,6 +54,17 @@ def run_ssu(call: SSUCall, backend: str = "auto") -> torch.Tensor:
     from ._tilelang import ssu as tl_ssu
 
     return tl_ssu.selective_state_update(call)
+
+
+def run_replay(call: ReplayCall, backend: str = "auto") -> torch.Tensor:
+    """Run a normalised ``replay_state_update`` on the backend ``backend`` resolves to; returns ``out``."""
+    if resolve_backend(backend, call.state.device) == "torch":
+        from .mamba import naive_replay
+
+        return naive_replay.replay_state_update(call)
+    from ._tilelang import replay as tl_replay
+
+    return tl_replay.replay_state_update(call)
 
 
 def run_ssd(call: SSDCall, backend: str = "auto") -> torch.Tensor | None:

@@ -1,18 +1,21 @@
 """The ``torch.library`` custom ops behind ``mate.mamba``, so ``torch.compile(fullgraph=True)`` traces MATE.
 
-Each op's parameters are written once, in a table (:data:`SSU_PARAMS`, :data:`SSD_PARAMS`: name, schema type,
-default, and the flags below). From the table come the op's schema (inferred by ``torch.library`` from a
-signature built out of the table), the argument order the op's implementation passes to the normaliser, the
-traced entries (``trace_ssu`` / ``trace_ssd``) and the eager entries' argument split (:meth:`OpTable.entry`). The public
-functions in ``mate.mamba`` write the same parameters out once more, as their documented signature, and pass
-them on in table order; a test holds the two to the same names, order, defaults and keyword-only rows. Adding
-a parameter: one table row, the normaliser's parameter, the public signature (and its docstring).
+Each op's parameters are written once, in a table (:data:`SSU_PARAMS`, :data:`SSD_PARAMS`,
+:data:`REPLAY_PARAMS`: name, schema type, default, and the flags below). From the table come the op's schema
+(inferred by ``torch.library`` from a signature built out of the table), the argument order the op's
+implementation passes to the normaliser, the traced entries (``trace_ssu`` / ``trace_ssd`` / ``trace_replay``)
+and the eager entries' argument split (:meth:`OpTable.entry`). The public functions in ``mate.mamba`` write the
+same parameters out once more, as their documented signature, and pass them on in table order; a test holds the
+two to the same names, order, defaults and keyword-only rows. Adding a parameter: one table row, the
+normaliser's parameter, the public signature (and its docstring).
 
 * ``mate::selective_state_update`` mutates ``state``, ``out``, ``intermediate_states_buffer`` and the block
   scales of quantised states (``state_scale``, ``intermediate_state_scales``) and returns
   nothing (an op may not return an alias of an input: the traced entry allocates ``out`` and returns it).
 * ``mate::ssd_combined_fwd_varlen`` mutates ``out`` and ``final_states_out`` and returns the state tensor
   (a new tensor; an empty one when the final states went into ``final_states_out``).
+* ``mate::replay_state_update`` mutates ``state`` and ``state_scale`` (a flush), the rings ``x_cache``,
+  ``B_cache``, ``dt_cache`` (the appended tokens) and ``out``, and returns nothing.
 
 Each op's real implementation normalises once and dispatches to a backend; its fake implementation runs the
 same normaliser on fake tensors, so a bad call is rejected while tracing with the same ``ValueError`` /
@@ -33,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._backends import run_ssd, run_ssu
+from ._backends import run_replay, run_ssd, run_ssu
+from .mamba._replay_call import normalize_replay
 from .mamba._ssd_call import normalize_ssd
 from .mamba._ssu_call import normalize_ssu
 
@@ -133,10 +137,46 @@ SSD_PARAMS = (
     Param("backend", str, "auto", keyword=True),
 )
 
+# ``mate.mamba.replay_state_update``: FlashInfer 0.7.2's ``checkpointing_ssu`` order
+REPLAY_PARAMS = (
+    Param("state", T, mutated=True),
+    Param("x_cache", T, mutated=True),
+    Param("B_cache", T, mutated=True),
+    Param("dt_cache", T, mutated=True),
+    Param("ring_start", T),
+    Param("prev_num_accepted_tokens", T),
+    Param("x", T),
+    Param("dt", T),
+    Param("A", T),
+    Param("B", T),
+    Param("C", T),
+    Param("out", T, mutated=True),
+    Param("D", OptT, None),
+    Param("z", OptT, None),
+    Param("dt_bias", OptT, None),
+    Param("dt_softplus", bool, False),
+    Param("state_batch_indices", OptT, None),
+    Param("pad_slot_id", int, -1),
+    Param("state_scale", OptT, None, mutated=True),
+    Param("rand_seed", OptT, None),
+    Param("philox_rounds", int, 10),
+    Param("d_split", int | None, None),
+    Param("cu_seqlens", OptT, None),
+    Param("max_seqlen", int | None, None),
+    Param("enable_pdl", bool, False),
+    Param("cb_scaled", OptT, None),
+    Param("cumAdt_vec", OptT, None),
+    Param("cb_old", OptT, None),
+    Param("precompute_heads_per_cta", int, 0),
+    Param("algorithm", str, "auto"),
+    Param("backend", str, "auto", keyword=True),
+)
+
 # how the traced entry converts a scalar to its schema type (None: passed as it is)
 _COERCE = {
     bool: bool,
     int: None,
+    int | None: None,
     float: float,
     str: None,
     torch.dtype | None: None,
@@ -241,6 +281,7 @@ class OpTable:
 
 SSU = OpTable(SSU_PARAMS)
 SSD = OpTable(SSD_PARAMS)
+REPLAY = OpTable(REPLAY_PARAMS)
 
 # ------------------------------------------------------------------------------------------------ SSU
 
@@ -309,3 +350,30 @@ trace_ssd = SSD.entry("trace_ssd", _trace_ssd)
 
 
 __all__ = ["SSD", "SSD_PARAMS", "SSU", "SSU_PARAMS", "OpTable", "Param", "trace_ssd", "trace_ssu"]
+
+
+# ------------------------------------------------------------------------------------------------ ReplaySSM
+
+
+def _replay_impl(*args, **kwargs) -> None:
+    args = REPLAY.ordered(args, kwargs)
+    run_replay(normalize_replay(*args[:-1]), args[-1])
+
+
+_replay_impl.__signature__ = REPLAY.signature(None)
+_replay_op = torch.library.custom_op("mate::replay_state_update", _replay_impl, mutates_args=REPLAY.mutated)
+
+
+@_replay_op.register_fake
+def _replay_fake(*args, **kwargs) -> None:
+    normalize_replay(*REPLAY.ordered(args, kwargs)[:-1])  # validation only
+
+
+def _trace_replay(args: tuple) -> torch.Tensor:
+    vals = REPLAY.op_args(args)
+    torch.ops.mate.replay_state_update(*vals)
+    return vals[REPLAY.index["out"]]
+
+
+# The traced replay_state_update (the table's parameters, positionally): emits the op, returns out.
+trace_replay = REPLAY.entry("trace_replay", _trace_replay)

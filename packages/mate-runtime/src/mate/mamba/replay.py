@@ -4,7 +4,8 @@
 A slot keeps a checkpoint state and a ring of its last tokens' x, B and processed dt; a decode step replays the
 ring's live tokens instead of reading and writing a whole updated state, and writes the state back only when the
 ring's window is full (a flush). ``mate.mamba.naive_replay`` holds the reference (the plain recurrence);
-``replay_state_update`` runs MATE's TileLang kernel (``mate_kernels.ssu_replay``) on CUDA/MUSA devices.
+``replay_state_update`` runs MATE's TileLang kernel (``mate_kernels.ssu_replay``) on CUDA/MUSA devices; under
+``torch.compile`` it is the ``mate::replay_state_update`` custom op (``mate._ops``).
 ``materialize_replayed_state`` runs on the reference backend only (``backend="torch"``; the TileLang backend raises
 ``NotImplementedError``).
 """
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .._backends import resolve_backend
+from .._backends import resolve_backend, run_replay
 from .._errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
+from .._ops import REPLAY, trace_replay
 from ._replay_call import normalize_materialize, normalize_replay
 from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 
@@ -60,18 +62,20 @@ def replay_state_update(
     ``precompute_heads_per_cta`` and ``algorithm`` are FlashInfer's kernel choices: validated as FlashInfer does,
     otherwise without effect. ``backend``: ``"auto"`` / ``"torch"`` / ``"tilelang"`` (MATE's extension).
     """
-    call = normalize_replay(
+    entry = trace_replay if torch.compiler.is_compiling() else eager_replay  # traced: the custom op
+    return entry(  # every parameter, in mate._ops.REPLAY_PARAMS order
         state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out, D, z, dt_bias,
         dt_softplus, state_batch_indices, pad_slot_id, state_scale, rand_seed, philox_rounds, d_split, cu_seqlens,
-        max_seqlen, enable_pdl, cb_scaled, cumAdt_vec, cb_old, precompute_heads_per_cta, algorithm,
+        max_seqlen, enable_pdl, cb_scaled, cumAdt_vec, cb_old, precompute_heads_per_cta, algorithm, backend,
     )  # fmt: skip
-    if resolve_backend(backend, state.device) == "tilelang":
-        from .._tilelang import replay as tl_replay
 
-        return tl_replay.replay_state_update(call)
-    from . import naive_replay
 
-    return naive_replay.replay_state_update(call)
+def _eager(args: tuple) -> torch.Tensor:
+    return run_replay(normalize_replay(*args[:-1]), args[-1])
+
+
+# The eager replay_state_update (the table's parameters, positionally): normalise, then the backend.
+eager_replay = REPLAY.entry("eager_replay", _eager)
 
 
 def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
