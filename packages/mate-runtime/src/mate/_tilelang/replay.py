@@ -1,4 +1,5 @@
-"""TileLang launcher for ``replay_state_update`` (ReplaySSM decode): one normalised call -> one kernel launch.
+"""TileLang launchers for ``replay_state_update`` (ReplaySSM decode) and ``materialize_replayed_state``: one
+normalised call -> one kernel launch.
 
 :mod:`.replay_plan` decides the kernel and its arguments; this module compiles it on first use through the kernel
 cache and launches it on the current stream, with no host<->device synchronisation (with ``MATE_CHECK_INPUTS=1``
@@ -11,10 +12,10 @@ import torch
 
 from .. import settings
 from .._device import is_capturing, tilelang_target
-from ..mamba._replay_call import ReplayCall, check_replay_data
+from ..mamba._replay_call import MaterializeCall, ReplayCall, check_materialize_data, check_replay_data
 from .cache import CACHE, compile_missing
-from .replay_plan import plan, serving_specs, spec_for
-from .specs import ReplaySpec
+from .replay_plan import materialize_spec_for, plan, plan_materialize, serving_specs, spec_for
+from .specs import MaterializeSpec, ReplaySpec
 
 PREWARM_HINT = (
     "mate.mamba.prewarm_replay_state_update(state_dtype=..., io_dtype=..., heads=..., dim=..., dstate=..., "
@@ -23,7 +24,7 @@ PREWARM_HINT = (
 _kernels: dict = {}
 
 
-def kernel(spec: ReplaySpec, device):
+def kernel(spec: ReplaySpec | MaterializeSpec, device):
     kern = _kernels.get(spec)
     if kern is None:
         kern = CACHE.get(spec, spec.build, device, prewarm_hint=PREWARM_HINT, pass_configs=spec.pass_configs())
@@ -41,6 +42,15 @@ def replay_state_update(call: ReplayCall) -> torch.Tensor:
     return call.out
 
 
+def materialize_replayed_state(call: MaterializeCall) -> None:
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_materialize_data(call)
+    planned = plan_materialize(call)
+    if planned is not None:
+        spec, args = planned
+        kernel(spec, call.state.device)(*args)
+
+
 def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
             tokens=1, jobs=1):  # fmt: skip
     specs = serving_specs(state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
@@ -51,7 +61,7 @@ def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_d
         kernel(spec, device)
 
 
-def compile_grid() -> list[ReplaySpec]:
+def compile_grid() -> list[ReplaySpec | MaterializeSpec]:
     """Every state format at the Nemotron-H shape (P 64, N 128, 16 heads per group, bf16 io, one token per step
     on vLLM's default ring of 16 + 1 rows), MTP 6 on a ring of 16 + 6, fp16 with stochastic rounding, bf16 dt with
     int64 slots, and P 80 / N 256 untied groups with an fp16 state on a ring of 64 rows."""
@@ -62,8 +72,14 @@ def compile_grid() -> list[ReplaySpec]:
     grid += [(64, 128, 16, bf16, bf16, f32, i32, 0, mtp), (64, 128, 16, f32, bf16, f32, i32, 0, mtp),
              (64, 128, 16, f16, bf16, f32, i32, 10, one), (64, 128, 16, bf16, bf16, bf16, i64, 0, one),
              (80, 256, 1, f16, f16, f16, i32, 0, (64, 4))]  # fmt: skip
-    return [spec_for(P, N, ratio, sdt, io, dt, slot, rounds, True, True, rows)
-            for P, N, ratio, sdt, io, dt, slot, rounds, rows in grid]  # fmt: skip
+    specs = [spec_for(P, N, ratio, sdt, io, dt, slot, rounds, True, True, rows)
+             for P, N, ratio, sdt, io, dt, slot, rounds, rows in grid]  # fmt: skip
+    # the materialisation kernel: every state format at the Nemotron-H shape, int64 tables, P 80 / N 256 fp16
+    specs += [materialize_spec_for(64, 128, 16, sdt, bf16, i32, 32, True)
+              for sdt in (f32, bf16, f16, torch.int16, torch.int8, torch.float8_e4m3fn)]  # fmt: skip
+    specs += [materialize_spec_for(64, 128, 16, bf16, bf16, i64, 32, True),
+              materialize_spec_for(80, 256, 1, f16, f16, i32, 64, True)]  # fmt: skip
+    return specs
 
 
-__all__ = ["replay_state_update", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]
+__all__ = ["replay_state_update", "materialize_replayed_state", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]

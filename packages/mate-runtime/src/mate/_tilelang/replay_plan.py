@@ -1,5 +1,6 @@
 """The ReplaySSM planner: one normalised :class:`~mate.mamba._replay_call.ReplayCall` -> one
-:class:`~mate._tilelang.specs.ReplaySpec` and its launch arguments.
+:class:`~mate._tilelang.specs.ReplaySpec` and its launch arguments; a
+:class:`~mate.mamba._replay_call.MaterializeCall` -> one :class:`~mate._tilelang.specs.MaterializeSpec`.
 
 One kernel serves every call form (one-token, MTP, packed varlen; with or without a flush): optional inputs
 travel as a bitmask plus small dummies, as for the SSU kernels (:mod:`.ssu_plan`). The tuning is data
@@ -14,8 +15,8 @@ import torch
 from mate_kernels.ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, choose_tiling
 
 from .._errors import unsupported
-from ..mamba._replay_call import ReplayCall
-from .specs import ReplaySpec
+from ..mamba._replay_call import MaterializeCall, ReplayCall
+from .specs import MaterializeSpec, ReplaySpec
 from .ssu_plan import DTYPE_NAMES, MAX_SEQUENCES, SCALED_STATES, dummy
 
 
@@ -164,6 +165,46 @@ def plan(call: ReplayCall):
     return spec, args
 
 
+def materialize_spec_for(P, N, ratio, state_dt, io_dt, index_dt, rows, vstate) -> MaterializeSpec:
+    n = DTYPE_NAMES
+    return MaterializeSpec(
+        dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], index_dtype=n[index_dt],
+        ring_rows=rows, tiling=choose_tiling(P, N, n[state_dt], tuning(state_dt, 0).per_thread), vector_state=vstate,
+    )  # fmt: skip
+
+
+def plan_materialize(call: MaterializeCall):
+    """(spec, launch arguments) of a ``materialize_replayed_state`` call, or None when there is nothing to launch.
+    The four request tables are passed in their dtype when they share one, else each widened to int64."""
+    state = call.state
+    S, H, P, N = state.shape
+    if state.stride(3) != 1 or state.stride(2) != N:
+        unsupported("state with strided inner dims in the TileLang ReplaySSM materialisation kernel",
+                    "a pool whose [P, N] rows are dense (slot and head strides are free)")  # fmt: skip
+    _dense_rows("x_cache", call.x_cache, "x_cache with a dense last dim")
+    _dense_rows("B_cache", call.B_cache, "B_cache with a dense last dim")
+    if call.state_scale is not None:
+        _dense_rows("state_scale", call.state_scale, "state_scale with a dense last dim")
+    batch = call.src.shape[0]
+    if batch == 0:
+        return None
+    if batch > MAX_SEQUENCES:
+        unsupported(f"materialize_replayed_state (tilelang) with more than {MAX_SEQUENCES} requests in one call "
+                    f"({batch})")  # fmt: skip
+    rows, _ = staged_rows(call.x_cache.shape[2], 1)
+    tables = (call.ring_start, call.prefix, call.src, call.dst)
+    index_dt = tables[0].dtype if all(t.dtype == tables[0].dtype for t in tables) else torch.int64
+    tables = tuple(t.to(index_dt).contiguous() for t in tables)
+    vec = choose_tiling(1, N, DTYPE_NAMES[state.dtype]).vec
+    vstate = not (state.stride(0) % vec or state.stride(1) % vec or state.data_ptr() % (vec * state.element_size()))
+    ratio = H // call.B_cache.shape[1]
+    spec = materialize_spec_for(P, N, ratio, state.dtype, call.x_cache.dtype, index_dt, rows, vstate)
+    args = (state, call.x_cache, call.B_cache, call.dt_cache, call.A, *tables, batch, call.pad_slot_id)
+    if call.state_scale is not None:
+        args += (call.state_scale,)
+    return spec, args
+
+
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
                   tokens=1) -> list:  # fmt: skip
     """The specs one serving configuration calls: dt fp32 and in the io dtype, aligned pools and rings of a
@@ -175,4 +216,5 @@ def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dty
             for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
 
 
-__all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "spec_for", "staged_rows", "serving_specs", "tuning"]
+__all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for", "spec_for",
+           "staged_rows", "serving_specs", "tuning"]  # fmt: skip

@@ -137,6 +137,29 @@ class ReplaySpec(KernelSpec):
 
 
 @dataclass(frozen=True)
+class MaterializeSpec(KernelSpec):
+    """``mate_kernels.ssu_materialize.materialize_kernel``: a slot's replayed state written into another slot
+    (``materialize_replayed_state``)."""
+
+    module: ClassVar[str] = "mate_kernels.ssu_materialize"
+    factory: ClassVar[str] = "materialize_kernel"
+    family: ClassVar[str] = "replay"
+
+    dim: int
+    dstate: int
+    heads_per_group: int
+    state_dtype: str
+    io_dtype: str
+    index_dtype: str
+    ring_rows: int
+    tiling: SSUTiling
+    vector_state: bool
+
+    def pass_configs(self) -> dict:
+        return ssu_pass_configs()
+
+
+@dataclass(frozen=True)
 class SSDScanSpec(KernelSpec):
     """``mate_kernels.ssd.ssd_fused_kernel``: the chunk scan (state carried across chunks in registers). It reads
     dt' and the decay factors the pre-pass wrote, so the dt options live in :class:`SSDDtSpec` alone."""
@@ -251,6 +274,7 @@ class StateCodecSpec(KernelSpec):
 
 __all__ = [
     "KernelSpec",
+    "MaterializeSpec",
     "ReplaySpec",
     "SSDCombineSpec",
     "SSDDtSpec",

@@ -281,4 +281,20 @@ def normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, repl
                            state_scale, pad_slot_id)  # fmt: skip
 
 
-__all__ = ["ReplayCall", "MaterializeCall", "normalize_replay", "normalize_materialize", "check_replay_data"]
+def check_materialize_data(call: MaterializeCall) -> None:
+    """The request tables' values (reads them back: a host sync): every request whose source and destination
+    are not the sentinel needs both inside the pool, ``ring_start`` in ``[0, L)`` and the prefix in ``[0, L]``."""
+    S, L = call.state.shape[0], call.x_cache.shape[2]
+    src, dst = call.src.tolist(), call.dst.tolist()
+    rs, pre = call.ring_start.tolist(), call.prefix.tolist()
+    for b in range(len(src)):
+        if call.pad_slot_id in (src[b], dst[b]):
+            continue
+        for name, v, hi in (("src_slots", src[b], S), ("dst_slots", dst[b], S), ("ring_start", rs[b], L),
+                            ("replay_prefix_len", pre[b], L + 1)):  # fmt: skip
+            if not 0 <= v < hi:
+                raise ValueError(f"{name}: got {v} at request {b}; expected a value in [0, {hi})")
+
+
+__all__ = ["ReplayCall", "MaterializeCall", "normalize_replay", "normalize_materialize", "check_replay_data",
+           "check_materialize_data"]  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._replay_call import MaterializeCall, ReplayCall, check_replay_data
+from ._replay_call import MaterializeCall, ReplayCall, check_materialize_data, check_replay_data
 from .naive_ssu import _heads, load_rows, softplus, store_rows
 
 
@@ -88,17 +88,10 @@ def replay_state_update(call: ReplayCall) -> torch.Tensor:
 def materialize_replayed_state(call: MaterializeCall) -> None:
     """``state[dst[b]]`` = ``state[src[b]]`` advanced through ``prefix[b]`` ring tokens of the source slot from
     row ``ring_start[b]`` (requests whose source or destination is the sentinel are skipped)."""
+    check_materialize_data(call)
     H = call.state.shape[1]
-    S, L = call.state.shape[0], call.x_cache.shape[2]
     src, dst = call.src.tolist(), call.dst.tolist()
     rs, pre = call.ring_start.tolist(), call.prefix.tolist()
-    for b in range(len(src)):
-        if call.pad_slot_id in (src[b], dst[b]):
-            continue
-        for name, v, hi in (("src_slots", src[b], S), ("dst_slots", dst[b], S), ("ring_start", rs[b], L),
-                            ("replay_prefix_len", pre[b], L + 1)):  # fmt: skip
-            if not 0 <= v < hi:
-                raise ValueError(f"{name}: got {v} at request {b}; expected a value in [0, {hi})")
     for b in range(len(src)):
         if call.pad_slot_id in (src[b], dst[b]):
             continue

@@ -6,8 +6,7 @@ ring's live tokens instead of reading and writing a whole updated state, and wri
 ring's window is full (a flush). ``mate.mamba.naive_replay`` holds the reference (the plain recurrence);
 ``replay_state_update`` runs MATE's TileLang kernel (``mate_kernels.ssu_replay``) on CUDA/MUSA devices; under
 ``torch.compile`` it is the ``mate::replay_state_update`` custom op (``mate._ops``).
-``materialize_replayed_state`` runs on the reference backend only (``backend="torch"``; the TileLang backend raises
-``NotImplementedError``).
+``materialize_replayed_state`` runs MATE's ``mate_kernels.ssu_materialize`` there.
 """
 
 from __future__ import annotations
@@ -19,14 +18,6 @@ from .._errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philo
 from .._ops import REPLAY, trace_replay
 from ._replay_call import normalize_materialize, normalize_replay
 from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
-
-
-def _reference(backend: str, device: torch.device, what: str) -> None:
-    if resolve_backend(backend, device) != "torch":
-        raise NotImplementedError(
-            f"{what} on the TileLang backend is not supported by MATE yet (its kernels are not built); pass "
-            "backend='torch' (the reference)"
-        )
 
 
 def replay_state_update(
@@ -85,10 +76,18 @@ def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start,
     source slot's ring from row ``ring_start[b]`` (FlashInfer's ``replayssm_materialize`` for one layer, with
     tensors instead of its per-layer pointer tables). ``ring_start``, ``replay_prefix_len``, ``src_slots``,
     ``dst_slots``: ``[batch]`` int32 / int64, per request; a sentinel source or destination skips the request.
-    A quantised state's destination rows get new scales. The rings and the trackers are not changed."""
+    A quantised state's destination rows get new scales; a prefix of 0 copies the stored numbers and scales
+    exactly. The rings and the trackers are not changed. The destinations must differ from every request's
+    source. The reference backend checks the tables' values (``ValueError``); the TileLang kernel skips a request
+    whose slots are outside the pool, takes ``ring_start`` modulo the ring and clamps the prefix into ``[0, L]``
+    (``MATE_CHECK_INPUTS=1`` checks them first, as the reference does)."""
     call = normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
                                  dst_slots, state_scale, pad_slot_id)  # fmt: skip
-    _reference(backend, state.device, "materialize_replayed_state")
+    if resolve_backend(backend, state.device) == "tilelang":
+        from .._tilelang import replay as tl_replay
+
+        tl_replay.materialize_replayed_state(call)
+        return
     from . import naive_replay
 
     naive_replay.materialize_replayed_state(call)

@@ -1,0 +1,196 @@
+"""The ReplaySSM materialisation kernel (FlashInfer 0.7.2's ``replayssm_materialize`` for one layer; the
+reference is ``mate.mamba.naive_replay.materialize_replayed_state``).
+
+Request ``b`` writes into slot ``dst[b]`` the true state of slot ``src[b]`` after ``prefix[b]`` tokens of that
+slot's ring from row ``ring_start[b]``: ``s = exp(A dt'_j) s + dt'_j x_j B_j^T`` per token, oldest first (the
+ring caches ``dt' = softplus(dt + dt_bias)``). CTA ``(pb, h, b)`` owns ``block_p`` rows of head ``h`` of request
+``b`` in the SSU tiling (:mod:`.ssu_parts`: a row's ``N`` values over ``lanes`` lanes, in registers); it stages the
+source slot's ring by physical row in shared memory (B of the head's group, x of its rows, dt'), as the decode
+kernel does, folds the tokens into the registers and stores the rows rounded to nearest, or requantised with new
+row scales. A prefix of 0 copies the stored numbers (and scales) exactly.
+
+Index guards: a request whose source or destination is the sentinel or outside the pool writes nothing;
+``ring_start`` is taken modulo ``L`` and the prefix clamped into ``[0, L]``, so whatever the tables hold no access
+leaves the tensors (the planner launches rings of at most ``ring_rows`` rows). This is not a hot path (a
+prefix-cache event, not a decode step), so the fold is the plain recurrence.
+"""
+
+# no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
+
+from .ssu_common import BYTES, QMAX, SSUTiling, choose_tiling
+
+
+def materialize_kernel(
+    *,
+    dim: int,
+    dstate: int,
+    heads_per_group: int,
+    state_dtype: str,
+    io_dtype: str,
+    index_dtype: str = "int32",
+    ring_rows: int = 32,
+    tiling: SSUTiling | None = None,
+    vector_state: bool = True,
+):
+    """Return the ``T.prim_func`` of one materialisation configuration (see the module docstring).
+
+    Argument order: ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``, ``B_cache [S, G, L, N]``, ``dt_cache [S, H,
+    L]`` fp32, ``A [H]`` fp32, ``ring_start``, ``prefix``, ``src``, ``dst`` ``[batch]`` (``index_dtype``), then
+    ``batch``, ``pad`` (int64), then ``state_scale [S, H, P]`` fp32 for a block-scaled state.
+
+    ``ring_rows``: the staged ring rows (a power of two >= ``L``); ``tiling`` (default
+    :func:`.ssu_common.choose_tiling`) and ``vector_state`` mean what they mean for :func:`.ssu.ssu_kernel`.
+    """
+    import tilelang.language as T
+
+    from .ssu_parts import row_ops
+
+    P, N, ratio = int(dim), int(dstate), int(heads_per_group)
+    tiling = tiling or choose_tiling(P, N, state_dtype)
+    ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
+                  vector_state=vector_state, transposed=False)  # fmt: skip
+    VEC, NV, LN, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
+    prow, aligned, guard_p = ops.prow, ops.aligned, ops.guard_p
+    quant = state_dtype in QMAX
+    q = ops.quant_ops(state_dtype) if quant else None
+    f32, i64 = "float32", "int64"
+    CH = int(ring_rows)
+    if CH < 1 or CH & (CH - 1):
+        raise ValueError(f"ring_rows: a power of two (the staged ring rows, >= the ring length L), got {ring_rows!r}")
+    IOB = max(1, 16 // BYTES[io_dtype])
+
+    def piece(n: int) -> int:
+        v = IOB
+        while n % v:
+            v //= 2
+        return v
+
+    IOV, XV, LV = piece(N), piece(BP), piece(VEC)
+    NCB, NCX = N // IOV, BP // XV
+    B_ITERS, X_ITERS, D_ITERS = -(-CH * NCB // TH), -(-CH * NCX // TH), -(-CH // TH)
+
+    S, H, G, L, NREQ = T.dynamic("S, H, G, L, NREQ")
+    s_s0, s_s1, q_s0, q_s1 = T.dynamic("s_s0, s_s1, q_s0, q_s1", i64)
+    xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2 = T.dynamic("xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2", i64)
+    sa0 = T.dynamic("sa0")
+    state_t = T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype)
+    xc_t = T.StridedTensor((S, H, L, P), (xc0, xc1, xc2, 1), io_dtype)
+    bc_t = T.StridedTensor((S, G, L, N), (bc0, bc1, bc2, 1), io_dtype)
+    dc_t = T.StridedTensor((S, H, L), (dc0, dc1, dc2), f32)
+    A_t = T.StridedTensor((H,), (sa0,), f32)
+    rs_t = T.Tensor((NREQ,), index_dtype)
+    pre_t = T.Tensor((NREQ,), index_dtype)
+    src_t = T.Tensor((NREQ,), index_dtype)
+    dst_t = T.Tensor((NREQ,), index_dtype)
+    scale_t = T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32)
+
+    @T.macro
+    def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale):
+        pool = aligned(state, vector_state)
+        with T.Kernel(NB, H, batch, threads=TH) as (pb, h, b):
+            tx = T.get_thread_binding()
+            lane = tx % LN
+            rg = tx // LN
+            g = h // ratio
+            Bs = T.alloc_shared((CH, N), io_dtype)
+            Xs = T.alloc_shared((CH, BP), io_dtype)
+            dts = T.alloc_shared((CH,), f32)
+            s = T.alloc_local((NS,), f32)
+            raw = T.alloc_local((NS,), state_dtype)
+            buf = T.alloc_local((VEC,), state_dtype)
+            rb = T.alloc_local((NV * VEC,), io_dtype)
+            bv = T.alloc_local((NV * VEC,), f32)
+            if quant:
+                qs = T.alloc_local((R,), f32)
+            sl = T.alloc_var(i64)
+            dl = T.alloc_var(i64)
+            sl = T.cast(src[b], i64)
+            dl = T.cast(dst[b], i64)
+            live = T.And(T.And(sl != pad, dl != pad), T.And(T.And(sl >= 0, sl < T.cast(S, i64)),
+                                                               T.And(dl >= 0, dl < T.cast(S, i64))))  # fmt: skip
+            if live:
+                rs = T.alloc_var("int32")
+                k = T.alloc_var("int32")
+                row = T.alloc_var("int32")
+                rs = ((T.cast(ring_start[b], "int32") % L) + L) % L
+                k = T.min(T.max(T.cast(prefix[b], "int32"), 0), L)
+                a = A[h]
+                ops.fetch_state(raw, pool, sl, h, pb, tx)
+                if quant:
+                    q.fetch_scales(qs, scale, sl, h, pb, tx)
+                for it in T.unroll(B_ITERS):
+                    idx = it * TH + tx
+                    ri = idx // NCB
+                    n0 = (idx % NCB) * IOV
+                    if ri < L:
+                        for i in T.unroll(IOV):
+                            Bs[ri, n0 + i] = B_cache[sl, g, ri, n0 + i]
+                for it in T.unroll(X_ITERS):
+                    idx = it * TH + tx
+                    ri = idx // NCX
+                    j0 = (idx % NCX) * XV
+                    if ri < L:
+                        for i in T.unroll(XV):
+                            Xs[ri, j0 + i] = x_cache[sl, h, ri, T.min(pb * BP + j0 + i, P - 1)]
+                for it in T.unroll(D_ITERS):
+                    ri = it * TH + tx
+                    if ri < L:
+                        dts[ri] = dt_cache[sl, h, ri]
+                T.sync_threads()
+                if k == 0:
+                    # nothing to replay: the stored numbers (and scales) copied exactly
+                    ops.store_raw(raw, pool, dl, h, pb, tx)
+                    if quant:
+                        for r in T.unroll(R):
+                            p = pb * BP + r * RP + rg
+                            if lane == 0:
+                                if guard_p:
+                                    if p < P:
+                                        scale[dl, h, p] = qs[r]
+                                else:
+                                    scale[dl, h, p] = qs[r]
+                else:
+                    if quant:
+                        q.dequantize(s, raw, qs, True)
+                    else:
+                        ops.convert_state(s, raw, True)
+                    row = rs
+                    for _j in T.serial(k):
+                        for vv in T.unroll(NV):
+                            n0 = (vv * LN + lane) * VEC
+                            for c in T.unroll(VEC // LV):
+                                for i in T.vectorized(LV):
+                                    rb[vv * VEC + c * LV + i] = Bs[row, n0 + c * LV + i]
+                        for kk in T.unroll(NV * VEC):
+                            bv[kk] = T.cast(rb[kk], f32)
+                        dtj = dts[row]
+                        dA = T.exp(a * dtj)
+                        for r in T.unroll(R):
+                            xr = dtj * T.cast(Xs[row, r * RP + rg], f32)
+                            for kk in T.unroll(NV * VEC):
+                                s[r * NV * VEC + kk] = s[r * NV * VEC + kk] * dA + xr * bv[kk]
+                        row = T.if_then_else(row + 1 == L, 0, row + 1)
+                    if quant:
+                        q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
+                    else:
+                        ops.store_state(s, buf, pool, dl, h, pb, tx)
+
+    if quant:
+
+        @T.prim_func
+        def ssu_materialize_scaled(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, A: A_t,
+                                   ring_start: rs_t, prefix: pre_t, src: src_t, dst: dst_t, batch: T.int32,
+                                   pad: T.int64, state_scale: scale_t):  # fmt: skip
+            body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, state_scale)
+
+        return ssu_materialize_scaled
+
+    @T.prim_func
+    def ssu_materialize(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, A: A_t, ring_start: rs_t,
+                        prefix: pre_t, src: src_t, dst: dst_t, batch: T.int32, pad: T.int64):  # fmt: skip
+        body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, None)
+
+    return ssu_materialize
+
+
+__all__ = ["materialize_kernel"]

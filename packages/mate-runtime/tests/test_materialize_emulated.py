@@ -1,0 +1,54 @@
+"""The TileLang materialisation kernel's generated CUDA, run on the CPU (``tests/emulate``), against the
+reference backend: the cases and checks of the GPU test ``tests/gpu/test_materialize_kernels.py``, with the
+kernel the planner picks for each call executed from the exact source its compiled kernel has. Needs TileLang
+(no nvcc) and g++."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
+
+from cuda_emulator import Emulated, unavailable  # noqa: E402
+from mate._tilelang import replay_plan  # noqa: E402
+from mate.mamba._replay_call import normalize_materialize  # noqa: E402
+from test_materialize_kernels import CASES, MCase, check, check_out_of_range  # noqa: E402
+
+pytestmark = pytest.mark.emulated
+if (why := unavailable()) is not None:
+    pytest.skip(why, allow_module_level=True)
+
+_built: dict = {}
+
+
+def emulated_kernel(pool, tables) -> None:
+    """``materialize_replayed_state`` on the TileLang backend, its kernel run on the CPU: the planner's spec and
+    arguments for the call, the launch grid ``(P blocks, heads, requests)``."""
+    t = dict(tables)
+    scale = t.pop("state_scale", None)
+    call = normalize_materialize(*pool.values(), t["ring_start"], t["replay_prefix_len"], t["src_slots"],
+                                 t["dst_slots"], scale)  # fmt: skip
+    planned = replay_plan.plan_materialize(call)
+    if planned is None:
+        return
+    spec, args = planned
+    em = _built.get(spec)
+    if em is None:
+        em = _built[spec] = Emulated(spec.build(), spec.pass_configs())
+    P, H = call.state.shape[2], call.state.shape[1]
+    em(*args, grid=(-(-P // spec.tiling.block_p), H, call.src.shape[0]), threads=spec.tiling.threads)
+
+
+@pytest.mark.parametrize("c", CASES)
+def test_emulated_materialize_matches_reference(c):
+    if c.H * c.batch > 64:
+        c = MCase(**{**c.__dict__, "H": 4})
+    check(c, kernel=emulated_kernel, dev="cpu")
+
+
+def test_emulated_tables_out_of_range_stay_inside_the_tensors():
+    check_out_of_range(kernel=emulated_kernel, dev="cpu")
