@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from mate._tilelang import replay_plan
+from mate._tilelang.specs import MaterializeSpec, ReplaySpec
 from mate.mamba import plan_replay_state_update, prewarm_replay_state_update
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
@@ -58,9 +59,13 @@ def test_serving_specs_follow_window_and_tokens():
               slot_dtype=torch.int32)  # fmt: skip
     one = replay_plan.serving_specs(**kw)
     mtp = replay_plan.serving_specs(**kw, window=16, tokens=6)
-    assert {(s.ring_rows, s.new_rows) for s in one} == {(32, 1)}
-    assert {(s.ring_rows, s.new_rows) for s in mtp} == {(32, 8)}
-    assert {s.dt_dtype for s in one} == {"float32", "bfloat16"}
+    decode = [s for s in one if isinstance(s, ReplaySpec)]
+    assert {(s.ring_rows, s.new_rows) for s in decode} == {(32, 1)}
+    assert {(s.ring_rows, s.new_rows) for s in mtp if isinstance(s, ReplaySpec)} == {(32, 8)}
+    assert {s.dt_dtype for s in decode} == {"float32", "bfloat16"}
+    # and the materialisation of the same pools (the slot dtype's tables, the same staged ring)
+    (mat,) = [s for s in one if isinstance(s, MaterializeSpec)]
+    assert (mat.ring_rows, mat.index_dtype, mat.state_dtype) == (32, "int32", "bfloat16")
 
 
 @pytest.mark.parametrize(

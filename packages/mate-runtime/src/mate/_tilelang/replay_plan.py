@@ -207,13 +207,14 @@ def plan_materialize(call: MaterializeCall):
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
                   tokens=1) -> list:  # fmt: skip
-    """The specs one serving configuration calls: dt fp32 and in the io dtype, aligned pools and rings of a
-    ``window`` plus ``tokens`` rows (vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the
-    speculative tokens per step)."""
+    """The specs one serving configuration calls: the decode step with dt fp32 and in the io dtype, and the
+    materialisation with ``slot_dtype`` tables, on aligned pools and rings of a ``window`` plus ``tokens`` rows
+    (vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative tokens per step)."""
     ratio = heads // groups
     rows = staged_rows(window + tokens, tokens)
-    return [spec_for(dim, dstate, ratio, state_dtype, io_dtype, dt_dt, slot_dtype, philox_rounds, True, True, rows)
-            for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
+    specs = [spec_for(dim, dstate, ratio, state_dtype, io_dtype, dt_dt, slot_dtype, philox_rounds, True, True, rows)
+             for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
+    return specs + [materialize_spec_for(dim, dstate, ratio, state_dtype, io_dtype, slot_dtype, rows[0], True)]
 
 
 __all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for", "spec_for",

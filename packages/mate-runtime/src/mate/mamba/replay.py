@@ -132,7 +132,8 @@ def prewarm_replay_state_update(*, state_dtype: torch.dtype, io_dtype: torch.dty
                                 philox_rounds: int = 0, window: int = 16, tokens: int = 1,
                                 jobs: int | None = None) -> None:  # fmt: skip
     """Compile the TileLang kernels :func:`replay_state_update` will use for one serving configuration (dt fp32 and
-    in the io dtype), without launching them; call before graph capture (a compile during capture raises).
+    in the io dtype) and the :func:`materialize_replayed_state` kernel of its pools (``slot_dtype`` tables),
+    without launching them; call before graph capture (a compile during capture raises).
     ``window`` and ``tokens``: the ring's window ``W`` and the tokens per step ``T`` (a ring of ``W + T`` rows;
     vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative tokens); their kernel serves
     every batch and call form, and any ring and token count that stage in as many rows (powers of two: 16, 32,
