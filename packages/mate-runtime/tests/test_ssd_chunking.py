@@ -102,11 +102,60 @@ def test_chunk_metadata_matches_a_token_by_token_count(seqlens, chunk_size, hist
         pytest.param(([3], 16.0), "chunk_size", id="chunk-size-float"),
         pytest.param(([3, 4], 16, [1]), "history", id="history-length"),
         pytest.param(([3], 16, [-1]), "history", id="history-negative"),
+        pytest.param(([3, 4], 16, None, None, [1]), "checkpoints", id="checkpoints-length"),
+        pytest.param(([3], 16, None, None, [3]), "checkpoints", id="checkpoint-at-the-end"),
+        pytest.param(([3], 16, None, None, [-1]), "checkpoints", id="checkpoint-negative"),
     ],
 )
 def test_chunk_metadata_rejections(args, name):
     with pytest.raises(ValueError, match=f"^{name}:"):
         chunk_metadata(*args)
+
+
+@pytest.mark.parametrize(
+    "seqlens, chunk, history, checkpoints, cu_chunks, last, ckpt",
+    [
+        # vLLM 0.33's BaseMambaAttentionMetadataBuilder._compute_chunk_metadata gives the same (2026-12-04, from
+        # the released wheel): a 144-token chunk ends the first query's checkpoint at 400, a 32-token one the
+        # second's at 800 (absolute), and the chunk after each realigns to the 256 grid
+        pytest.param(
+            [700, 500],
+            256,
+            [0, 400],
+            [400, 400],
+            [0, 256, 400, 512, 700, 812, 1068, 1100, 1200],
+            [3, 7],
+            [1, 6],
+            id="vllm-align-two-checkpoints",
+        ),  # fmt: skip
+        pytest.param(
+            [700, 50],
+            256,
+            [0, 300],
+            [512, 0],
+            [0, 256, 512, 700, 750],
+            [2, 3],
+            [1, -1],
+            id="checkpoint-on-the-grid_none",
+        ),  # fmt: skip
+        pytest.param([10], 4, None, [5], [0, 4, 5, 8, 10], [3], [1], id="short-chunk-inside"),
+    ],
+)
+def test_checkpoints_end_a_chunk_inside_the_query(seqlens, chunk, history, checkpoints, cu_chunks, last, ckpt):
+    cu, cuc, sq, la, ck = chunk_boundaries(seqlens, chunk, history, checkpoints)
+    assert (cuc, la, ck) == (cu_chunks, last, ckpt)
+    hist = history or [0] * len(seqlens)
+    for b, c in enumerate(ck):  # the checkpoint chunk ends history + k tokens into the sequence's history
+        if c >= 0:
+            assert cuc[c + 1] - cu[b] == checkpoints[b] and sq[c] == b and c != la[b]
+    # and every other chunk end still lies on the grid of absolute multiples, or ends the sequence
+    for c in range(len(sq)):
+        b = sq[c]
+        end = cuc[c + 1] - cu[b] + hist[b]
+        assert end % chunk == 0 or c == la[b] or c == ck[b]
+    meta = chunk_metadata(seqlens, chunk, history, checkpoints=checkpoints)
+    assert meta.checkpoint_chunk_indices.tolist() == ckpt
+    assert chunk_metadata(seqlens, chunk).checkpoint_chunk_indices is None
 
 
 def test_workspace_grows_and_reuses():

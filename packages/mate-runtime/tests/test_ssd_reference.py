@@ -389,7 +389,8 @@ def test_random_combinations(seed):
     cs, seqlens, history, inp, kw, sd = _random_ssd(seed)
     meta = chunk_metadata(seqlens, cs, history=history)
     if seed % 2:  # the index tensors may be int64 as well
-        meta = dataclasses.replace(meta, **{f.name: getattr(meta, f.name).long() for f in dataclasses.fields(meta)})
+        tables = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)}
+        meta = dataclasses.replace(meta, **{k: v.long() for k, v in tables.items() if v is not None})
     exp = run_rec(inp, seqlens, meta, **kw)
     out = torch.empty_like(inp["x"])
     states = run_ref(inp, meta, cs, out=out, return_intermediate_states=True, state_dtype=sd, **kw)

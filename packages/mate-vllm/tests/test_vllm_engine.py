@@ -295,3 +295,28 @@ def test_prefix_caching_align_mode_prefill_with_vllms_checkpoint_chunks(monkeypa
     torch.testing.assert_close(t.out.double(), e.y, **_tol(torch.float32))
     torch.testing.assert_close(states.double(), e.chunk_end, **_tol(torch.float32))
     torch.testing.assert_close(states[meta[1].long()].double(), e.final, **_tol(torch.float32))
+
+
+def test_mates_align_mode_chunking_equals_vllms():
+    """``mate.mamba.chunking.chunk_metadata(..., checkpoints=...)`` builds the chunk layout vLLM 0.33's align mode
+    builds (``BaseMambaAttentionMetadataBuilder._compute_chunk_metadata`` with prefill checkpoints), over random
+    batches: chunk ends, owners, last chunks and checkpoint chunks equal; so MATE's tests and benchmarks of that
+    layout use vLLM's rule."""
+    from mate.mamba.chunking import chunk_boundaries
+    from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder as Builder
+
+    g = torch.Generator().manual_seed(5)
+    checked = 0
+    for _ in range(200):
+        batch = int(torch.randint(1, 5, (1,), generator=g))
+        chunk = (16, 64, 256)[int(torch.randint(0, 3, (1,), generator=g))]
+        seqlens = torch.randint(1, 700, (batch,), generator=g).tolist()
+        computed = torch.randint(0, 900, (batch,), generator=g).tolist()
+        marks = [int(torch.randint(1, n, (1,), generator=g)) if n > 1 and bool(torch.rand(1, generator=g) < 0.6)
+                 else 0 for n in seqlens]  # fmt: skip
+        cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()])
+        want = Builder._compute_chunk_metadata(chunk, batch, torch.tensor(computed), cu, marks if any(marks) else None)
+        _, cuc, sq, last, ckpt = chunk_boundaries(seqlens, chunk, computed, marks)
+        assert (cuc, sq, last, ckpt) == tuple(want), (seqlens, computed, marks, chunk)
+        checked += any(marks)
+    assert checked > 100

@@ -52,12 +52,13 @@ class Case:
     out_pad: int = 0  # out as a row view of a wider buffer (8: TMA-compatible rows; 3: not, staged)
     seq_idx: tuple | None = None  # override (seq_idx authority)
     last: tuple | None = None
+    checkpoints: tuple | None = None  # vLLM's align-mode prefill checkpoints (a chunk end inside a query)
     extra: dict = field(default_factory=dict)
 
 
 def build(case: Case, seed: int = 0, dev="cuda"):
     dev = torch.device(dev)
-    meta = chunk_metadata(case.seqlens, case.chunk, case.history, device=dev)
+    meta = chunk_metadata(case.seqlens, case.chunk, case.history, device=dev, checkpoints=case.checkpoints)
     seq_idx, last = meta.seq_idx, meta.last_chunk_indices
     if case.seq_idx is not None:
         seq_idx = torch.tensor(case.seq_idx, dtype=torch.int32, device=dev)
@@ -151,6 +152,16 @@ CASES = [
     pytest.param(Case(state=BF16, seqlens=(200, 33)), id="bf16-state_bf16-init"),
     pytest.param(Case(softplus=False, dt_bias=False, dt_limit=(0.02, 0.15), D=""), id="dt-limit_no-softplus_no-D"),
     pytest.param(Case(intermediate=True, history=(0, 100, 0, 64)), id="intermediate-states"),
+    # vLLM 0.33's --mamba-cache-mode align: a short chunk ends each checkpoint inside a query, every chunk's state
+    # returned (mate.mamba.chunking builds vLLM's layout: tests/test_vllm_engine.py compares the two)
+    pytest.param(
+        Case(chunk=256, intermediate=True, seqlens=(700, 500, 129), history=(0, 400, 0), checkpoints=(300, 100, 0)),
+        id="vllm-align-checkpoints_c256",
+    ),
+    pytest.param(
+        Case(chunk=128, intermediate=True, H=16, G=1, seqlens=(1000, 64), history=(512, 0), checkpoints=(5, 63)),
+        id="vllm-align-checkpoints_c128_tiny-chunks",
+    ),
     pytest.param(Case(chunk=256, intermediate=True, state=BF16, z=True), id="intermediate_c256_bf16-state_z"),
     pytest.param(Case(pool="dense"), id="final-states-out_dense-pool"),
     pytest.param(Case(pool="paged", seqlens=(5, 400)), id="final-states-out_paged-pool"),
@@ -268,6 +279,16 @@ SPC_CASES = [
     pytest.param(Case(init=False), id="4-per-CTA_no-init"),
     pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700, 3, 129, 64)), id="8-per-CTA_c256"),
     pytest.param(Case(intermediate=True, history=(0, 100, 0, 64)), id="intermediate-states"),
+    # vLLM 0.33's --mamba-cache-mode align: a short chunk ends each checkpoint inside a query, every chunk's state
+    # returned (mate.mamba.chunking builds vLLM's layout: tests/test_vllm_engine.py compares the two)
+    pytest.param(
+        Case(chunk=256, intermediate=True, seqlens=(700, 500, 129), history=(0, 400, 0), checkpoints=(300, 100, 0)),
+        id="vllm-align-checkpoints_c256",
+    ),
+    pytest.param(
+        Case(chunk=128, intermediate=True, H=16, G=1, seqlens=(1000, 64), history=(512, 0), checkpoints=(5, 63)),
+        id="vllm-align-checkpoints_c128_tiny-chunks",
+    ),
     pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
     pytest.param(Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2)), id="seq_idx-more-runs"),
     pytest.param(Case(H=16, G=8, seqlens=(300, 10, 129, 1), history=(0, 37, 200, 5)), id="G8_continuing"),
