@@ -17,7 +17,7 @@ prefix-cache event, not a decode step), so the fold is the plain recurrence.
 
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
-from .ssu_common import BYTES, QMAX, SSUTiling, choose_tiling
+from .ssu_common import QMAX, SSUTiling, choose_tiling
 
 
 def materialize_kernel(
@@ -31,6 +31,7 @@ def materialize_kernel(
     ring_rows: int = 32,
     tiling: SSUTiling | None = None,
     vector_state: bool = True,
+    vector_io: bool = True,
 ):
     """Return the ``T.prim_func`` of one materialisation configuration (see the module docstring).
 
@@ -39,11 +40,13 @@ def materialize_kernel(
     ``batch``, ``pad`` (int64), then ``state_scale [S, H, P]`` fp32 for a block-scaled state.
 
     ``ring_rows``: the staged ring rows (a power of two >= ``L``); ``tiling`` (default
-    :func:`.ssu_common.choose_tiling`) and ``vector_state`` mean what they mean for :func:`.ssu.ssu_kernel`.
+    :func:`.ssu_common.choose_tiling`) and ``vector_state`` mean what they mean for :func:`.ssu.ssu_kernel`,
+    ``vector_io`` what it means for :func:`.ssu_replay.replay_kernel`.
     """
     import tilelang.language as T
 
     from .ssu_parts import row_ops
+    from .ssu_ring import ring_ops
 
     P, N, ratio = int(dim), int(dstate), int(heads_per_group)
     tiling = tiling or choose_tiling(P, N, state_dtype)
@@ -54,20 +57,8 @@ def materialize_kernel(
     quant = state_dtype in QMAX
     q = ops.quant_ops(state_dtype) if quant else None
     f32, i64 = "float32", "int64"
-    CH = int(ring_rows)
-    if CH < 1 or CH & (CH - 1):
-        raise ValueError(f"ring_rows: a power of two (the staged ring rows, >= the ring length L), got {ring_rows!r}")
-    IOB = max(1, 16 // BYTES[io_dtype])
-
-    def piece(n: int) -> int:
-        v = IOB
-        while n % v:
-            v //= 2
-        return v
-
-    IOV, XV, LV = piece(N), piece(BP), piece(VEC)
-    NCB, NCX = N // IOV, BP // XV
-    B_ITERS, X_ITERS, D_ITERS = -(-CH * NCB // TH), -(-CH * NCX // TH), -(-CH // TH)
+    rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, vector_io=vector_io)
+    CH, IOB, IOV, XV = rops.CH, rops.IOB, rops.IOV, rops.XV
 
     S, H, G, L, NREQ = T.dynamic("S, H, G, L, NREQ")
     s_s0, s_s1, q_s0, q_s1 = T.dynamic("s_s0, s_s1, q_s0, q_s1", i64)
@@ -87,6 +78,8 @@ def materialize_kernel(
     @T.macro
     def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale):
         pool = aligned(state, vector_state)
+        ring_b = aligned(B_cache, vector_io, IOB)
+        ring_x = aligned(x_cache, vector_io, IOB)
         with T.Kernel(NB, H, batch, threads=TH) as (pb, h, b):
             tx = T.get_thread_binding()
             lane = tx % LN
@@ -98,6 +91,8 @@ def materialize_kernel(
             s = T.alloc_local((NS,), f32)
             raw = T.alloc_local((NS,), state_dtype)
             buf = T.alloc_local((VEC,), state_dtype)
+            stg = T.alloc_local((max(IOV, XV),), io_dtype)
+            dq = T.alloc_local((1,), f32)
             rb = T.alloc_local((NV * VEC,), io_dtype)
             bv = T.alloc_local((NV * VEC,), f32)
             if quant:
@@ -118,24 +113,7 @@ def materialize_kernel(
                 ops.fetch_state(raw, pool, sl, h, pb, tx)
                 if quant:
                     q.fetch_scales(qs, scale, sl, h, pb, tx)
-                for it in T.unroll(B_ITERS):
-                    idx = it * TH + tx
-                    ri = idx // NCB
-                    n0 = (idx % NCB) * IOV
-                    if ri < L:
-                        for i in T.unroll(IOV):
-                            Bs[ri, n0 + i] = B_cache[sl, g, ri, n0 + i]
-                for it in T.unroll(X_ITERS):
-                    idx = it * TH + tx
-                    ri = idx // NCX
-                    j0 = (idx % NCX) * XV
-                    if ri < L:
-                        for i in T.unroll(XV):
-                            Xs[ri, j0 + i] = x_cache[sl, h, ri, T.min(pb * BP + j0 + i, P - 1)]
-                for it in T.unroll(D_ITERS):
-                    ri = it * TH + tx
-                    if ri < L:
-                        dts[ri] = dt_cache[sl, h, ri]
+                rops.stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, sl, g, h, pb, tx, L)
                 T.sync_threads()
                 if k == 0:
                     # nothing to replay: the stored numbers (and scales) copied exactly
@@ -156,13 +134,7 @@ def materialize_kernel(
                         ops.convert_state(s, raw, True)
                     row = rs
                     for _j in T.serial(k):
-                        for vv in T.unroll(NV):
-                            n0 = (vv * LN + lane) * VEC
-                            for c in T.unroll(VEC // LV):
-                                for i in T.vectorized(LV):
-                                    rb[vv * VEC + c * LV + i] = Bs[row, n0 + c * LV + i]
-                        for kk in T.unroll(NV * VEC):
-                            bv[kk] = T.cast(rb[kk], f32)
+                        rops.lane_row(bv, rb, Bs, row, lane)
                         dtj = dts[row]
                         dA = T.exp(a * dtj)
                         for r in T.unroll(R):

@@ -43,7 +43,6 @@ of at most ``ring_rows`` rows and at most ``new_rows`` tokens per sequence).
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
 from .ssu_common import (
-    BYTES,
     FLAG_CU,
     FLAG_D,
     FLAG_DT_BIAS,
@@ -91,6 +90,7 @@ def replay_kernel(
     import tilelang.language as T
 
     from .ssu_parts import row_ops
+    from .ssu_ring import ring_ops
 
     if philox_rounds < 0 or (philox_rounds and state_dtype != "float16"):
         raise ValueError(f"philox_rounds: stochastic rounding (> 0) serves a float16 state, got {philox_rounds!r} "
@@ -109,26 +109,11 @@ def replay_kernel(
     f32, i64 = "float32", "int64"
     LOG_LN = LN.bit_length() - 1
     RG = TH // LN  # row groups per CTA
-    CH, TN = int(ring_rows), int(new_rows)
+    rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, new_rows=new_rows, vector_io=vector_io)
+    CH, TN, IOB, IOV, XV, NCB, NCX = rops.CH, rops.TN, rops.IOB, rops.IOV, rops.XV, rops.NCB, rops.NCX
+    D_ITERS, NB_ITERS, NX_ITERS, ND_ITERS = rops.D_ITERS, rops.NB_ITERS, rops.NX_ITERS, rops.ND_ITERS
+    lane_row, put = rops.lane_row, rops.put
     NCH = -(-CH // 32)  # 32-position chunks of the prefix scan
-    if CH < 1 or CH & (CH - 1):
-        raise ValueError(f"ring_rows: a power of two (the staged ring rows, >= the ring length L), got {ring_rows!r}")
-    if TN < 1 or TN & (TN - 1) or TN > CH:
-        raise ValueError(f"new_rows: a power of two <= ring_rows (the staged new tokens, >= T), got {new_rows!r}")
-    IOB = max(1, 16 // BYTES[io_dtype])  # io values per 16 bytes
-
-    def piece(n: int) -> int:
-        """The widest power of two <= 16 bytes of io values dividing ``n``."""
-        v = IOB
-        while n % v:
-            v //= 2
-        return v
-
-    IOV, XV = piece(N), piece(BP)  # B/C and x row pieces (of io values) of the staging loads
-    LV = piece(VEC)  # a lane's chunk of a staged row, in 16-byte pieces
-    NCB, NCX = N // IOV, BP // XV
-    B_ITERS, X_ITERS, D_ITERS = -(-CH * NCB // TH), -(-CH * NCX // TH), -(-CH // TH)  # the ring's pieces per thread
-    NB_ITERS, NX_ITERS, ND_ITERS = -(-TN * NCB // TH), -(-TN * NCX // TH), -(-TN // TH)  # the new tokens'
 
     S, H, G, L, XB, XT, HD, HB, LS, LC = T.dynamic("S, H, G, L, XB, XT, HD, HB, LS, LC")
     ZB, ZT, HZ, PZ = T.dynamic("ZB, ZT, HZ, PZ")
@@ -166,23 +151,6 @@ def replay_kernel(
         hb = bit(flags, FLAG_DT_BIAS)
         d = T.cast(dt[xb, tok, h], f32) + dt_bias[h * hb] * T.cast(hb, f32)
         return T.if_then_else((flags & FLAG_SOFTPLUS) != 0, softplus(d), d)
-
-    @T.macro
-    def lane_row(dst, rb, src, q, lane):
-        """dst = this lane's values of row ``q`` of a staged ``[rows, N]`` tile, as fp32 (``rb``: io registers)."""
-        for v in T.unroll(NV):
-            n0 = (v * LN + lane) * VEC
-            for c in T.unroll(VEC // LV):
-                for i in T.vectorized(LV):
-                    rb[v * VEC + c * LV + i] = src[q, n0 + c * LV + i]
-        for k in T.unroll(NV * VEC):
-            dst[k] = T.cast(rb[k], f32)
-
-    @T.macro
-    def put(dst, q, j0, stg, width):
-        """dst[q, j0 : j0 + width] = the io registers ``stg`` (one shared store of ``width`` values)."""
-        for i in T.vectorized(width):
-            dst[q, j0 + i] = stg[i]
 
     @T.macro
     def write_row(out, z, Xn, total, r, pb, rg, xb, t0, t, h, dv, hz):
@@ -292,35 +260,7 @@ def replay_kernel(
                 if quant:
                     q.fetch_scales(qs, scale, slot, h, pb, tx)
                 # the whole ring by physical row (a row past the live ones is staged and never read)
-                for it in T.unroll(B_ITERS):
-                    idx = it * TH + tx
-                    ri = idx // NCB
-                    n0 = (idx % NCB) * IOV
-                    if ri < L:
-                        if vector_io:
-                            for i in T.vectorized(IOV):
-                                stg[i] = ring_b[slot, g, ri, n0 + i]
-                        else:
-                            for i in T.unroll(IOV):
-                                stg[i] = ring_b[slot, g, ri, n0 + i]
-                        put(Bs, ri, n0, stg, IOV)
-                for it in T.unroll(X_ITERS):
-                    idx = it * TH + tx
-                    ri = idx // NCX
-                    j0 = (idx % NCX) * XV
-                    if ri < L:
-                        if guard_p or not vector_io:
-                            for i in T.unroll(XV):
-                                stg[i] = ring_x[slot, h, ri, T.min(pb * BP + j0 + i, P - 1)]
-                        else:
-                            for i in T.vectorized(XV):
-                                stg[i] = ring_x[slot, h, ri, pb * BP + j0 + i]
-                        put(Xs, ri, j0, stg, XV)
-                for it in T.unroll(D_ITERS):
-                    ri = it * TH + tx
-                    if ri < L:
-                        dq[0] = dt_cache[slot, h, ri]
-                        dts[ri] = dq[0]
+                rops.stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, slot, g, h, pb, tx, L)
                 T.sync_threads()
                 first = T.alloc_var("int32")
                 first = T.if_then_else(pk + tb > window, pk, 0)  # a flush: the new tokens start from the fold

@@ -40,6 +40,7 @@ class MCase:
     table_dtype: torch.dtype = I32  # ring_start, replay_prefix_len, dst_slots
     pads: bool = True
     strided_pool: bool = False
+    odd_rings: bool = False  # rings whose rows are off the 16-byte grid (views one value into a wider buffer)
 
 
 def build(c: MCase, seed: int = 0, dev: str = "cuda"):
@@ -54,10 +55,17 @@ def build(c: MCase, seed: int = 0, dev: str = "cuda"):
         state = (q if c.state == F8 else q.round()).to(c.state)
     else:
         state = truth.to(c.state)
+    x_cache = torch.randn(S, H, L, P, generator=g, device=dev).to(c.io)
+    B_cache = torch.randn(S, G, L, N, generator=g, device=dev).to(c.io)
+    if c.odd_rings:
+        wide_x = torch.zeros(S, H, L, P + 1, dtype=c.io, device=dev)
+        wide_b = torch.zeros(S, G, L, N + 1, dtype=c.io, device=dev)
+        wide_x[..., 1:], wide_b[..., 1:] = x_cache, B_cache
+        x_cache, B_cache = wide_x[..., 1:], wide_b[..., 1:]
     pool = dict(
         state=state,
-        x_cache=torch.randn(S, H, L, P, generator=g, device=dev).to(c.io),
-        B_cache=torch.randn(S, G, L, N, generator=g, device=dev).to(c.io),
+        x_cache=x_cache,
+        B_cache=B_cache,
         dt_cache=torch.rand(S, H, L, generator=g, device=dev) * 0.3,
         A=-(torch.rand(H, generator=g, device=dev) + 0.3),
     )
@@ -95,6 +103,11 @@ def check(c: MCase, seed: int = 0, kernel=tilelang_kernel, dev: str = "cuda"):
     def side(fn):
         p = {k: v.clone() for k, v in pool.items()}
         t = {k: v.clone() for k, v in tables.items()}
+        if c.odd_rings:  # (a clone of a view with gaps is dense: the views rebuilt for each side)
+            for name in ("x_cache", "B_cache"):
+                wide = torch.zeros(*pool[name].shape[:-1], pool[name].shape[-1] + 1, dtype=c.io, device=dev)
+                wide[..., 1:] = pool[name]
+                p[name] = wide[..., 1:]
         big = None
         if c.strided_pool:  # slots and heads padded apart (a paged pool's view)
             big = torch.zeros(c.slots, c.H + 1, c.P, c.N, dtype=c.state, device=dev)
@@ -154,6 +167,7 @@ CASES = [
     pytest.param(MCase(state=F32, strided_pool=True), id="strided-pool"),
     pytest.param(MCase(state=F16, io=F16, H=2, G=2, P=80, N=256, L=40, slots=8, batch=4), id="p80-n256-untied"),
     pytest.param(MCase(state=BF16, L=5, pads=False), id="short-ring-no-pads"),
+    pytest.param(MCase(state=I8, odd_rings=True), id="rings-off-the-16-byte-grid"),
 ]
 
 

@@ -279,16 +279,6 @@ SPC_CASES = [
     pytest.param(Case(init=False), id="4-per-CTA_no-init"),
     pytest.param(Case(chunk=256, seqlens=(1, 255, 256, 257, 700, 3, 129, 64)), id="8-per-CTA_c256"),
     pytest.param(Case(intermediate=True, history=(0, 100, 0, 64)), id="intermediate-states"),
-    # vLLM 0.33's --mamba-cache-mode align: a short chunk ends each checkpoint inside a query, every chunk's state
-    # returned (mate.mamba.chunking builds vLLM's layout: tests/test_vllm_engine.py compares the two)
-    pytest.param(
-        Case(chunk=256, intermediate=True, seqlens=(700, 500, 129), history=(0, 400, 0), checkpoints=(300, 100, 0)),
-        id="vllm-align-checkpoints_c256",
-    ),
-    pytest.param(
-        Case(chunk=128, intermediate=True, H=16, G=1, seqlens=(1000, 64), history=(512, 0), checkpoints=(5, 63)),
-        id="vllm-align-checkpoints_c128_tiny-chunks",
-    ),
     pytest.param(Case(pool="paged", seqlens=(5, 400)), id="paged-pool"),
     pytest.param(Case(seqlens=(200, 200), seq_idx=(0, 1, 1, 0), last=(3, 2)), id="seq_idx-more-runs"),
     pytest.param(Case(H=16, G=8, seqlens=(300, 10, 129, 1), history=(0, 37, 200, 5)), id="G8_continuing"),

@@ -75,10 +75,10 @@ def compile_grid() -> list[ReplaySpec | MaterializeSpec]:
     specs = [spec_for(P, N, ratio, sdt, io, dt, slot, rounds, True, True, rows)
              for P, N, ratio, sdt, io, dt, slot, rounds, rows in grid]  # fmt: skip
     # the materialisation kernel: every state format at the Nemotron-H shape, int64 tables, P 80 / N 256 fp16
-    specs += [materialize_spec_for(64, 128, 16, sdt, bf16, i32, 32, True)
+    specs += [materialize_spec_for(64, 128, 16, sdt, bf16, i32, 32, True, True)
               for sdt in (f32, bf16, f16, torch.int16, torch.int8, torch.float8_e4m3fn)]  # fmt: skip
-    specs += [materialize_spec_for(64, 128, 16, bf16, bf16, i64, 32, True),
-              materialize_spec_for(80, 256, 1, f16, f16, i32, 64, True)]  # fmt: skip
+    specs += [materialize_spec_for(64, 128, 16, bf16, bf16, i64, 32, True, False),
+              materialize_spec_for(80, 256, 1, f16, f16, i32, 64, True, True)]  # fmt: skip
     return specs
 
 

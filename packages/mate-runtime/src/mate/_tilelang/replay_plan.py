@@ -85,6 +85,14 @@ def _dense_rows(name: str, t: torch.Tensor, what: str) -> None:
         unsupported(f"{name} with a strided last dim in the TileLang ReplaySSM kernel", f"pass {what}")
 
 
+def _vector_rings(bc: torch.Tensor, xc: torch.Tensor) -> bool:
+    """Whether the rings' rows go in 16-byte pieces: outer strides and base addresses of both on the 16-byte
+    grid."""
+    iob = 16 // bc.element_size()
+    return all(t.stride(d) % iob == 0 for t in (bc, xc) for d in range(3)) and not (
+        bc.data_ptr() % 16 or xc.data_ptr() % 16)  # fmt: skip
+
+
 def plan(call: ReplayCall):
     """(spec, launch arguments) of a call, or None when there is nothing to launch."""
     state = call.state
@@ -116,10 +124,7 @@ def plan(call: ReplayCall):
     vstate = not (state.stride(0) % vec or state.stride(1) % vec or state.data_ptr() % (vec * state.element_size()))
     bc, xc = call.B_cache, call.x_cache
     rows = staged_rows(bc.shape[2], call.npredicted)
-    # the rings' rows in 16-byte pieces: outer strides and base addresses of both on the 16-byte grid
-    iob = 16 // bc.element_size()
-    vio = all(t.stride(d) % iob == 0 for t in (bc, xc) for d in range(3)) and not (
-        bc.data_ptr() % 16 or xc.data_ptr() % 16)  # fmt: skip
+    vio = _vector_rings(bc, xc)
 
     flags = 0
     f32 = torch.float32
@@ -165,11 +170,12 @@ def plan(call: ReplayCall):
     return spec, args
 
 
-def materialize_spec_for(P, N, ratio, state_dt, io_dt, index_dt, rows, vstate) -> MaterializeSpec:
+def materialize_spec_for(P, N, ratio, state_dt, io_dt, index_dt, rows, vstate, vio) -> MaterializeSpec:
     n = DTYPE_NAMES
     return MaterializeSpec(
         dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], index_dtype=n[index_dt],
         ring_rows=rows, tiling=choose_tiling(P, N, n[state_dt], tuning(state_dt, 0).per_thread), vector_state=vstate,
+        vector_io=vio,
     )  # fmt: skip
 
 
@@ -198,7 +204,8 @@ def plan_materialize(call: MaterializeCall):
     vec = choose_tiling(1, N, DTYPE_NAMES[state.dtype]).vec
     vstate = not (state.stride(0) % vec or state.stride(1) % vec or state.data_ptr() % (vec * state.element_size()))
     ratio = H // call.B_cache.shape[1]
-    spec = materialize_spec_for(P, N, ratio, state.dtype, call.x_cache.dtype, index_dt, rows, vstate)
+    spec = materialize_spec_for(P, N, ratio, state.dtype, call.x_cache.dtype, index_dt, rows, vstate,
+                                _vector_rings(call.B_cache, call.x_cache))  # fmt: skip
     args = (state, call.x_cache, call.B_cache, call.dt_cache, call.A, *tables, batch, call.pad_slot_id)
     if call.state_scale is not None:
         args += (call.state_scale,)
@@ -214,7 +221,7 @@ def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dty
     rows = staged_rows(window + tokens, tokens)
     specs = [spec_for(dim, dstate, ratio, state_dtype, io_dtype, dt_dt, slot_dtype, philox_rounds, True, True, rows)
              for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
-    return specs + [materialize_spec_for(dim, dstate, ratio, state_dtype, io_dtype, slot_dtype, rows[0], True)]
+    return specs + [materialize_spec_for(dim, dstate, ratio, state_dtype, io_dtype, slot_dtype, rows[0], True, True)]
 
 
 __all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for", "spec_for",

@@ -154,6 +154,7 @@ class MaterializeSpec(KernelSpec):
     ring_rows: int
     tiling: SSUTiling
     vector_state: bool
+    vector_io: bool
 
     def pass_configs(self) -> dict:
         return ssu_pass_configs()

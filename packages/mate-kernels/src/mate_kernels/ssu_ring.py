@@ -1,0 +1,94 @@
+"""The ReplaySSM kernels' ring staging, shared by the decode step (:mod:`.ssu_replay`) and the materialisation
+(:mod:`.ssu_materialize`): a slot's ring of cached tokens copied into shared memory by physical row, and a lane's
+values of a staged row, in :mod:`.ssu_parts`' tiling (a row's ``N`` values over ``lanes`` lanes)."""
+
+from types import SimpleNamespace
+
+from .ssu_common import BYTES
+
+
+def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector_io: bool = True):
+    """The staging sizes and macros of one build (``ops``: its :func:`.ssu_parts.row_ops`). ``ring_rows`` /
+    ``new_rows``: the staged ring rows and new tokens (powers of two); ``vector_io``: the rings' rows in 16-byte
+    pieces (their outer strides and bases on the 16-byte grid)."""
+    VEC, NV, LN, TH, BP, P, N = ops.VEC, ops.NV, ops.L, ops.TH, ops.BP, ops.P, ops.N
+    guard_p = ops.guard_p
+    f32 = "float32"
+    CH, TN = int(ring_rows), int(new_rows)
+    if CH < 1 or CH & (CH - 1):
+        raise ValueError(f"ring_rows: a power of two (the staged ring rows, >= the ring length L), got {ring_rows!r}")
+    if TN < 1 or TN & (TN - 1) or TN > CH:
+        raise ValueError(f"new_rows: a power of two <= ring_rows (the staged new tokens, >= T), got {new_rows!r}")
+    IOB = max(1, 16 // BYTES[io_dtype])  # io values per 16 bytes
+
+    def piece(n: int) -> int:
+        """The widest power of two <= 16 bytes of io values dividing ``n``."""
+        v = IOB
+        while n % v:
+            v //= 2
+        return v
+
+    IOV, XV = piece(N), piece(BP)  # B/C and x row pieces (of io values) of the staging loads
+    LV = piece(VEC)  # a lane's chunk of a staged row, in 16-byte pieces
+    NCB, NCX = N // IOV, BP // XV
+
+    @T.macro
+    def lane_row(dst, rb, src, q, lane):
+        """dst = this lane's values of row ``q`` of a staged ``[rows, N]`` tile, as fp32 (``rb``: io registers)."""
+        for v in T.unroll(NV):
+            n0 = (v * LN + lane) * VEC
+            for c in T.unroll(VEC // LV):
+                for i in T.vectorized(LV):
+                    rb[v * VEC + c * LV + i] = src[q, n0 + c * LV + i]
+        for k in T.unroll(NV * VEC):
+            dst[k] = T.cast(rb[k], f32)
+
+    @T.macro
+    def put(dst, q, j0, stg, width):
+        """dst[q, j0 : j0 + width] = the io registers ``stg`` (one shared store of ``width`` values)."""
+        for i in T.vectorized(width):
+            dst[q, j0 + i] = stg[i]
+
+    @T.macro
+    def stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, slot, g, h, pb, tx, L):
+        """The slot's whole ring by physical row: B of group ``g``, x of this block's rows of head ``h`` (rows past
+        P clamped onto row P - 1) and dt'; a staged row past the ring's ``L`` rows is not loaded. ``stg``: io
+        registers of a piece, ``dq``: one fp32 register."""
+        for it in T.unroll(-(-CH * NCB // TH)):
+            idx = it * TH + tx
+            ri = idx // NCB
+            n0 = (idx % NCB) * IOV
+            if ri < L:
+                if vector_io:
+                    for i in T.vectorized(IOV):
+                        stg[i] = ring_b[slot, g, ri, n0 + i]
+                else:
+                    for i in T.unroll(IOV):
+                        stg[i] = ring_b[slot, g, ri, n0 + i]
+                put(Bs, ri, n0, stg, IOV)
+        for it in T.unroll(-(-CH * NCX // TH)):
+            idx = it * TH + tx
+            ri = idx // NCX
+            j0 = (idx % NCX) * XV
+            if ri < L:
+                if guard_p or not vector_io:
+                    for i in T.unroll(XV):
+                        stg[i] = ring_x[slot, h, ri, T.min(pb * BP + j0 + i, P - 1)]
+                else:
+                    for i in T.vectorized(XV):
+                        stg[i] = ring_x[slot, h, ri, pb * BP + j0 + i]
+                put(Xs, ri, j0, stg, XV)
+        for it in T.unroll(-(-CH // TH)):
+            ri = it * TH + tx
+            if ri < L:
+                dq[0] = dt_cache[slot, h, ri]
+                dts[ri] = dq[0]
+
+    return SimpleNamespace(
+        CH=CH, TN=TN, IOB=IOB, IOV=IOV, XV=XV, LV=LV, NCB=NCB, NCX=NCX, D_ITERS=-(-CH // TH),
+        NB_ITERS=-(-TN * NCB // TH), NX_ITERS=-(-TN * NCX // TH), ND_ITERS=-(-TN // TH),
+        lane_row=lane_row, put=put, stage_ring=stage_ring,
+    )  # fmt: skip
+
+
+__all__ = ["ring_ops"]
