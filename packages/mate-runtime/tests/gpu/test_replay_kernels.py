@@ -212,6 +212,10 @@ CASES = [
     pytest.param(Case(state=I8, T=2, L=6), id="int8-mtp2"),
     pytest.param(Case(state=F8), id="fp8"),
     pytest.param(Case(state=F16, rounds=10), id="fp16-sr"),
+    # vLLM's default ring (16 + 1 rows: 32 staged), and a ring of 40 rows (64 staged: the token scan crosses its
+    # 32-position chunks, live tokens up to 38)
+    pytest.param(Case(state=BF16, L=17, slots=14), id="ring17-bf16"),
+    pytest.param(Case(T=2, L=40, slots=14), id="ring40-mtp2-fp32"),
 ]
 
 
