@@ -389,7 +389,10 @@ def test_main_writes_a_row_per_design_and_the_summary(monkeypatch, tmp_path, for
     monkeypatch.setattr(  # a stub window: which batch it is, the one the split design refuses or another
         bench_ssd,
         "make_window",
-        lambda s, seqlens, L, seed, dev, pool: {"batch": "64x64" if len(seqlens) == 64 else "x"},
+        lambda s, seqlens, L, seed, dev, pool, layout=None: {
+            "batch": "64x64" if len(seqlens) == 64 else "x",
+            "intermediate": False,
+        },
     )
     argv = ["--models", "zamba2-7b-tp1", "--batches", "1x8192,64x64", "--designs", "serial,split",
             "--out", str(tmp_path), "--name", "r"]  # fmt: skip
@@ -431,3 +434,31 @@ def test_a_pool_window_feeds_mate_a_quantised_call():
     assert ((deq - w["init"]).abs() <= w["init_scale"].unsqueeze(-1) * 0.5 + 1e-7).all()
     rows = 2 * case.heads * case.dim
     assert bench_ssd.nbytes(130, 2, case) - bench_ssd.nbytes(130, 2, case, "int8") == 2 * rows * (3 * 128 - 4)
+
+
+def test_align_batches_build_vllms_prefix_caching_layout():
+    """The prefix-caching batches: ``cont8x2000`` continues after 800 cached tokens and returns final states;
+    ``align8x2000`` also ends a chunk at each prefill checkpoint (absolute token 2400, vLLM's rule for 400-token
+    blocks: ``floor((seq_len - 1) / 400) * 400``), off the 256 grid, and returns every chunk's state, so its bytes
+    count every chunk's state written. Neither is in the default registry run."""
+    import torch
+
+    case = shapes.SSD_CASES["nemotron-h-8b-tp1"]
+    cpu = torch.device("cpu")
+    lay = shapes.SSD_LAYOUTS["align8x2000"]
+    seq_len = lay.history[0] + shapes.SSD_BATCHES["align8x2000"][0]
+    assert lay.history[0] + lay.checkpoints[0] == (seq_len - 1) // 400 * 400 == 2400 and 2400 % 256
+    cont = bench_ssd.make_window(case, shapes.SSD_BATCHES["cont8x2000"], 256, 0, cpu, None,
+                                 shapes.SSD_LAYOUTS["cont8x2000"])  # fmt: skip
+    align = bench_ssd.make_window(case, shapes.SSD_BATCHES["align8x2000"], 256, 0, cpu, None, lay)
+    _, kw_cont = bench_ssd.mate_args(cont, 256)
+    _, kw_align = bench_ssd.mate_args(align, 256)
+    assert kw_cont["return_intermediate_states"] is False and kw_align["return_intermediate_states"] is True
+    sizes = align["meta"].cu_chunk_seqlens.diff().tolist()
+    ck = align["meta"].checkpoint_chunk_indices.tolist()
+    assert all(c >= 0 for c in ck) and align["meta"].nchunks == cont["meta"].nchunks + 8
+    assert sizes[ck[0]] == 2400 % 256  # the short chunk that ends the checkpoint
+    per_seq = case.heads * case.dim * case.dstate * 4
+    assert (bench_ssd.nbytes(16000, 8, case, written=align["meta"].nchunks) - bench_ssd.nbytes(16000, 8, case)
+            == (align["meta"].nchunks - 8) * per_seq)  # fmt: skip
+    assert not {"cont8x2000", "align8x2000"} & set(shapes.REGISTRY_BATCHES)

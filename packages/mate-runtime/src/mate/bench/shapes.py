@@ -115,10 +115,32 @@ SSD_BATCHES = {
     # the --quick plan's batch and the tools' reference points
     "8x2048": [2048] * 8,
     "32x512": [512] * 32,
+    # prefix caching (vLLM 0.33 --mamba-cache-mode align; cache blocks of 400 tokens, as in vLLM's own example):
+    # 8 prompts continuing after 800 cached tokens with 2000 new ones; "cont" returns the final states only,
+    # "align" also ends a chunk at each prefill checkpoint (absolute token 2400, off the chunk grid) and returns
+    # every chunk's state, as vLLM's mixer then asks (SSD_LAYOUTS)
+    "cont8x2000": [2000] * 8,
+    "align8x2000": [2000] * 8,
 }
 REGISTRY_BATCHES = ("1x8192", "1x32768", "16x1024", "64x64", "ragged5")
 
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """A batch's tokens already in the cache (``history``), its prefill checkpoints (offsets into the queries, 0
+    for none: ``mate.mamba.chunking.chunk_metadata``) and whether the call returns every chunk's state."""
+
+    history: tuple
+    checkpoints: tuple | None = None
+    intermediate: bool = False
+
+
+SSD_LAYOUTS = {
+    "cont8x2000": BatchLayout(history=(800,) * 8),
+    "align8x2000": BatchLayout(history=(800,) * 8, checkpoints=(1600,) * 8, intermediate=True),
+}
+
 __all__ = [
     "SSUShape", "SSU_SHAPES", "ServedModel", "SSDCase", "SSD_MODELS", "SSD_CASES", "SSD_BATCHES", "REGISTRY_BATCHES",
-    "per_rank", "ssd_cases", "ssd_case",
+    "BatchLayout", "SSD_LAYOUTS", "per_rank", "ssd_cases", "ssd_case",
 ]  # fmt: skip

@@ -32,7 +32,7 @@ import torch
 
 from .._tilelang import ssd_plan
 from .report import markdown_table, write_report
-from .shapes import REGISTRY_BATCHES, SSD_BATCHES, SSD_CASES, SSD_MODELS, SSDCase
+from .shapes import REGISTRY_BATCHES, SSD_BATCHES, SSD_CASES, SSD_LAYOUTS, SSD_MODELS, BatchLayout, SSDCase
 from .timing import copy_ceiling_tbps, graph_time_us, host_time_us, windows_for
 
 PEAK_TFLOPS_BF16 = 790.0
@@ -71,12 +71,13 @@ def flops(T: int, s: SSDCase, L: int) -> float:
 POOL_DTYPES = {"int16": torch.int16, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}
 
 
-def nbytes(T: int, batch: int, s: SSDCase, pool: str | None = None) -> int:
-    """Bytes one call moves (see the module docstring); ``pool``: the states in that quantised dtype."""
+def nbytes(T: int, batch: int, s: SSDCase, pool: str | None = None, written: int | None = None) -> int:
+    """Bytes one call moves (see the module docstring); ``pool``: the states in that quantised dtype;
+    ``written``: the states the call writes (default one per sequence; every chunk's with intermediate states)."""
     io = 2 * T * (2 * s.heads * s.dim + 2 * s.groups * s.dstate) + 4 * T * s.heads
     rows = batch * s.heads * s.dim
     if pool is None:
-        return io + 2 * 4 * rows * s.dstate
+        return io + 4 * (rows + (batch if written is None else written) * s.heads * s.dim) * s.dstate
     return io + 2 * rows * (POOL_DTYPES[pool].itemsize * s.dstate + 4)
 
 
@@ -91,12 +92,16 @@ def quantise_rows(v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
     return (q.round() if dtype != torch.float8_e4m3fn else q).to(dtype), scale
 
 
-def make_window(s: SSDCase, seqlens, L, seed, dev, pool: str | None = None):
+def make_window(s: SSDCase, seqlens, L, seed, dev, pool: str | None = None, layout: BatchLayout | None = None):
     """One window of inputs; ``pool``: with MATE's quantised initial states, pool, its scales and slot indices
-    (``init_q``, ``init_scale``, ``pool``, ``pool_scale``, ``fsi``: sequence b's final state into slot b)."""
+    (``init_q``, ``init_scale``, ``pool``, ``pool_scale``, ``fsi``: sequence b's final state into slot b);
+    ``layout``: the sequences' cached tokens and prefill checkpoints (``shapes.SSD_LAYOUTS``)."""
     from ..mamba.chunking import chunk_metadata
 
-    meta = chunk_metadata(seqlens, L, device=dev)
+    if layout is None:
+        meta = chunk_metadata(seqlens, L, device=dev)
+    else:
+        meta = chunk_metadata(seqlens, L, layout.history, device=dev, checkpoints=layout.checkpoints)
     T = sum(seqlens)
     g = torch.Generator(device=dev).manual_seed(seed)
     H, P, N, G = s.heads, s.dim, s.dstate, s.groups
@@ -112,6 +117,7 @@ def make_window(s: SSDCase, seqlens, L, seed, dev, pool: str | None = None):
         init=torch.randn(len(seqlens), H, P, N, generator=g, device=dev) * 0.5,
         out=torch.empty(T, H, P, dtype=bf, device=dev),
         meta=meta,
+        intermediate=layout is not None and layout.intermediate,
     )
     if pool is not None:
         batch = len(seqlens)
@@ -132,7 +138,8 @@ def mate_args(w, L) -> tuple[tuple, dict]:
         return args, dict(dt_softplus=True, initial_states=w["init_q"], initial_states_scale=w["init_scale"],
                           final_states_out=w["pool"], final_state_indices=w["fsi"],
                           final_states_scale=w["pool_scale"])  # fmt: skip
-    return args, dict(dt_softplus=True, initial_states=w["init"], state_dtype=torch.float32)
+    return args, dict(dt_softplus=True, initial_states=w["init"], state_dtype=torch.float32,
+                      return_intermediate_states=w["intermediate"])  # fmt: skip
 
 
 def mate_fn(w, L):
@@ -155,17 +162,17 @@ def vllm_fn(w, L):
     def fn():
         return mamba_chunk_scan_combined_varlen(
             w["x"], w["dt"], w["A"], w["B"], w["C"], L, m.cu_seqlens, m.cu_chunk_seqlens, m.last_chunk_indices,
-            m.seq_idx, w["out"], w["D"], None, w["dt_bias"], w["init"], True, (0.0, float("inf")), False,
+            m.seq_idx, w["out"], w["D"], None, w["dt_bias"], w["init"], True, (0.0, float("inf")), w["intermediate"],
             torch.float32,
         )  # fmt: skip
 
     return fn
 
 
-def check_agreement(s, seqlens, L, dev, pool: str | None = None) -> float:
-    """Relative difference of MATE's and vLLM's outputs and final states on one window (with ``pool``: MATE's
+def check_agreement(s, seqlens, L, dev, pool: str | None = None, layout: BatchLayout | None = None) -> float:
+    """Relative difference of MATE's and vLLM's outputs and returned states on one window (with ``pool``: MATE's
     dequantised pool rows, vLLM's from the initial states MATE's quantised ones stand for)."""
-    w = make_window(s, seqlens, L, 1234, dev, pool)
+    w = make_window(s, seqlens, L, 1234, dev, pool, layout)
     st_m = mate_fn(w, L)()
     if pool is not None:
         st_m = w["pool"].float() * w["pool_scale"].unsqueeze(-1)
@@ -401,11 +408,17 @@ def _short(exc: Exception) -> str:
 def measure(case: SSDCase, bname: str, L: int, impls, mate_designs, dev, ceiling, args) -> list[dict]:
     """The rows of one cell: a MATE row per design of ``mate_designs`` and vLLM's, with the speed-ups."""
     seqlens = SSD_BATCHES[bname]
+    layout = SSD_LAYOUTS.get(bname)
     T = sum(seqlens)
     pool = args.pool
-    per_call = nbytes(T, len(seqlens), case)
-    nwin = min(windows_for(per_call), 4)
-    wins = [make_window(case, seqlens, L, 17 + i, dev, pool) for i in range(nwin)]
+    if pool is not None and layout is not None and layout.intermediate:
+        print(f"{case.name} {bname}: skipped with --pool (a quantised pool takes final states, not every chunk's)",
+              flush=True)  # fmt: skip
+        return []
+    wins = [make_window(case, seqlens, L, 17, dev, pool, layout)]
+    written = wins[0]["meta"].nchunks if wins[0]["intermediate"] else None
+    nwin = min(windows_for(nbytes(T, len(seqlens), case, written=written)), 4)
+    wins += [make_window(case, seqlens, L, 17 + i, dev, pool, layout) for i in range(1, nwin)]
     runs = []  # (impl, design): design None for vLLM
     for impl in impls:
         runs += [(design_impl(d), d) for d in mate_designs] if impl == "mate" else [(impl, None)]
@@ -421,7 +434,7 @@ def measure(case: SSDCase, bname: str, L: int, impls, mate_designs, dev, ceiling
             with contextlib.nullcontext() if design is None else design_context(design):
                 if design is not None and "vllm" in impls:
                     try:
-                        row["max_rel_diff_vs_vllm"] = f"{check_agreement(case, seqlens, L, dev, pool):.1e}"
+                        row["max_rel_diff_vs_vllm"] = f"{check_agreement(case, seqlens, L, dev, pool, layout):.1e}"
                     except Exception as exc:  # report, keep measuring (a design's refusal is the timing's to say)
                         if not isinstance(exc, NotImplementedError):
                             print(f"{impl} agreement check failed: {_short(exc)}", flush=True)
@@ -437,7 +450,7 @@ def measure(case: SSDCase, bname: str, L: int, impls, mate_designs, dev, ceiling
                 row["error"] = _short(exc)  # the design cannot serve this call: a row that says so
                 rows.append(row)
             continue
-        moved = nbytes(T, len(seqlens), case, pool if design is not None else None)
+        moved = nbytes(T, len(seqlens), case, pool if design is not None else None, written)
         row.update(
             us=round(us, 1), mtok_s=round(T / us, 2), tflops=round(flops(T, case, L) / us / 1e6, 1),
             pct_peak=round(100 * flops(T, case, L) / us / 1e6 / PEAK_TFLOPS_BF16, 1),
