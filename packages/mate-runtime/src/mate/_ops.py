@@ -301,15 +301,20 @@ def _ssu_fake(*args, **kwargs) -> None:
     normalize_ssu(*SSU.ordered(args, kwargs)[:-1])
 
 
-def _trace_ssu(args: tuple) -> torch.Tensor:
-    vals = SSU.op_args(args)
-    torch.ops.mate.selective_state_update(*vals)
-    return vals[SSU.index["out"]]
+def _traced_out(table: OpTable, op):
+    """The traced call of an op that writes ``out`` and returns nothing: emits ``op``, returns ``out``."""
+
+    def trace(args: tuple) -> torch.Tensor:
+        vals = table.op_args(args)
+        op(*vals)
+        return vals[table.index["out"]]
+
+    return trace
 
 
 # The traced selective_state_update (the table's parameters, positionally): emits the op, returns out (allocated
 # here when None).
-trace_ssu = SSU.entry("trace_ssu", _trace_ssu)
+trace_ssu = SSU.entry("trace_ssu", _traced_out(SSU, torch.ops.mate.selective_state_update))
 
 
 # ------------------------------------------------------------------------------------------------ SSD
@@ -369,11 +374,5 @@ def _replay_fake(*args, **kwargs) -> None:
     normalize_replay(*REPLAY.ordered(args, kwargs)[:-1])  # validation only
 
 
-def _trace_replay(args: tuple) -> torch.Tensor:
-    vals = REPLAY.op_args(args)
-    torch.ops.mate.replay_state_update(*vals)
-    return vals[REPLAY.index["out"]]
-
-
 # The traced replay_state_update (the table's parameters, positionally): emits the op, returns out.
-trace_replay = REPLAY.entry("trace_replay", _trace_replay)
+trace_replay = REPLAY.entry("trace_replay", _traced_out(REPLAY, torch.ops.mate.replay_state_update))

@@ -18,10 +18,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mate.mamba import materialize_replayed_state  # noqa: E402
+from test_replay_kernels import BF16, F8, F16, F32, I8, I16, QMAX, _values  # noqa: E402
 
-F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
-I16, I8, F8 = torch.int16, torch.int8, torch.float8_e4m3fn
-QMAX = {I16: 32767.0, I8: 127.0, F8: 448.0}
 I32, I64 = torch.int32, torch.int64
 
 
@@ -83,11 +81,6 @@ def build(c: MCase, seed: int = 0, dev: str = "cuda"):
     if scale is not None:
         tables["state_scale"] = scale
     return pool, tables
-
-
-def _values(state, scale):
-    s = state.float()
-    return s if scale is None else s * scale.unsqueeze(-1)
 
 
 def tilelang_kernel(pool, tables) -> None:

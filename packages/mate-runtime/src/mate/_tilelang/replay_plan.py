@@ -85,6 +85,22 @@ def _dense_rows(name: str, t: torch.Tensor, what: str) -> None:
         unsupported(f"{name} with a strided last dim in the TileLang ReplaySSM kernel", f"pass {what}")
 
 
+def _pool_layout(kernel: str, state, x_cache, B_cache, state_scale) -> bool:
+    """The pool and ring layouts both ReplaySSM kernels need (``NotImplementedError`` naming the tensor
+    otherwise); returns whether the state's rows go in 16-byte chunks (its slot and head strides and base on the
+    grid)."""
+    N = state.shape[3]
+    if state.stride(3) != 1 or state.stride(2) != N:
+        unsupported(f"state with strided inner dims in the TileLang ReplaySSM {kernel}",
+                    "a pool whose [P, N] rows are dense (slot and head strides are free)")  # fmt: skip
+    _dense_rows("x_cache", x_cache, "x_cache with a dense last dim")
+    _dense_rows("B_cache", B_cache, "B_cache with a dense last dim")
+    if state_scale is not None:
+        _dense_rows("state_scale", state_scale, "state_scale with a dense last dim")
+    vec = choose_tiling(1, N, DTYPE_NAMES[state.dtype]).vec
+    return not (state.stride(0) % vec or state.stride(1) % vec or state.data_ptr() % (vec * state.element_size()))
+
+
 def _vector_rings(bc: torch.Tensor, xc: torch.Tensor) -> bool:
     """Whether the rings' rows go in 16-byte pieces: outer strides and base addresses of both on the 16-byte
     grid."""
@@ -98,13 +114,7 @@ def plan(call: ReplayCall):
     state = call.state
     S, H, P, N = state.shape
     dev = state.device
-    if state.stride(3) != 1 or state.stride(2) != N:
-        unsupported("state with strided inner dims in the TileLang ReplaySSM kernel",
-                    "a pool whose [P, N] rows are dense (slot and head strides are free)")  # fmt: skip
-    _dense_rows("x_cache", call.x_cache, "x_cache with a dense last dim")
-    _dense_rows("B_cache", call.B_cache, "B_cache with a dense last dim")
-    if call.state_scale is not None:
-        _dense_rows("state_scale", call.state_scale, "state_scale with a dense last dim")
+    vstate = _pool_layout("kernel", state, call.x_cache, call.B_cache, call.state_scale)
     nseq = call.nseq
     if nseq == 0 or call.x.shape[1] == 0:
         return None
@@ -120,8 +130,6 @@ def plan(call: ReplayCall):
         B = B.contiguous()
     if C.stride(-1) != 1:
         C = C.contiguous()
-    vec = choose_tiling(1, N, DTYPE_NAMES[state.dtype]).vec
-    vstate = not (state.stride(0) % vec or state.stride(1) % vec or state.data_ptr() % (vec * state.element_size()))
     bc, xc = call.B_cache, call.x_cache
     rows = staged_rows(bc.shape[2], call.npredicted)
     vio = _vector_rings(bc, xc)
@@ -184,13 +192,7 @@ def plan_materialize(call: MaterializeCall):
     The four request tables are passed in their dtype when they share one, else each widened to int64."""
     state = call.state
     S, H, P, N = state.shape
-    if state.stride(3) != 1 or state.stride(2) != N:
-        unsupported("state with strided inner dims in the TileLang ReplaySSM materialisation kernel",
-                    "a pool whose [P, N] rows are dense (slot and head strides are free)")  # fmt: skip
-    _dense_rows("x_cache", call.x_cache, "x_cache with a dense last dim")
-    _dense_rows("B_cache", call.B_cache, "B_cache with a dense last dim")
-    if call.state_scale is not None:
-        _dense_rows("state_scale", call.state_scale, "state_scale with a dense last dim")
+    vstate = _pool_layout("materialisation kernel", state, call.x_cache, call.B_cache, call.state_scale)
     batch = call.src.shape[0]
     if batch == 0:
         return None
@@ -201,8 +203,6 @@ def plan_materialize(call: MaterializeCall):
     tables = (call.ring_start, call.prefix, call.src, call.dst)
     index_dt = tables[0].dtype if all(t.dtype == tables[0].dtype for t in tables) else torch.int64
     tables = tuple(t.to(index_dt).contiguous() for t in tables)
-    vec = choose_tiling(1, N, DTYPE_NAMES[state.dtype]).vec
-    vstate = not (state.stride(0) % vec or state.stride(1) % vec or state.data_ptr() % (vec * state.element_size()))
     ratio = H // call.B_cache.shape[1]
     spec = materialize_spec_for(P, N, ratio, state.dtype, call.x_cache.dtype, index_dt, rows, vstate,
                                 _vector_rings(call.B_cache, call.x_cache))  # fmt: skip
