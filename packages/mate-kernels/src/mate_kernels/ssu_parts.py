@@ -10,7 +10,7 @@ the thread's ``NS = R * vecs * vec`` is row ``r = k // (vecs * vec)``, chunk ``v
 A block-scaled quantised tensor (:data:`.ssu_common.QMAX`) comes with its fp32 scales ``[rows, H, P]``: one per
 state row, which the row's ``lanes`` lanes all hold. Reading dequantises with it; writing first reduces the row's
 max|value| over those lanes (a butterfly of ``shfl_xor`` max), then stores every value times ``QMAX / max``,
-rounded to nearest even (integers) or by the fp8 conversion (fp8), within +-QMAX, and the row's first lane
+rounded to nearest even (integers) or by the fp8 conversion (fp8), within +-QMAX, and every lane of the row
 writes the new scale ``max / QMAX`` (:func:`row_ops`' ``quant_ops``).
 """
 
@@ -420,12 +420,14 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                             for i in T.vectorized(CV):
                                 buf[c * CV + i] = T.cast(qf[c * CV + i], qdtype)
                     store_chunk(buf, dst, slot, h, p, n0)
-                if lane == 0:
-                    if guard_p:
-                        if p < P:
-                            scale[slot, h, p] = T.float32(1) / qs[r]
-                    else:
+                # every lane of the row writes the (same) scale: a lane that reads the row back later (the packed
+                # kernel's tree reload of a parent's entry) then reads its own write, with no ordering needed
+                # between the lanes of a warp
+                if guard_p:
+                    if p < P:
                         scale[slot, h, p] = T.float32(1) / qs[r]
+                else:
+                    scale[slot, h, p] = T.float32(1) / qs[r]
 
         return SimpleNamespace(fetch_scales=fetch_scales, dequantize=dequantize, reload=reload, store=store)
 
