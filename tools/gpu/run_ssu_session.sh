@@ -16,6 +16,8 @@
 #     bench       mate bench ssu --pdl (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per
 #                 call; MATE's kernels with programmatic dependent launch as a column of their own)
 #   not in the default list (run it by name, e.g. `bash tools/gpu/run_ssu_session.sh precompile bench-pdl`):
+#     formats     tests/gpu/test_ssu_quantized_kernels.py + test_ssu_stochastic_rounding_kernels.py (the
+#                 block-scaled and stochastically rounded states), junit XML + log
 #     bench-pdl   mate bench ssu --quick --after-producer --pdl: every call after a kernel that rewrites its
 #                 inputs (a conv1d's place), written as ssu-after-producer.{md,json,png}
 # Everything goes under $OUT (default ./ssu-session-out).
@@ -35,6 +37,10 @@ for stage in "${stages[@]}"; do
     tests)
         stamp "tests"
         gpu_pytest test_ssu_kernels 260 $T/test_ssu_kernels.py $T/test_ssu_fast_path_gpu.py
+        ;;
+    formats)
+        stamp "formats"
+        gpu_pytest test_ssu_formats 260 $T/test_ssu_quantized_kernels.py $T/test_ssu_stochastic_rounding_kernels.py
         ;;
     adapters)
         stamp "adapters"

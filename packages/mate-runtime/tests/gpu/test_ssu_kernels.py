@@ -55,10 +55,11 @@ def _slots_needed(c: Case, nseq: int) -> int:
     return 2 * nseq * (max(c.T, 1) + 1) + 8
 
 
-def build(c: Case, seed: int = 0):
-    """(kwargs, owners, retrieve_parent_token): inputs of one call; ``owners`` are the storages to compare."""
+def build(c: Case, seed: int = 0, dev: str | None = None):
+    """(kwargs, owners, retrieve_parent_token): inputs of one call on ``dev`` (default ``DEVICE``); ``owners`` are
+    the storages to compare."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    dev = DEVICE
+    dev = dev or DEVICE
 
     def rn(shape, dtype, scale=1.0):
         return (torch.randn(shape, generator=g) * scale).to(dtype).to(dev)
@@ -190,16 +191,12 @@ def build(c: Case, seed: int = 0):
     return kw, owners, parent
 
 
-def _call(kw, parent, backend):
+def normalized(kw, parent):
+    """The normalised call of ``build``'s kwargs and parent table (the public function's validation included)."""
     from mate.mamba._ssu_call import normalize_ssu
-    from mate.mamba.ssu import run_ssu
 
-    if parent is None:
-        from mate.mamba import selective_state_update
-
-        return selective_state_update(**kw, backend=backend)
     args = dict(kw)
-    call = normalize_ssu(
+    return normalize_ssu(
         args.pop("state"),
         args.pop("x"),
         args.pop("dt"),
@@ -210,7 +207,21 @@ def _call(kw, parent, backend):
         retrieve_parent_token=parent,
         **args,
     )
-    return run_ssu(call, backend)
+
+
+def _call(kw, parent, backend):
+    from mate.mamba.ssu import run_ssu
+
+    if parent is None:
+        from mate.mamba import selective_state_update
+
+        return selective_state_update(**kw, backend=backend)
+    return run_ssu(normalized(kw, parent), backend)
+
+
+def sync(dev) -> None:
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _close(name, got, ref, tol):
@@ -226,13 +237,17 @@ def _close(name, got, ref, tol):
         )
 
 
-def check(c: Case, seed: int = 0):
-    kw_k, own_k, par_k = build(c, seed)
-    kw_r, own_r, par_r = build(c, seed)
-    _, own_0, _ = build(c, seed)
-    y_k = _call(kw_k, par_k, "tilelang")
+def check(c: Case, seed: int = 0, kernel=None, dev: str | None = None):
+    """The TileLang call (``kernel(kwargs, parent)``: default the public function on ``DEVICE``) against the
+    reference on inputs built on ``dev``."""
+    dev = dev or DEVICE
+    kernel = kernel or (lambda kw, parent: _call(kw, parent, "tilelang"))
+    kw_k, own_k, par_k = build(c, seed, dev)
+    kw_r, own_r, par_r = build(c, seed, dev)
+    _, own_0, _ = build(c, seed, dev)
+    y_k = kernel(kw_k, par_k)
     y_r = _call(kw_r, par_r, "torch")
-    torch.cuda.synchronize()
+    sync(dev)
     assert torch.isfinite(y_r.float()).all()
     _close("y", y_k, y_r, OUT_TOL[c.io] if c.io != F32 else OUT_TOL[c.state])
     for name in own_k:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_ssu_kernels import BF16, F16, F32, I64, OUT_TOL, Case, _call, _close, build
+from test_ssu_kernels import BF16, F16, F32, I64, OUT_TOL, Case, _call, _close, build, sync
 
 pytestmark = pytest.mark.gpu
 
@@ -42,9 +42,9 @@ def quantise_like(owner: torch.Tensor, view: torch.Tensor, dtype: torch.dtype):
     return owner_q, view_q, scale.contiguous()
 
 
-def build_quantised(c: Case, dtype: torch.dtype, seed: int):
+def build_quantised(c: Case, dtype: torch.dtype, seed: int, dev: str | None = None):
     """(kwargs, owners, parent) of ``build`` with the pool and buffer quantised; owners gain the scales."""
-    kw, owners, parent = build(replace(c, state=F32), seed)
+    kw, owners, parent = build(replace(c, state=F32), seed, dev)
     pool, state, sscale = quantise_like(owners["pool"], kw["state"], dtype)
     kw.update(state=state, state_scale=sscale)
     owners = {"pool": pool, "pool_scale": sscale}
@@ -65,13 +65,15 @@ def _dequantised(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float().view(*scale.shape, -1) * scale.unsqueeze(-1)
 
 
-def check_quantised(c: Case, dtype: torch.dtype, seed: int = 0):
-    kw_k, own_k, par_k = build_quantised(c, dtype, seed)
-    kw_r, own_r, par_r = build_quantised(c, dtype, seed)
-    kw_0, own_0, _ = build_quantised(c, dtype, seed)
-    y_k = _call(kw_k, par_k, "tilelang")
+def check_quantised(c: Case, dtype: torch.dtype, seed: int = 0, kernel=None, dev: str | None = None):
+    """As ``test_ssu_kernels.check`` (``kernel``, ``dev``), for a quantised pool."""
+    kernel = kernel or (lambda kw, parent: _call(kw, parent, "tilelang"))
+    kw_k, own_k, par_k = build_quantised(c, dtype, seed, dev)
+    kw_r, own_r, par_r = build_quantised(c, dtype, seed, dev)
+    kw_0, own_0, _ = build_quantised(c, dtype, seed, dev)
+    y_k = kernel(kw_k, par_k)
     y_r = _call(kw_r, par_r, "torch")
-    torch.cuda.synchronize()
+    sync(kw_k["state"].device)
     assert torch.isfinite(y_r.float()).all()
     _close("y", y_k, y_r, OUT_TOL[c.io] if c.io != F32 else 1e-4)
     for name, sname, view in (("pool", "pool_scale", "state"), ("ibuf", "ibuf_scale", "intermediate_states_buffer")):

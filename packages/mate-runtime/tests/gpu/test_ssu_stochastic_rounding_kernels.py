@@ -16,16 +16,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_ssu_kernels import BF16, F16, F32, OUT_TOL, Case, _call, _close, build
+from test_ssu_kernels import BF16, F16, F32, OUT_TOL, Case, _call, _close, build, sync
 
 pytestmark = pytest.mark.gpu
 
 from mate.mamba import selective_state_update  # noqa: E402
 
 
-def build_sr(c: Case, seed: int, rand: int, rounds: int):
-    kw, owners, parent = build(replace(c, state=F16), seed)
-    kw.update(rand_seed=torch.tensor([rand], dtype=torch.int64, device="cuda"), philox_rounds=rounds)
+def build_sr(c: Case, seed: int, rand: int, rounds: int, dev: str | None = None):
+    kw, owners, parent = build(replace(c, state=F16), seed, dev)
+    kw.update(rand_seed=torch.tensor([rand], dtype=torch.int64, device=kw["state"].device), philox_rounds=rounds)
     return kw, owners, parent
 
 
@@ -33,13 +33,15 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int16)
 
 
-def check_sr(c: Case, rand: int = 1234, rounds: int = 10):
-    kw_k, own_k, par_k = build_sr(c, 0, rand, rounds)
-    kw_r, own_r, par_r = build_sr(c, 0, rand, rounds)
-    _, own_0, _ = build_sr(c, 0, rand, rounds)
-    y_k = _call(kw_k, par_k, "tilelang")
+def check_sr(c: Case, rand: int = 1234, rounds: int = 10, kernel=None, dev: str | None = None):
+    """As ``test_ssu_kernels.check`` (``kernel``, ``dev``), for an fp16 pool rounded stochastically."""
+    kernel = kernel or (lambda kw, parent: _call(kw, parent, "tilelang"))
+    kw_k, own_k, par_k = build_sr(c, 0, rand, rounds, dev)
+    kw_r, own_r, par_r = build_sr(c, 0, rand, rounds, dev)
+    _, own_0, _ = build_sr(c, 0, rand, rounds, dev)
+    y_k = kernel(kw_k, par_k)
     y_r = _call(kw_r, par_r, "torch")
-    torch.cuda.synchronize()
+    sync(kw_k["state"].device)
     _close("y", y_k, y_r, OUT_TOL[c.io] if c.io != F32 else 1e-4)
     for name in own_k:
         got, ref, orig = own_k[name], own_r[name], own_0[name]
