@@ -470,10 +470,13 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             16-bit ``half`` (0 or 1) of ``word``. Overflow (to inf) by a min, underflow (to zero) by a select."""
             bits = T.reinterpret(u32, v)
             noise = T.shift_right(word, T.cast(half * 16, u32))
-            mag = T.cast((bits & T.uint32(0x7FFFFFFF)) + (noise & T.uint32(0x1FFF)), "int32")
-            h = T.shift_right(mag, 13) - (112 << 10)  # (exp - 112) << 10 | mantissa >> 13, where normal
+            mag = (bits & T.uint32(0x7FFFFFFF)) + (noise & T.uint32(0x1FFF))  # a NaN's may pass 2^31: unsigned
+            h = T.cast(T.shift_right(mag, T.uint32(13)), "int32") - (112 << 10)  # (exp - 112) << 10 | mant >> 13
             h = T.if_then_else(h < (1 << 10), 0, T.min(h, 0x7C00))  # below the smallest normal: zero
-            h = T.if_then_else((bits & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), 0x7E00, h)  # NaN
+            # a NaN is 0x7C00 by now (its magnitude is above inf's): its quiet bit is or-ed in without a branch
+            # (a select of 0x7E00 against the whole expression became a branch per value)
+            nan = T.cast((bits & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), "int32")
+            h = h | T.shift_left(nan, 9)
             return T.cast(h, u32) | (T.shift_right(bits, T.uint32(16)) & T.uint32(0x8000))
 
         def offset_of(dst, slot, h, p, n0):
