@@ -13,7 +13,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 
-from cuda_emulator import Emulated, unavailable  # noqa: E402
+from cuda_emulator import launch_spec, unavailable  # noqa: E402
 from mate._tilelang import replay_plan  # noqa: E402
 from mate.mamba._replay_call import normalize_materialize  # noqa: E402
 from test_materialize_kernels import CASES, MCase, check, check_out_of_range  # noqa: E402
@@ -21,8 +21,6 @@ from test_materialize_kernels import CASES, MCase, check, check_out_of_range  # 
 pytestmark = pytest.mark.emulated
 if (why := unavailable()) is not None:
     pytest.skip(why, allow_module_level=True)
-
-_built: dict = {}
 
 
 def emulated_kernel(pool, tables) -> None:
@@ -33,14 +31,8 @@ def emulated_kernel(pool, tables) -> None:
     call = normalize_materialize(*pool.values(), t["ring_start"], t["replay_prefix_len"], t["src_slots"],
                                  t["dst_slots"], scale)  # fmt: skip
     planned = replay_plan.plan_materialize(call)
-    if planned is None:
-        return
-    spec, args = planned
-    em = _built.get(spec)
-    if em is None:
-        em = _built[spec] = Emulated(spec.build(), spec.pass_configs())
-    P, H = call.state.shape[2], call.state.shape[1]
-    em(*args, grid=(-(-P // spec.tiling.block_p), H, call.src.shape[0]), threads=spec.tiling.threads)
+    if planned is not None:
+        launch_spec(*planned, dim=call.state.shape[2], heads=call.state.shape[1], rows=call.src.shape[0])
 
 
 @pytest.mark.parametrize("c", CASES)

@@ -18,7 +18,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 
-from cuda_emulator import Emulated, unavailable  # noqa: E402
+from cuda_emulator import launch_spec, unavailable  # noqa: E402
 from mate._tilelang import replay_plan  # noqa: E402
 from mate.mamba import advance_replay_ring, replay_state_update  # noqa: E402
 from mate.mamba._replay_call import check_replay_data, normalize_replay  # noqa: E402
@@ -28,8 +28,6 @@ pytestmark = pytest.mark.emulated
 if (why := unavailable()) is not None:
     pytest.skip(why, allow_module_level=True)
 
-_built: dict = {}
-
 
 def emulated_kernel(pool, kw) -> None:
     """``replay_state_update`` on the TileLang backend, its kernel run on the CPU: the planner's spec and
@@ -37,15 +35,8 @@ def emulated_kernel(pool, kw) -> None:
     call = normalize_replay(*pool.values(), **kw)
     check_replay_data(call)
     planned = replay_plan.plan(call)
-    if planned is None:
-        return
-    spec, args = planned
-    em = _built.get(spec)
-    if em is None:
-        em = _built[spec] = Emulated(spec.build(), spec.pass_configs())
-    t = spec.tiling
-    P, H = call.state.shape[2], call.state.shape[1]
-    em(*args, grid=(-(-P // t.block_p), H, call.nseq), threads=t.threads)
+    if planned is not None:
+        launch_spec(*planned, dim=call.state.shape[2], heads=call.state.shape[1], rows=call.nseq)
 
 
 @pytest.mark.parametrize("c", CASES)
@@ -107,9 +98,7 @@ def test_emulated_tables_out_of_range_stay_inside_the_tensors():
     k1 = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     k1["state_batch_indices"] = slots
     call = normalize_replay(*mine.values(), **k1)
-    spec, args = replay_plan.plan(call)
-    em = _built.get(spec) or _built.setdefault(spec, Emulated(spec.build(), spec.pass_configs()))
-    em(*args, grid=(-(-c.P // spec.tiling.block_p), c.H, call.nseq), threads=spec.tiling.threads)
+    launch_spec(*replay_plan.plan(call), dim=c.P, heads=c.H, rows=call.nseq)
     assert torch.equal(big[:2], guard[:2]) and torch.equal(big[2 + S :], guard[2 + S :]), "a guard slot was written"
     assert torch.isnan(k1["out"][[1, 4]]).all(), "a sequence on a slot outside the pool wrote its output"
     # the good sequences (slots 0 and 2 untouched tables; slot 3's negative count read as 0) as the reference

@@ -21,7 +21,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 
-from cuda_emulator import Emulated, unavailable  # noqa: E402
+from cuda_emulator import launch_spec, unavailable  # noqa: E402
 from mate._tilelang import ssu_plan  # noqa: E402
 from mate.mamba._ssu_call import finish  # noqa: E402
 from test_ssu_kernels import BF16, F16, F32, I64, Case, check, normalized  # noqa: E402
@@ -32,8 +32,6 @@ pytestmark = pytest.mark.emulated
 if (why := unavailable()) is not None:
     pytest.skip(why, allow_module_level=True)
 
-_built: dict = {}
-
 
 def emulated_kernel(kw, parent):
     """``selective_state_update`` on the TileLang backend, its kernel run on the CPU: the planner's spec and
@@ -41,13 +39,7 @@ def emulated_kernel(kw, parent):
     call = normalized(kw, parent)
     planned = ssu_plan.plan(call)
     if planned is not None:
-        spec, args = planned
-        em = _built.get(spec)
-        if em is None:
-            em = _built[spec] = Emulated(spec.build(), spec.pass_configs())
-        t = spec.tiling
-        P, H = call.state.shape[2], call.state.shape[1]
-        em(*args, grid=(-(-P // t.block_p), H, call.nseq), threads=t.threads)
+        launch_spec(*planned, dim=call.state.shape[2], heads=call.state.shape[1], rows=call.nseq)
     return finish(call)
 
 

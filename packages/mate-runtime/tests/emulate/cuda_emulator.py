@@ -166,4 +166,18 @@ class Emulated:
             raise ValueError(f"{name}.{what} = {val}, the kernel expects {int(sym)}")
 
 
-__all__ = ["Emulated", "kernel_source", "unavailable"]
+_built: dict = {}  # spec -> Emulated, once per process
+
+
+def launch_spec(spec, args, *, dim: int, heads: int, rows: int) -> None:
+    """Run the kernel of a decode kernel spec (SSU, ReplaySSM, materialisation: ``spec.build()``, its
+    ``pass_configs()`` and ``tiling``) on ``args`` over their common launch grid ``(P blocks, heads, rows)``, with
+    ``tiling.threads`` per CTA. Each spec's library is built once per process."""
+    em = _built.get(spec)
+    if em is None:
+        em = _built[spec] = Emulated(spec.build(), spec.pass_configs())
+    t = spec.tiling
+    em(*args, grid=(-(-dim // t.block_p), heads, rows), threads=t.threads)
+
+
+__all__ = ["Emulated", "kernel_source", "launch_spec", "unavailable"]

@@ -219,6 +219,11 @@ def _call(kw, parent, backend):
     return run_ssu(normalized(kw, parent), backend)
 
 
+def tilelang_call(kw, parent):
+    """The TileLang backend's call on ``build``'s kwargs (the default ``kernel`` of the checks)."""
+    return _call(kw, parent, "tilelang")
+
+
 def sync(dev) -> None:
     if torch.device(dev).type == "cuda":
         torch.cuda.synchronize()
@@ -241,7 +246,7 @@ def check(c: Case, seed: int = 0, kernel=None, dev: str | None = None):
     """The TileLang call (``kernel(kwargs, parent)``: default the public function on ``DEVICE``) against the
     reference on inputs built on ``dev``."""
     dev = dev or DEVICE
-    kernel = kernel or (lambda kw, parent: _call(kw, parent, "tilelang"))
+    kernel = kernel or tilelang_call
     kw_k, own_k, par_k = build(c, seed, dev)
     kw_r, own_r, par_r = build(c, seed, dev)
     _, own_0, _ = build(c, seed, dev)

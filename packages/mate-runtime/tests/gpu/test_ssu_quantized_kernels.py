@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_ssu_kernels import BF16, F16, F32, I64, OUT_TOL, Case, _call, _close, build, sync
+from test_ssu_kernels import BF16, F16, F32, I64, OUT_TOL, Case, _call, _close, build, sync, tilelang_call
 
 pytestmark = pytest.mark.gpu
 
@@ -67,7 +67,7 @@ def _dequantised(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def check_quantised(c: Case, dtype: torch.dtype, seed: int = 0, kernel=None, dev: str | None = None):
     """As ``test_ssu_kernels.check`` (``kernel``, ``dev``), for a quantised pool."""
-    kernel = kernel or (lambda kw, parent: _call(kw, parent, "tilelang"))
+    kernel = kernel or tilelang_call
     kw_k, own_k, par_k = build_quantised(c, dtype, seed, dev)
     kw_r, own_r, par_r = build_quantised(c, dtype, seed, dev)
     kw_0, own_0, _ = build_quantised(c, dtype, seed, dev)

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_ssu_kernels import BF16, F16, F32, OUT_TOL, Case, _call, _close, build, sync
+from test_ssu_kernels import BF16, F16, F32, OUT_TOL, Case, _call, _close, build, sync, tilelang_call
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def check_sr(c: Case, rand: int = 1234, rounds: int = 10, kernel=None, dev: str | None = None):
     """As ``test_ssu_kernels.check`` (``kernel``, ``dev``), for an fp16 pool rounded stochastically."""
-    kernel = kernel or (lambda kw, parent: _call(kw, parent, "tilelang"))
+    kernel = kernel or tilelang_call
     kw_k, own_k, par_k = build_sr(c, 0, rand, rounds, dev)
     kw_r, own_r, par_r = build_sr(c, 0, rand, rounds, dev)
     _, own_0, _ = build_sr(c, 0, rand, rounds, dev)
