@@ -1,6 +1,6 @@
 """Compile the TileLang kernels of the GPU tests and of the benchmarks before they run, in parallel processes.
 
-    python tools/gpu/precompile.py [ssu|ssd|ssd-quantized|replay|all] [--jobs N] [--pdl] [--list]
+    python tools/gpu/precompile.py [ssu|ssd|ssd-quantized|ssd-bench|replay|all] [--jobs N] [--pdl] [--list]
 
 The kernels are the exact specs the planners give: every case of
 ``packages/mate-runtime/tests/gpu/test_ssu_kernels.py`` (and ``test_ssu_quantized_kernels.py``) /
@@ -40,15 +40,20 @@ def _test_module(name: str):
     return module
 
 
+CASE_FILTER: str | None = None  # --cases: only the test cases whose pytest id contains this
+
+
 def _cases(module) -> list:
-    """The first value of each ``pytest.param`` of a module-level list that is one of the module's ``Case``s."""
+    """The first value of each ``pytest.param`` of a module-level list that is one of the module's ``Case``s
+    (with ``--cases``, only those whose id contains it)."""
     out = []
     for value in vars(module).values():
         if isinstance(value, list):
             for param in value:
                 values = getattr(param, "values", None)
                 if values and isinstance(values[0], module.Case):
-                    out.append(values[0])
+                    if CASE_FILTER is None or CASE_FILTER in (getattr(param, "id", None) or ""):
+                        out.append(values[0])
     return out
 
 
@@ -111,6 +116,8 @@ def ssd_specs() -> list:
         # every case as the split design plans it too (the split tests force it on these shapes)
         with ssd_plan.forcing("split", runs=3):
             specs += plan_ssd_combined_fwd_varlen(**kw)
+    if CASE_FILTER is not None:  # only the selected test cases
+        return list(dict.fromkeys(specs))
     specs += ssd_quantized_specs()
     bench = [p for quick in ([], ["--quick"]) for p in build_plan(build_parser().parse_args(quick))]
     for case_name, L in dict.fromkeys((p.case, p.chunk) for p in bench):  # mate bench ssd's cases, with --quick
@@ -123,6 +130,29 @@ def ssd_specs() -> list:
         base = served[0]
         specs += served + [dataclasses.replace(base, split=True), ssd_plan.states_spec(base),
                            ssd_plan.combine_spec(base)]  # fmt: skip
+    return list(dict.fromkeys(specs))
+
+
+def ssd_bench_specs(argv: list[str]) -> list:
+    """Exactly the kernels ``mate bench ssd ARGV`` runs: each cell's call planned on the CPU (as for an H200) with
+    the planner's pick and with each design held."""
+    from mate._tilelang import ssd_plan
+    from mate.bench.shapes import SSD_BATCHES, SSD_CASES, SSD_LAYOUTS
+    from mate.bench.ssd import build_parser, build_plan, make_window, mate_args
+    from mate.mamba.planning import plan_ssd_combined_fwd_varlen
+
+    specs = []
+    for cell in build_plan(build_parser().parse_args(argv)):
+        w = make_window(SSD_CASES[cell.case], SSD_BATCHES[cell.batch], cell.chunk, 0, "cpu",
+                        layout=SSD_LAYOUTS.get(cell.batch))  # fmt: skip
+        args, kwargs = mate_args(w, cell.chunk)
+        specs += plan_ssd_combined_fwd_varlen(*args, **kwargs)
+        for design in ssd_plan.DESIGNS:
+            with ssd_plan.forcing(design):
+                try:
+                    specs += plan_ssd_combined_fwd_varlen(*args, **kwargs)
+                except NotImplementedError:  # a design that cannot serve the cell (the bench reports it)
+                    pass
     return list(dict.fromkeys(specs))
 
 
@@ -178,18 +208,31 @@ def main(argv: list[str] | None = None) -> int:
         "op",
         nargs="?",
         default="all",
-        choices=("ssu", "ssd", "ssd-quantized", "replay", "all"),
-        help="which kernels (default all; ssd-quantized: those of the quantised-pool SSD tests)",
+        choices=("ssu", "ssd", "ssd-quantized", "ssd-bench", "replay", "all"),
+        help="which kernels (default all; ssd-quantized: those of the quantised-pool SSD tests; ssd-bench: those "
+        "`mate bench ssd` runs with the arguments of --bench-args)",
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="worker processes (default: CPU count)")
     ap.add_argument("--pdl", action="store_true", help="also the SSU kernels built with programmatic dependent launch")
     ap.add_argument("--list", action="store_true", help="print the kernel specs and exit")
+    ap.add_argument(
+        "--cases", default=None, metavar="SUBSTR",
+        help="ssd: only the SSD tests' cases whose pytest id contains SUBSTR (no benchmark kernels)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--bench-args", default="", metavar="ARGS",
+        help="ssd-bench: the arguments of the `mate bench ssd` run to compile for (default: none, the registry)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    global CASE_FILTER
+    CASE_FILTER = args.cases
     specs = []
     if args.op in ("ssd", "all"):  # the long compiles first
         specs += ssd_specs()
     elif args.op == "ssd-quantized":
         specs += ssd_quantized_specs()
+    elif args.op == "ssd-bench":
+        specs += ssd_bench_specs(args.bench_args.split())
     if args.op in ("ssu", "all"):
         specs += ssu_specs(args.pdl)
     if args.op in ("replay", "all"):
