@@ -118,9 +118,15 @@ def test_mate_flashinfer_compat_mamba_is_shaped_like_flashinfer_mamba():
         """
         import mate_flashinfer_compat.mamba as fm
         sub = sys.modules["mate_flashinfer_compat.mamba.selective_state_update"]
-        assert fm.__path__ and fm.__all__ == ["selective_state_update"], fm.__all__
+        ckpt = sys.modules["mate_flashinfer_compat.mamba.checkpointing_ssu"]
+        assert fm.__path__ and fm.__all__ == [
+            "selective_state_update", "checkpointing_ssu", "allocate_checkpointing_ssu_scratch"], fm.__all__
         assert fm.selective_state_update is sub.selective_state_update  # the function shadows its submodule
-        assert fm.SERVED == ("selective_state_update",) and "checkpointing_ssu" in fm.NOT_SERVED
+        assert fm.checkpointing_ssu is ckpt.checkpointing_ssu
+        assert fm.allocate_checkpointing_ssu_scratch is ckpt.allocate_checkpointing_ssu_scratch
+        assert fm.SERVED == ("selective_state_update",)
+        assert fm.STANDALONE == ("checkpointing_ssu", "allocate_checkpointing_ssu_scratch")
+        assert "replayssm_materialize" in fm.NOT_SERVED and not set(fm.NOT_SERVED) & set(fm.STANDALONE)
         for name in fm.NOT_SERVED:
             try:
                 getattr(fm, name)
@@ -213,13 +219,16 @@ def test_alias_without_flashinfer_is_flashinfer_mamba_only_and_loud_elsewhere():
         import flashinfer, flashinfer.mamba as fm
         import mate_flashinfer_compat.mamba as mine
         sub = sys.modules["flashinfer.mamba.selective_state_update"]
-        assert fm.__path__ == [] and fm.__all__ == ["selective_state_update"] and flashinfer.mamba is fm
+        assert fm.__path__ == [] and fm.__all__ == mine.__all__ and flashinfer.mamba is fm
         assert fm.selective_state_update is mine.selective_state_update is sub.selective_state_update
-        assert not hasattr(flashinfer, "BatchDecodeWithPagedKVCacheWrapper") and not hasattr(fm, "checkpointing_ssu")
+        from flashinfer.mamba.checkpointing_ssu import checkpointing_ssu  # vLLM's ReplaySSM import
+        assert checkpointing_ssu is fm.checkpointing_ssu is mine.checkpointing_ssu
+        assert fm.allocate_checkpointing_ssu_scratch is mine.allocate_checkpointing_ssu_scratch
+        assert not hasattr(flashinfer, "BatchDecodeWithPagedKVCacheWrapper")
         for stmt in ("from flashinfer import BatchDecodeWithPagedKVCacheWrapper", "import flashinfer.sampling",
                      "flashinfer.norm", "importlib.util.find_spec('flashinfer.comm')",
-                     "from flashinfer.mamba import checkpointing_ssu", "import flashinfer.mamba.replayssm_materialize",
-                     "fm.cake_selective_state_update"):
+                     "from flashinfer.mamba import replayssm_materialize",
+                     "import flashinfer.mamba.replayssm_materialize", "fm.cake_selective_state_update"):
             try:
                 exec(stmt)
             except (ImportError, AttributeError) as e:
@@ -238,8 +247,14 @@ def test_alias_without_flashinfer_is_flashinfer_mamba_only_and_loud_elsewhere():
     for line, name in zip(lines, ("BatchDecodeWithPagedKVCacheWrapper", "sampling", "norm", "comm"), strict=False):
         assert f"flashinfer.{name}: this flashinfer is MATE's alias (MATE_FLASHINFER_COMPAT=alias" in line, line
     for line in lines[4:]:
-        assert "that MATE does not serve; mate-flashinfer-compat serves only selective_state_update" in line, line
-    assert "STATUS MATE's alias (flashinfer.mamba only) {'selective_state_update': 'mate'}" in out
+        assert (
+            "that MATE does not serve; mate-flashinfer-compat serves only selective_state_update, "
+            "checkpointing_ssu, allocate_checkpointing_ssu_scratch"
+        ) in line, line
+    assert (
+        "STATUS MATE's alias (flashinfer.mamba only) {'selective_state_update': 'mate', 'checkpointing_ssu': 'mate', "
+        "'allocate_checkpointing_ssu_scratch': 'mate'}"
+    ) in out
     assert sum("flashinfer is MATE's alias" in line and " INFO " in line for line in out.splitlines()) == 1, out
 
 

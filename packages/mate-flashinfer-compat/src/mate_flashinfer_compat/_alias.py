@@ -35,7 +35,7 @@ import sys
 import types
 import warnings
 
-from ._names import SERVED, SUBMODULES, not_served_message
+from ._names import PACKAGE, SERVED, STANDALONE, SUBMODULES, not_served_message
 
 ENV = "MATE_FLASHINFER_COMPAT"
 OWNER = "mate-flashinfer-compat"
@@ -120,7 +120,7 @@ def _alias_getattr(qualname: str):
 def _alias_message(fullname: str) -> str:
     return (
         f"{fullname}: this flashinfer is MATE's alias ({ENV}=alias, mate-flashinfer-compat), which provides only "
-        f"flashinfer.mamba ({', '.join(SERVED)}); it is not FlashInfer. Install flashinfer-python for the rest of "
+        f"flashinfer.mamba ({', '.join(PACKAGE)}); it is not FlashInfer. Install flashinfer-python for the rest of "
         f"FlashInfer, or unset {ENV} (auto) so that no flashinfer module pretends to exist."
     )
 
@@ -132,7 +132,7 @@ class _ShimLoader(importlib.abc.Loader):
         mod = types.ModuleType(spec.name)
         mod.__doc__ = (
             "MATE's flashinfer alias (mate-flashinfer-compat, MATE_FLASHINFER_COMPAT=alias): only flashinfer.mamba "
-            f"is provided, serving {', '.join(SERVED)}; this is not FlashInfer."
+            f"is provided, serving {', '.join(PACKAGE)}; this is not FlashInfer."
         )
         return mod
 
@@ -151,7 +151,7 @@ class _ShimLoader(importlib.abc.Loader):
         report_once(
             "alias",
             f"mate-flashinfer-compat: flashinfer is MATE's alias ({ENV}=alias, no real FlashInfer installed); "
-            f"flashinfer.mamba serves MATE's {', '.join(SERVED)} and nothing else of FlashInfer exists",
+            f"flashinfer.mamba serves MATE's {', '.join(PACKAGE)} and nothing else of FlashInfer exists",
         )
 
 
@@ -273,7 +273,9 @@ def status() -> dict:
     fi = sys.modules.get("flashinfer")
     fm = sys.modules.get(PROVIDED)
     served = {}
-    for name in SERVED:
+    # the ReplaySSM names are MATE's only in MATE's alias (no real FlashInfer); beside one they stay FlashInfer's
+    alias = (fi is not None and _is_alias(fi)) or (fi is None and real is None and mode == "alias" and _armed["hook"])
+    for name in SERVED + (STANDALONE if alias else ()):
         if fm is not None:
             mates = getattr(getattr(fm, name, None), "__module__", "").startswith(TARGET)
             served[name] = "mate" if mates else _served.get(name, "flashinfer")
@@ -296,5 +298,5 @@ def status() -> dict:
         "real_flashinfer": None if real is None else real.origin,
         "flashinfer": flashinfer,
         "flashinfer.mamba": served,
-        "mate_flashinfer_compat.mamba": list(SERVED),
+        "mate_flashinfer_compat.mamba": list(PACKAGE),
     }

@@ -3,20 +3,25 @@ and the alias finder read it without importing torch)."""
 
 from __future__ import annotations
 
-# flashinfer.mamba names that MATE serves with FlashInfer's exact contract (signature, defaults, semantics).
+# flashinfer.mamba names that MATE serves with FlashInfer's exact contract (signature, defaults, semantics), in
+# its own package and inside a real FlashInfer's flashinfer.mamba.
 SERVED = ("selective_state_update",)
+# flashinfer.mamba names that MATE serves with FlashInfer's contract only where no real FlashInfer is installed
+# (mate_flashinfer_compat.mamba, and the alias): beside one they stay FlashInfer's, whose ReplaySSM kernel is
+# faster than MATE's on the H200.
+STANDALONE = ("checkpointing_ssu", "allocate_checkpointing_ssu_scratch")
 # FlashInfer's other public flashinfer.mamba names (its __all__, and the CuTe DSL prefill where that imports):
 # FlashInfer's alone.
 NOT_SERVED = (
     "cake_selective_state_update",
-    "checkpointing_ssu",
-    "allocate_checkpointing_ssu_scratch",
     "replayssm_materialize",
     "SSDCombined",
     "ssd_combined_fwd",
 )
+# The names of MATE's own flashinfer.mamba-shaped package.
+PACKAGE = SERVED + STANDALONE
 # Submodules of FlashInfer's flashinfer.mamba package that have a MATE counterpart.
-SUBMODULES = ("selective_state_update",)
+SUBMODULES = ("selective_state_update", "checkpointing_ssu")
 
 
 def not_served_message(qualname: str) -> str:
@@ -25,6 +30,6 @@ def not_served_message(qualname: str) -> str:
     what = "a part of FlashInfer's flashinfer.mamba" if name in NOT_SERVED else "not a flashinfer.mamba name"
     return (
         f"{qualname}: {what} that MATE does not serve; mate-flashinfer-compat serves only "
-        f"{', '.join(SERVED)}. Install flashinfer-python for the rest: beside it, MATE_FLASHINFER_COMPAT=auto "
+        f"{', '.join(PACKAGE)}. Install flashinfer-python for the rest: beside it, MATE_FLASHINFER_COMPAT=auto "
         "serves MATE's functions inside the real flashinfer.mamba and leaves every other one to FlashInfer."
     )

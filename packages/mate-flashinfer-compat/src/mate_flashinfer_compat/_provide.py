@@ -7,7 +7,7 @@ import inspect
 import sys
 
 from ._alias import ENV, OWNER, PROVIDED, WARNING, report_once
-from ._names import NOT_SERVED, SERVED
+from ._names import NOT_SERVED, SERVED, STANDALONE
 
 KNOWN_VERSIONS = ("0.7.2",)  # the FlashInfer releases whose flashinfer.mamba contract MATE reproduces
 
@@ -59,7 +59,7 @@ def serve(module, served: dict) -> None:
         return
     known = any(version == v or version.startswith(v + ".") for v in KNOWN_VERSIONS)
     note = "" if known else f" (FlashInfer {version}: not a version this adapter was checked against; same signature)"
-    rest = [n for n in NOT_SERVED if n in module.__dict__]
+    rest = [n for n in STANDALONE + NOT_SERVED if n in module.__dict__]
     report_once(
         "served",
         f"mate-flashinfer-compat: {', '.join(f'{PROVIDED}.{n}' for n in done)} is MATE's inside FlashInfer "

@@ -1,10 +1,11 @@
 """MATE's ``flashinfer.mamba``: a package shaped like FlashInfer 0.7.2's, holding the functions MATE serves.
 
-As in FlashInfer's, the package attribute ``selective_state_update`` is the function and shadows the submodule
-of the same name (:mod:`mate_flashinfer_compat.mamba.selective_state_update`, which defines it). Code written
-against FlashInfer imports it from here where no real FlashInfer is installed (``MATE_FLASHINFER_COMPAT=alias``
-also makes this package ``flashinfer.mamba``); beside a real FlashInfer, the default ``auto`` puts
-:data:`SERVED` into FlashInfer's own ``flashinfer.mamba`` instead.
+As in FlashInfer's, the package attributes ``selective_state_update`` and ``checkpointing_ssu`` are functions
+that shadow the submodules of the same names (:mod:`mate_flashinfer_compat.mamba.selective_state_update` and
+:mod:`mate_flashinfer_compat.mamba.checkpointing_ssu`, which define them). Code written against FlashInfer
+imports them from here where no real FlashInfer is installed (``MATE_FLASHINFER_COMPAT=alias`` also makes this
+package ``flashinfer.mamba``); beside a real FlashInfer, the default ``auto`` puts :data:`SERVED` into
+FlashInfer's own ``flashinfer.mamba`` instead, and :data:`STANDALONE` (the ReplaySSM names) stay FlashInfer's.
 
 :data:`NOT_SERVED` names FlashInfer 0.7.2's other ``flashinfer.mamba`` functions, which MATE does not implement;
 asking for one raises ``AttributeError`` saying so.
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 from .._names import NOT_SERVED as NOT_SERVED
 from .._names import SERVED as SERVED
+from .._names import STANDALONE as STANDALONE
 from .._names import SUBMODULES as SUBMODULES
 from .._names import not_served_message
+from .checkpointing_ssu import allocate_checkpointing_ssu_scratch, checkpointing_ssu
 from .selective_state_update import selective_state_update
 
 
@@ -25,4 +28,4 @@ def __getattr__(name):
     raise AttributeError(not_served_message(f"{__name__}.{name}"))
 
 
-__all__ = ["selective_state_update"]
+__all__ = ["selective_state_update", "checkpointing_ssu", "allocate_checkpointing_ssu_scratch"]
