@@ -197,5 +197,19 @@ def check_out_of_range(kernel=tilelang_kernel, dev: str = "cuda"):
         assert torch.equal(mine["state"][d], pool["state"][d])
 
 
-def test_tables_out_of_range_stay_inside_the_tensors():
+def test_tables_out_of_range_stay_inside_the_tensors(unchecked_inputs):
     check_out_of_range()
+
+
+def test_checked_tables_out_of_range_raise_before_writing():
+    """With ``MATE_CHECK_INPUTS=1`` (the suite's default) the TileLang path refuses the same tables with a
+    ``ValueError`` naming the table, and writes nothing."""
+    c = MCase(state=BF16, pads=False)
+    pool, tables = build(c, 3)
+    mine = {k: v.clone() for k, v in pool.items()}
+    for name, value in (("src_slots", c.slots + 5), ("replay_prefix_len", 10 * c.L)):
+        bad = {k: v.clone() for k, v in tables.items()}
+        bad[name][2] = value
+        with pytest.raises(ValueError, match=name):
+            tilelang_kernel(mine, bad)
+        assert torch.equal(mine["state"], pool["state"])
