@@ -202,14 +202,16 @@ def test_tables_out_of_range_stay_inside_the_tensors(unchecked_inputs):
 
 
 def test_checked_tables_out_of_range_raise_before_writing():
-    """With ``MATE_CHECK_INPUTS=1`` (the suite's default) the TileLang path refuses the same tables with a
-    ``ValueError`` naming the table, and writes nothing."""
+    """With ``MATE_CHECK_INPUTS=1`` the TileLang path refuses the same tables with a ``ValueError`` naming the
+    table, and writes nothing (set here, not taken from the suite's default, which the environment may change)."""
+    from mate import settings
+
     c = MCase(state=BF16, pads=False)
     pool, tables = build(c, 3)
     mine = {k: v.clone() for k, v in pool.items()}
     for name, value in (("src_slots", c.slots + 5), ("replay_prefix_len", 10 * c.L)):
         bad = {k: v.clone() for k, v in tables.items()}
         bad[name][2] = value
-        with pytest.raises(ValueError, match=name):
+        with settings.override(MATE_CHECK_INPUTS="1"), pytest.raises(ValueError, match=name):
             tilelang_kernel(mine, bad)
         assert torch.equal(mine["state"], pool["state"])
