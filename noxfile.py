@@ -5,7 +5,7 @@
     nox -s compile    lower and compile every TileLang kernel configuration for sm_90a with nvcc (no GPU), then
                       check the SSD kernels' generated CUDA for warp-specialisation hazards
     nox -s build      wheel + sdist of every package into dist/, installed into a fresh venv and imported
-    nox -s demo       `mate demo`: a Mamba2 layer's prefill + decode + MTP, checked against a recurrence
+    nox -s demo       `mate-mamba demo`: a Mamba2 layer's prefill + decode + MTP, checked against a recurrence
     nox -s engines    the adapters inside the released vLLM, SGLang and FlashInfer (their wheels installed
                       --no-deps with the pure-Python modules they import: tools/engines/requirements.txt)
 
@@ -162,7 +162,9 @@ def compile(session: nox.Session) -> None:
         session.error("nvcc not found: set CUDA_HOME or put CUDA 13's bin/ on PATH")
     # every compile-grid spec must generate the recorded CUDA (tests/data/README.md says where the hashes come from)
     sources = runtime / "tests" / "data" / "generated_sources.json"
-    session.run("python", "-m", "mate._tilelang.compile_check", "--sources", str(sources), *session.posargs, env=env)
+    session.run(
+        "python", "-m", "mate.mamba._tilelang.compile_check", "--sources", str(sources), *session.posargs, env=env
+    )
     if not session.posargs:  # (a filtered compile check, e.g. --only ssu, skips them)
         generated = runtime / "tests" / "test_ssd_generated_code.py"
         session.run("pytest", "-q", "-p", "no:cacheprovider", str(generated.relative_to(ROOT)), env=env)
@@ -175,7 +177,7 @@ def compile(session: nox.Session) -> None:
 @nox.session(python=PYTHON, reuse_venv=False)
 def build(session: nox.Session) -> None:
     """Wheel + sdist of every package (the wheel built from the sdist), then a fresh venv with only those
-    wheels and torch: every package imports and `mate info` runs."""
+    wheels and torch: every package imports and `mate-mamba info` runs."""
     session.install("build>=1.2", "hatchling>=1.25")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
@@ -194,11 +196,12 @@ def build(session: nox.Session) -> None:
     session.run(py, "-m", "pip", "install", "-q", TORCH, NUMPY, external=True)
     session.run(py, "-m", "pip", "install", "-q", "-c", constraints(session), *map(str, wheels), external=True)
 
-    modules = ["mate", "mate.mamba", "mate.cli"]
+    modules = ["mate.mamba", "mate.mamba.cli"]
     for whl in wheels:
         with zipfile.ZipFile(whl) as zf:
             tops = {n.split("/", 1)[0] for n in zf.namelist() if "/" in n}
-        modules += sorted(t for t in tops if not t.endswith((".dist-info", ".data")) and t not in modules)
+        # (``mate`` is a namespace package: mate-runtime ships only mate/mamba/, tools/packaging checks that)
+        modules += sorted(t for t in tops if not t.endswith((".dist-info", ".data")) and t not in modules + ["mate"])
     # mate-flashinfer-compat: its FlashInfer-shaped package, and (its .pth hook in the default mode) no `flashinfer`
     # module where no real FlashInfer is installed.
     compat = any(w.name.startswith("mate_flashinfer_compat-") for w in wheels)
@@ -216,20 +219,23 @@ def build(session: nox.Session) -> None:
         "assert 'tilelang' not in sys.modules, 'importing the packages pulled in TileLang'\n"
     )
     session.run(py, "-c", code, external=True)
-    session.run(str(venv / "bin" / "mate"), "info", external=True)
+    session.run(str(venv / "bin" / "mate-mamba"), "info", external=True)
+    # beside Moore Threads' MATE (a stand-in with its layout), never over it; uninstalling either leaves the other
+    session.run(py, "-m", "pip", "install", "-q", "hatchling>=1.25", external=True)
+    session.run(py, str(ROOT / "tools" / "packaging" / "check_namespace.py"), *map(str, wheels), external=True)
 
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """`mate demo` on this machine: the TileLang kernels on an NVIDIA GPU (TileLang is installed through the
+    """`mate-mamba demo` on this machine: the TileLang kernels on an NVIDIA GPU (TileLang is installed through the
     `cuda` extra when `nvidia-smi` sees one), the pure-PyTorch reference otherwise. Extra arguments go to
-    `mate demo`."""
+    `mate-mamba demo`."""
     install_torch(session)
     install_packages(session)
     if has_nvidia_gpu():
         kernels, runtime = ROOT / "packages" / "mate-kernels", ROOT / "packages" / "mate-runtime"
         session.install("-c", constraints(session), "-e", f"{kernels}[cuda]", "-e", f"{runtime}[cuda]")
-    session.run("mate", "demo", *session.posargs, env=cuda_env())
+    session.run("mate-mamba", "demo", *session.posargs, env=cuda_env())
 
 
 def has_nvidia_gpu() -> bool:

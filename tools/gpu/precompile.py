@@ -7,13 +7,13 @@ The kernels are the exact specs the planners give: every case of
 ``test_ssd_kernels.py`` (and ``test_ssd_quantized_kernels.py``) is built on the CPU and asked
 ``mate.mamba.plan_selective_state_update`` / ``plan_ssd_combined_fwd_varlen`` which kernels it launches (CPU
 tensors are planned as for an H200, the machine the tests run on), plus what a served model uses at the
-benchmarks' shapes (``mate._tilelang.ssu_plan.serving_specs`` / ``ssd_plan.serving_specs``), and the prefetching
+benchmarks' shapes (``mate.mamba._tilelang.ssu_plan.serving_specs`` / ``ssd_plan.serving_specs``), and the prefetching
 scan where a test plans several sequences per CTA. The workers compile for sm_90a
 without a GPU and fill TileLang's disk cache (``TILELANG_CACHE_DIR``, default ``~/.tilelang/cache``), so the
 first call of each kernel in the tests and the benchmark loads it (~1 s) instead of compiling it (2-4 s for an
 SSU kernel, 20-70 s for an SSD scan). It only saves device time: without it the tests compile what they need.
 
-``--pdl`` adds the SSU kernels built with programmatic dependent launch (``mate bench ssu --pdl`` and the PDL
+``--pdl`` adds the SSU kernels built with programmatic dependent launch (``mate-mamba bench ssu --pdl`` and the PDL
 tests use them).
 """
 
@@ -58,8 +58,8 @@ def _cases(module) -> list:
 
 
 def ssu_specs(pdl: bool) -> list:
-    from mate._tilelang import ssu_plan
-    from mate.bench.ssu import warm_cases
+    from mate.mamba._tilelang import ssu_plan
+    from mate.mamba.bench.ssu import warm_cases
     from mate.mamba.planning import plan_selective_state_update
 
     t = _test_module("test_ssu_kernels")
@@ -90,9 +90,9 @@ def ssu_specs(pdl: bool) -> list:
 
 
 def ssd_specs() -> list:
-    from mate._tilelang import ssd_plan
-    from mate.bench.shapes import SSD_CASES
-    from mate.bench.ssd import build_parser, build_plan
+    from mate.mamba._tilelang import ssd_plan
+    from mate.mamba.bench.shapes import SSD_CASES
+    from mate.mamba.bench.ssd import build_parser, build_plan
     from mate.mamba.planning import plan_ssd_combined_fwd_varlen
 
     t = _test_module("test_ssd_kernels")
@@ -120,13 +120,13 @@ def ssd_specs() -> list:
         return list(dict.fromkeys(specs))
     specs += ssd_quantized_specs()
     bench = [p for quick in ([], ["--quick"]) for p in build_plan(build_parser().parse_args(quick))]
-    for case_name, L in dict.fromkeys((p.case, p.chunk) for p in bench):  # mate bench ssd's cases, with --quick
+    for case_name, L in dict.fromkeys((p.case, p.chunk) for p in bench):  # mate-mamba bench ssd's cases, with --quick
         s = SSD_CASES[case_name]
         served = ssd_plan.serving_specs(
             heads=s.heads, groups=s.groups, dim=s.dim, dstate=s.dstate, chunk_size=L, io_dtype=torch.bfloat16,
             state_dtype=torch.float32, dt_dtype=torch.float32,
         )  # fmt: skip
-        # both designs of every case (`mate bench ssd --designs serial,split`)
+        # both designs of every case (`mate-mamba bench ssd --designs serial,split`)
         base = served[0]
         specs += served + [dataclasses.replace(base, split=True), ssd_plan.states_spec(base),
                            ssd_plan.combine_spec(base)]  # fmt: skip
@@ -134,11 +134,11 @@ def ssd_specs() -> list:
 
 
 def ssd_bench_specs(argv: list[str]) -> list:
-    """Exactly the kernels ``mate bench ssd ARGV`` runs: each cell's call planned on the CPU (as for an H200) with
+    """Exactly the kernels ``mate-mamba bench ssd ARGV`` runs: each cell's call planned on the CPU (as for an H200) with
     the planner's pick and with each design held."""
-    from mate._tilelang import ssd_plan
-    from mate.bench.shapes import SSD_BATCHES, SSD_CASES, SSD_LAYOUTS
-    from mate.bench.ssd import build_parser, build_plan, make_window, mate_args
+    from mate.mamba._tilelang import ssd_plan
+    from mate.mamba.bench.shapes import SSD_BATCHES, SSD_CASES, SSD_LAYOUTS
+    from mate.mamba.bench.ssd import build_parser, build_plan, make_window, mate_args
     from mate.mamba.planning import plan_ssd_combined_fwd_varlen
 
     specs = []
@@ -158,7 +158,7 @@ def ssd_bench_specs(argv: list[str]) -> list:
 
 def ssd_quantized_specs() -> list:
     """The kernels of ``test_ssd_quantized_kernels`` (its cases on a pool of each quantised dtype)."""
-    from mate._tilelang import ssd_plan
+    from mate.mamba._tilelang import ssd_plan
     from mate.mamba.planning import plan_ssd_combined_fwd_varlen
 
     t = _test_module("test_ssd_kernels")
@@ -187,9 +187,9 @@ def ssd_quantized_specs() -> list:
 
 
 def replay_specs() -> list:
-    """The ReplaySSM kernels of ``test_replay_kernels`` and of ``mate bench replay``."""
-    from mate._tilelang import replay_plan
-    from mate.bench.replay import serving_configs
+    """The ReplaySSM kernels of ``test_replay_kernels`` and of ``mate-mamba bench replay``."""
+    from mate.mamba._tilelang import replay_plan
+    from mate.mamba.bench.replay import serving_configs
     from mate.mamba.planning import plan_replay_state_update
 
     t = _test_module("test_replay_kernels")
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         default="all",
         choices=("ssu", "ssd", "ssd-quantized", "ssd-bench", "replay", "all"),
         help="which kernels (default all; ssd-quantized: those of the quantised-pool SSD tests; ssd-bench: those "
-        "`mate bench ssd` runs with the arguments of --bench-args)",
+        "`mate-mamba bench ssd` runs with the arguments of --bench-args)",
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4, help="worker processes (default: CPU count)")
     ap.add_argument("--pdl", action="store_true", help="also the SSU kernels built with programmatic dependent launch")
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument(
         "--bench-args", default="", metavar="ARGS",
-        help="ssd-bench: the arguments of the `mate bench ssd` run to compile for (default: none, the registry)",
+        help="ssd-bench: the arguments of the `mate-mamba bench ssd` run to compile for (default: none, the registry)",
     )  # fmt: skip
     args = ap.parse_args(argv)
     global CASE_FILTER
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             print(s)
         print(f"{len(specs)} kernels")
         return 0
-    from mate._tilelang.cache import compile_parallel
+    from mate.mamba._tilelang.cache import compile_parallel
 
     failed = compile_parallel(specs, jobs=args.jobs, log=lambda m: print(m, flush=True))
     print(f"precompiled {len(specs) - failed} of {len(specs)} kernels{f'; {failed} failed' if failed else ''}")

@@ -8,7 +8,7 @@
 # default 570 s counted from before the setup):
 #     precompile  every ReplaySSM kernel of the tests and the benchmark, in $JOBS parallel processes
 #     tests       tests/gpu/test_replay_kernels.py + test_materialize_kernels.py, junit XML + log
-#     bench       mate bench replay --repeats 3 --replays 10 (MATE, FlashInfer, MATE's stored-state decode, the
+#     bench       mate-mamba bench replay --repeats 3 --replays 10 (MATE, FlashInfer, MATE's stored-state decode, the
 #                 whole registry): FlashInfer builds one JIT module per (shape, state, T) on first use, minutes
 #                 each; the benchmark builds the 8 it needs in 8 worker processes first (about 330 s on the lab's
 #                 16 cores when nothing else runs), then times everything in one run (about 150 s). Give it a
@@ -40,7 +40,7 @@ for stage in "${stages[@]}"; do
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate bench replay --prebuild-jobs 8 --repeats 3 --replays 10 --out "$OUT" \
+        timeout "$left" python3 -m mate-mamba bench replay --prebuild-jobs 8 --repeats 3 --replays 10 --out "$OUT" \
             --name replay >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;

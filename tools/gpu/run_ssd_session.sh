@@ -11,8 +11,8 @@
 #                 (tools/gpu/precompile.py ssd; limit $PRECOMPILE_S, default 240 s)
 #     tests       tests/gpu/test_ssd_kernels.py, junit XML + log (limit $TESTS_S, default 240 s)
 #     profile     per-kernel device time of MATE and vLLM (tools/gpu/ssd_profile.py)
-#     quick       mate bench ssd --quick (the headline shape at two batches)
-#     bench       mate bench ssd (the whole plan; writes after every case; gets what is left of $BUDGET)
+#     quick       mate-mamba bench ssd --quick (the headline shape at two batches)
+#     bench       mate-mamba bench ssd (the whole plan; writes after every case; gets what is left of $BUDGET)
 #   not in the default list (run it by name):
 #     ptxas       registers / spills of the planned kernels (tools/gpu/ssd_ptxas.py; nvcc only, no GPU needed)
 # $IMPLS (default mate,vllm) is the benchmarks' --impls. Everything goes under $OUT (default ./ssd-session-out),
@@ -47,7 +47,7 @@ for stage in "${stages[@]}"; do
         ;;
     quick)
         stamp "bench quick (${IMPLS:-mate,vllm})"
-        timeout "$(stage_limit 300)" python3 -m mate bench ssd --quick --impls "${IMPLS:-mate,vllm}" --out "$OUT" \
+        timeout "$(stage_limit 300)" python3 -m mate-mamba bench ssd --quick --impls "${IMPLS:-mate,vllm}" --out "$OUT" \
             --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
@@ -55,7 +55,7 @@ for stage in "${stages[@]}"; do
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate bench ssd --impls "${IMPLS:-mate,vllm}" --out "$OUT" --name ssd \
+        timeout "$left" python3 -m mate-mamba bench ssd --impls "${IMPLS:-mate,vllm}" --out "$OUT" --name ssd \
             >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;

@@ -12,13 +12,13 @@
 #                 processes (tools/gpu/precompile.py ssu --pdl)
 #     tests       tests/gpu/test_ssu_kernels.py + test_ssu_fast_path_gpu.py, junit XML + log
 #     adapters    the gpu-marked tests of the three adapters and of the custom ops (torch.compile on CUDA)
-#     demo        mate demo on the GPU (TileLang backend)
-#     bench       mate bench ssu --pdl (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per
+#     demo        mate-mamba demo on the GPU (TileLang backend)
+#     bench       mate-mamba bench ssu --pdl (MATE vs vLLM Triton vs FlashInfer, graph-replayed; eager host time per
 #                 call; MATE's kernels with programmatic dependent launch as a column of their own)
 #   not in the default list (run it by name, e.g. `bash tools/gpu/run_ssu_session.sh precompile bench-pdl`):
 #     formats     tests/gpu/test_ssu_quantized_kernels.py + test_ssu_stochastic_rounding_kernels.py (the
 #                 block-scaled and stochastically rounded states), junit XML + log
-#     bench-pdl   mate bench ssu --quick --after-producer --pdl: every call after a kernel that rewrites its
+#     bench-pdl   mate-mamba bench ssu --quick --after-producer --pdl: every call after a kernel that rewrites its
 #                 inputs (a conv1d's place), written as ssu-after-producer.{md,json,png}
 # Everything goes under $OUT (default ./ssu-session-out).
 OUT="${OUT:-$PWD/ssu-session-out}"
@@ -52,21 +52,21 @@ for stage in "${stages[@]}"; do
         ;;
     demo)
         stamp "demo"
-        timeout "$(stage_limit 120)" python3 -m mate demo >"$OUT/demo.log" 2>&1
+        timeout "$(stage_limit 120)" python3 -m mate-mamba demo >"$OUT/demo.log" 2>&1
         stamp "demo rc=$? $(tail -1 "$OUT/demo.log")"
         ;;
     bench)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate bench ssu --pdl --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate-mamba bench ssu --pdl --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     bench-pdl)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench-pdl skipped: ${left}s left"; continue; }
         stamp "bench-pdl (${left}s)"
-        timeout "$left" python3 -m mate bench ssu --quick --after-producer --pdl --out "$OUT" \
+        timeout "$left" python3 -m mate-mamba bench ssu --quick --after-producer --pdl --out "$OUT" \
             --name ssu-after-producer >"$OUT/bench-pdl.log" 2>&1
         stamp "bench-pdl rc=$?"
         ;;

@@ -63,7 +63,7 @@ def _torch():
 
 
 def _sync():
-    from mate._device import synchronize
+    from mate.mamba._device import synchronize
 
     synchronize(_torch().device(DEV))
 
@@ -197,9 +197,9 @@ SSD_DESIGNS = [
 
 def _ssd_call(opts: dict, check: bool, garbage: bool, gen):
     torch = _torch()
-    from mate._tilelang import ssd as tl_ssd
-    from mate._tilelang.ssu_plan import Hardware
     from mate.mamba import ssd_combined_fwd_varlen
+    from mate.mamba._tilelang import ssd as tl_ssd
+    from mate.mamba._tilelang.ssu_plan import Hardware
     from mate.mamba.chunking import chunk_metadata
 
     Pd, Nd, L = opts.get("P", P), opts.get("N", N), opts.get("chunk", 128)
@@ -275,9 +275,9 @@ DRIVERS = {"ssu-one": path_ssu_one, "ssu-packed": path_ssu_packed, "ssd": path_s
 def collect_specs(paths: list[str]) -> list:
     """The kernel specs the paths launch: every path run once with the kernel lookups stubbed (nothing compiles or
     launches; the outputs are not looked at)."""
-    from mate._tilelang import ssd as tl_ssd
-    from mate._tilelang import ssu as tl_ssu
     from mate.mamba import ssu as api
+    from mate.mamba._tilelang import ssd as tl_ssd
+    from mate.mamba._tilelang import ssu as tl_ssu
 
     specs = []
 
@@ -303,7 +303,7 @@ def driver(paths: list[str], check: bool, jobs: int = 0) -> int:
 
     logging.getLogger(tilelang.__name__).setLevel(logging.WARNING)
     if jobs:
-        from mate._tilelang.cache import compile_parallel
+        from mate.mamba._tilelang.cache import compile_parallel
 
         specs = collect_specs(paths)
         t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
     ncu -k regex:ssd -c 2 python tools/gpu/ssd_one_call.py [--shape nemotron-h-8b] [--batch 1x8192] [--chunk 256]
 
-The call is the benchmark's (``mate bench ssd``): the kernels MATE's planner picks for it, the dt pre-pass then
+The call is the benchmark's (``mate-mamba bench ssd``): the kernels MATE's planner picks for it, the dt pre-pass then
 the chunk scan. ``--warmup`` calls first (compiling, and loading TileLang's cache) so the profiled call is a
 steady one.
 """
@@ -16,8 +16,8 @@ import torch
 
 
 def main(argv=None) -> int:
-    from mate.bench.shapes import SSD_BATCHES, SSD_CASES, SSD_MODELS, ssd_case
-    from mate.bench.ssd import make_window, mate_fn
+    from mate.mamba.bench.shapes import SSD_BATCHES, SSD_CASES, SSD_MODELS, ssd_case
+    from mate.mamba.bench.ssd import make_window, mate_fn
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(

@@ -2,7 +2,7 @@
 
     python tools/gpu/ssd_profile.py [--shapes nemotron-h-8b-tp1:1x8192:256,...] [--reps 5]
 
-The benchmark (``mate bench ssd``) times whole calls; this says which kernel of a call the time goes to (MATE's
+The benchmark (``mate-mamba bench ssd``) times whole calls; this says which kernel of a call the time goes to (MATE's
 dt pre-pass and chunk scan, vLLM's Triton kernels), so a change can aim at it. Eager calls (the kernels
 run as they do in a replayed graph), after a warm-up.
 """
@@ -33,14 +33,14 @@ def kernel_times(fn, reps: int) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    from mate.bench.shapes import SSD_BATCHES, ssd_case
-    from mate.bench.ssd import make_window, mate_fn, vllm_fn
+    from mate.mamba.bench.shapes import SSD_BATCHES, ssd_case
+    from mate.mamba.bench.ssd import make_window, mate_fn, vllm_fn
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--shapes",
         default="nemotron-h-8b:1x8192:256,nemotron-h-8b:32x512:256,mamba2-2.7b:1x8192:256",
-        help="comma list of case:batch:chunk (cases or models, and batches, of mate bench ssd)",
+        help="comma list of case:batch:chunk (cases or models, and batches, of mate-mamba bench ssd)",
     )
     ap.add_argument("--reps", type=int, default=5, help="profiled calls per implementation (default 5)")
     args = ap.parse_args(argv)

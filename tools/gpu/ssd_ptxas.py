@@ -21,10 +21,10 @@ import torch
 
 
 def planned_specs(shape: str, batch: str, chunk: int) -> tuple:
-    """The kernel specs MATE's planner picks for the benchmark's call (``mate bench ssd``) at one shape."""
-    from mate.bench.shapes import SSD_BATCHES, ssd_case
-    from mate.bench.ssd import make_window, mate_args
+    """The kernel specs MATE's planner picks for the benchmark's call (``mate-mamba bench ssd``) at one shape."""
     from mate.mamba import plan_ssd_combined_fwd_varlen
+    from mate.mamba.bench.shapes import SSD_BATCHES, ssd_case
+    from mate.mamba.bench.ssd import make_window, mate_args
 
     w = make_window(ssd_case(shape), SSD_BATCHES[batch], chunk, 7, torch.device("cpu"))
     args, kwargs = mate_args(w, chunk)
@@ -59,9 +59,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="ssd-ptxas", help="directory for the .cu / .cubin files (default ssd-ptxas)")
     ap.add_argument(
-        "--shape", default="nemotron-h-8b", help="a case or model of mate bench ssd (default nemotron-h-8b, at TP1)"
+        "--shape",
+        default="nemotron-h-8b",
+        help="a case or model of mate-mamba bench ssd (default nemotron-h-8b, at TP1)",
     )
-    ap.add_argument("--batch", default="1x8192", help="a batch of mate bench ssd (default 1x8192)")
+    ap.add_argument("--batch", default="1x8192", help="a batch of mate-mamba bench ssd (default 1x8192)")
     ap.add_argument("--chunk", type=int, default=256, help="chunk size (default 256)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

@@ -4,7 +4,7 @@
 
 For each registry case and batch: MATE held to the split design at each run count of ``--runs`` (the planner's
 rule ``ssd_plan.split_runs`` searches these; the cost model's prediction is printed beside each), the serial
-design, and the planner's own pick, each CUDA-graph replayed over windows larger than L2 as ``mate bench ssd``
+design, and the planner's own pick, each CUDA-graph replayed over windows larger than L2 as ``mate-mamba bench ssd``
 times them. The kernels do not depend on the run count (it is a launch argument), so one compile per case serves
 the whole sweep; they are compiled first in ``--jobs`` worker processes. Writes ``runs_sweep.json`` under --out.
 """
@@ -20,11 +20,11 @@ import sys
 import time
 
 import torch
-from mate._tilelang import ssd_plan
-from mate._tilelang.cache import compile_parallel
-from mate.bench.shapes import SSD_BATCHES, SSD_CASES
-from mate.bench.ssd import make_window, mate_fn, nbytes
-from mate.bench.timing import graph_time_us, windows_for
+from mate.mamba._tilelang import ssd_plan
+from mate.mamba._tilelang.cache import compile_parallel
+from mate.mamba.bench.shapes import SSD_BATCHES, SSD_CASES
+from mate.mamba.bench.ssd import make_window, mate_fn, nbytes
+from mate.mamba.bench.timing import graph_time_us, windows_for
 
 SMS = 132
 

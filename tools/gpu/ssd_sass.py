@@ -57,9 +57,11 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--shape", default="nemotron-h-8b", help="a case or model of mate bench ssd (default nemotron-h-8b, at TP1)"
+        "--shape",
+        default="nemotron-h-8b",
+        help="a case or model of mate-mamba bench ssd (default nemotron-h-8b, at TP1)",
     )
-    ap.add_argument("--batch", default="1x8192", help="a batch of mate bench ssd (default 1x8192)")
+    ap.add_argument("--batch", default="1x8192", help="a batch of mate-mamba bench ssd (default 1x8192)")
     ap.add_argument("--chunk", type=int, default=256, help="chunk size (default 256)")
     ap.add_argument("--out", default="ssd-sass", help="directory for the .cu / .cubin / .sass files (default ssd-sass)")
     args = ap.parse_args(argv)

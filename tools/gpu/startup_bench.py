@@ -3,7 +3,7 @@
     python tools/gpu/startup_bench.py [--config DIR_OR_JSON] [--tp N] [--target sm_90a] [--jobs 1,16]
                                       [--out DIR] [--no-tilelang-warm] [--no-api]
 
-Stages, each a new ``python -m mate prewarm`` process (or, for ``api``, a new process calling the public prewarm
+Stages, each a new ``python -m mate-mamba prewarm`` process (or, for ``api``, a new process calling the public prewarm
 functions), with empty temporary cache directories (``MATE_CACHE_DIR``, ``TILELANG_CACHE_DIR``) made here:
 
 - ``cold jobs=J``: every kernel compiled, in J worker processes (``--jobs``; a comma list runs one cold stage
@@ -15,7 +15,7 @@ functions), with empty temporary cache directories (``MATE_CACHE_DIR``, ``TILELA
 - ``api`` (on a GPU, without ``--target``): a new process calling ``prewarm_selective_state_update(packed=True,
   dt_dim=1)`` and ``prewarm_ssd_combined_fwd_varlen`` for the configuration from the warm cache, each timed.
 
-The "ready" time of a stage is what ``mate prewarm`` reports for the prewarm work itself (imports aside: the
+The "ready" time of a stage is what ``mate-mamba prewarm`` reports for the prewarm work itself (imports aside: the
 TileLang import is printed apart); "process" is the child's whole wall time. Without ``--target`` it compiles for
 the local GPU (run it on the H200); ``--target sm_90a`` compiles only (a CPU machine). Writes ``startup.md`` and
 ``startup.json`` to ``--out`` (default: print only).
@@ -47,8 +47,8 @@ import torch
 t0 = time.perf_counter()
 import tilelang  # noqa: F401
 from mate.mamba import prewarm_selective_state_update, prewarm_ssd_combined_fwd_varlen
-from mate._tilelang.cache import CACHE
-from mate.prewarm_model import per_rank, read_config
+from mate.mamba._tilelang.cache import CACHE
+from mate.mamba.prewarm_model import per_rank, read_config
 imports = time.perf_counter() - t0
 m = read_config(sys.argv[1])
 heads, groups = per_rank(m, int(sys.argv[2]))
@@ -66,7 +66,18 @@ print(json.dumps({"imports": imports, "ssu": ssu, "ssd": ssd, "compiles": CACHE.
 
 
 def run_prewarm(config, tp, target, jobs, env) -> dict:
-    cmd = [sys.executable, "-m", "mate", "prewarm", str(config), "--tp", str(tp), "--jobs", str(jobs), "--verbose"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mate.mamba",
+        "prewarm",
+        str(config),
+        "--tp",
+        str(tp),
+        "--jobs",
+        str(jobs),
+        "--verbose",
+    ]
     if target:
         cmd += ["--target", target]
     t0 = time.perf_counter()

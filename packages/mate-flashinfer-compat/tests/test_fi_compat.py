@@ -1,13 +1,13 @@
 """FlashInfer's selective_state_update served by MATE (mate_flashinfer_compat.mamba): vLLM's FlashInferSSUBackend
 calls and FlashInfer's own write rules, checked against a float64 recurrence with hand-written slot expectations
-(mate.testing)."""
+(mate.mamba.testing)."""
 
 from __future__ import annotations
 
 import mate_flashinfer_compat.mamba
 import pytest
 import torch
-from mate.testing import consumer_tensors, run_sequence
+from mate.mamba.testing import consumer_tensors, run_sequence
 
 ATOL = dict(atol=2e-5, rtol=2e-5)
 

@@ -1,5 +1,5 @@
 """Op-level conformance of MATE's ``flashinfer.mamba`` surface with FlashInfer 0.7.2, checked against the float64
-oracle (``mate.testing``).
+oracle (``mate.mamba.testing``).
 
 Written from FlashInfer's Python wrapper (``flashinfer/mamba/selective_state_update.py``), its dtype checks
 (``csrc/selective_state_update.cu``: B/C/z/out in x's dtype, D/dt_bias in dt's dtype, A any float, tables of one
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mate.testing import ssd_recurrence, ssu_recurrence
+from mate.mamba.testing import ssd_recurrence, ssu_recurrence
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -71,7 +71,7 @@ def tensors(rows, S, H=2, P=4, N=8, G=1, io=F32, weight=F32, bc=None, a_dtype=F3
 
 
 def expect(t, x=None, dt=None, B=None, C=None, z=None, **kw):
-    """The oracle over FlashInfer's rules (``kw`` as ``mate.testing.ssu_recurrence``), on CPU copies."""
+    """The oracle over FlashInfer's rules (``kw`` as ``mate.mamba.testing.ssu_recurrence``), on CPU copies."""
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     pick = lambda a, b: (a if a is not None else b).cpu()  # noqa: E731
     return ssu_recurrence(

@@ -1,7 +1,7 @@
 """MATE beside the real FlashInfer (``flashinfer-python`` 0.7.2): ``flashinfer.mamba.selective_state_update`` is
 MATE's while the rest of FlashInfer stays real and importable, and MATE's function, called through FlashInfer's
 package with FlashInfer's argument forms on CPU tensors, gives the float64 recurrence's numbers
-(``mate.testing``, through ``test_fi_conformance``'s helpers).
+(``mate.mamba.testing``, through ``test_fi_conformance``'s helpers).
 
 Marked ``engine``: they run where the real engines are installed (each test skips, saying why, where
 ``flashinfer`` with a ``flashinfer-python`` dist-info does not import). Each runs in a fresh interpreter that

@@ -310,7 +310,7 @@ def test_pth_line_reads_the_switch_through_mate_settings_without_importing_torch
     the variable at the first ``flashinfer`` import, beside a FlashInfer or not."""
     out = run(
         """
-        assert "torch" not in sys.modules and "mate.settings" in sys.modules, sorted(sys.modules)
+        assert "torch" not in sys.modules and "mate.mamba.settings" in sys.modules, sorted(sys.modules)
         import mate_flashinfer_compat._alias as alias
         print("FINDER", alias._FINDER in sys.meta_path)
         try:

@@ -1,4 +1,5 @@
-"""The benchmarks' command lines (``mate bench ssd``, ``mate bench ssu``): validated on the CPU before any device
+"""The benchmarks' command lines (``mate-mamba bench ssd``, ``mate-mamba bench ssu``): validated on the CPU before any
+device
 is needed, selecting exactly the cases named, every option documented in plain text, and the implementations
 compared being MATE's planned kernels (and, with ``--pdl``, the same under MATE_SSU_PDL=1) beside the peers."""
 
@@ -10,8 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-bench_ssd = pytest.importorskip("mate.bench.ssd")
-bench_ssu = pytest.importorskip("mate.bench.ssu")
+bench_ssd = pytest.importorskip("mate.mamba.bench.ssd")
+bench_ssu = pytest.importorskip("mate.mamba.bench.ssu")
 
 
 @pytest.mark.parametrize(
@@ -108,7 +109,7 @@ def test_ssu_pdl_column_is_a_mate_column_not_a_peer():
 
 
 def test_ssu_pdl_column_plans_under_the_setting_only_during_its_call(monkeypatch):
-    from mate import settings
+    from mate.mamba import settings
     from mate.mamba import ssu as api
 
     seen, cleared = [], []
@@ -133,7 +134,7 @@ def test_ssu_stochastic_rounding_cases_and_their_cost_column():
     assert lines["fp16+sr"]["MATE fp16 / MATE"] == round(50.0 / 52.0, 2) and "MATE fp16 / MATE" not in lines["fp16"]
 
 
-bench_replay = pytest.importorskip("mate.bench.replay")
+bench_replay = pytest.importorskip("mate.mamba.bench.replay")
 
 
 @pytest.mark.parametrize(

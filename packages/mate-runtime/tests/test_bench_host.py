@@ -1,10 +1,10 @@
-"""``mate.bench.host`` (the CPU-host proxy of the SSU eager host time) runs end to end on CPU."""
+"""``mate.mamba.bench.host`` (the CPU-host proxy of the SSU eager host time) runs end to end on CPU."""
 
 from __future__ import annotations
 
 import pytest
-from mate.bench import host
 from mate.mamba import ssu as api
+from mate.mamba.bench import host
 
 
 @pytest.mark.parametrize("make", [lambda: host.vllm_decode(2), lambda: host.vllm_mtp(2, 3)])

@@ -1,4 +1,4 @@
-"""``mate bench ssd``'s model registry, on the CPU: served models expand into the per-rank shapes vLLM runs them
+"""``mate-mamba bench ssd``'s model registry, on the CPU: served models expand into the per-rank shapes vLLM runs them
 at, ``--models`` / ``--batches`` / ``--quick`` select exactly the cells named (``build_plan``, nothing run),
 ``--designs`` takes the planner's designs only where the planner can be held to one, and the report's summary
 and speed-ups are computed per cell."""
@@ -9,8 +9,8 @@ import contextlib
 
 import pytest
 
-shapes = pytest.importorskip("mate.bench.shapes")
-bench_ssd = pytest.importorskip("mate.bench.ssd")
+shapes = pytest.importorskip("mate.mamba.bench.shapes")
+bench_ssd = pytest.importorskip("mate.mamba.bench.ssd")
 
 
 def _plan(argv):
@@ -210,7 +210,7 @@ def test_empty_plan_exits_2_before_any_device(capsys):
 @pytest.fixture
 def forcing_planner(monkeypatch):
     """The planner's ``forcing``, recording the design held while it is (the real context runs inside)."""
-    from mate._tilelang import ssd_plan
+    from mate.mamba._tilelang import ssd_plan
 
     held, real = [], ssd_plan.forcing
 

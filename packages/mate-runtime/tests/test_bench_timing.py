@@ -1,4 +1,4 @@
-"""The benchmarks' timing loops (``mate.bench.timing``) on the CPU, with the device parts stubbed: every
+"""The benchmarks' timing loops (``mate.mamba.bench.timing``) on the CPU, with the device parts stubbed: every
 implementation of a case is timed in interleaved rounds whose first implementation rotates, a failing capture is
 reported for its implementation only, and the result per implementation is the median of its own samples."""
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-timing = pytest.importorskip("mate.bench.timing")
+timing = pytest.importorskip("mate.mamba.bench.timing")
 
 
 class _Graph:

@@ -14,8 +14,8 @@ import sys
 import types
 
 import pytest
-from mate import cli
-from mate._tilelang.cache import cache_dir
+from mate.mamba import cli
+from mate.mamba._tilelang.cache import cache_dir
 
 # A small shape that still has several chunks per sequence, a 1-token sequence and an MTP step.
 SMALL_DEMO = [
@@ -42,7 +42,7 @@ def test_info_reports_versions_device_backends_and_cache(capsys):
 
 
 def test_info_prints_the_settings_table(capsys, monkeypatch):
-    from mate import settings
+    from mate.mamba import settings
 
     for k in [k for k in os.environ if k.startswith("MATE_")]:
         monkeypatch.delenv(k)
@@ -68,12 +68,12 @@ def test_info_reports_a_malformed_setting_without_failing(capsys, monkeypatch):
 
 
 def test_version(capsys):
-    import mate
+    import mate.mamba
 
     with pytest.raises(SystemExit) as exc:
         cli.main(["--version"])
     assert exc.value.code == 0
-    assert capsys.readouterr().out.strip() == f"mate {mate.__version__}"
+    assert capsys.readouterr().out.strip() == f"mate-mamba {mate.mamba.__version__}"
 
 
 def test_every_option_has_help_text():
@@ -128,7 +128,7 @@ def test_demo_exits_nonzero_above_tolerance(capsys):
 
 
 def test_demo_catches_a_wrong_decode_backend(capsys, monkeypatch):
-    from mate.mamba import naive_ssu
+    from mate.mamba._reference import ssu as naive_ssu
 
     real = naive_ssu.selective_state_update
 
@@ -161,7 +161,7 @@ def test_demo_fp32_uses_the_tight_tolerance(capsys):
 def test_demo_rejects_bad_options_in_one_line(capsys, args, names):
     assert cli.main([*SMALL_DEMO, *args]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mate demo: " + names) and "expected" in err
+    assert err.startswith("mate-mamba demo: " + names) and "expected" in err
 
 
 def _fake_module(monkeypatch, name):
@@ -174,27 +174,31 @@ def _fake_module(monkeypatch, name):
 
 @pytest.mark.parametrize("kernel", ["ssu", "ssd"])
 def test_bench_hands_every_argument_to_its_module(monkeypatch, kernel):
-    seen = _fake_module(monkeypatch, f"mate.bench.{kernel}")
+    seen = _fake_module(monkeypatch, f"mate.mamba.bench.{kernel}")
     assert cli.main(["bench", kernel, "--batch", "8", "--help", "x"]) == 7
     assert seen == [["--batch", "8", "--help", "x"]]
 
 
 def test_prewarm_hands_every_argument_to_its_module(monkeypatch):
-    seen = _fake_module(monkeypatch, "mate.prewarm_model")
+    seen = _fake_module(monkeypatch, "mate.mamba.prewarm_model")
     assert cli.main(["prewarm", "--model", "nemotron-h-8b", "--tp", "2"]) == 7
     assert seen == [["--model", "nemotron-h-8b", "--tp", "2"]]
 
 
 @pytest.mark.parametrize(
     ("argv", "module"),
-    [(["bench", "ssu"], "mate.bench.ssu"), (["bench", "ssd"], "mate.bench.ssd"), (["prewarm"], "mate.prewarm_model")],
+    [
+        (["bench", "ssu"], "mate.mamba.bench.ssu"),
+        (["bench", "ssd"], "mate.mamba.bench.ssd"),
+        (["prewarm"], "mate.mamba.prewarm_model"),
+    ],
     ids=["bench-ssu", "bench-ssd", "prewarm"],
 )
 def test_missing_module_is_reported_not_raised(monkeypatch, capsys, argv, module):
     monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ModuleNotFoundError
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"mate: {module} is not part of this installation")
+    assert err.startswith(f"mate-mamba: {module} is not part of this installation")
 
 
 def test_missing_dependency_of_a_module_is_named(monkeypatch, capsys):
@@ -220,13 +224,15 @@ def test_usage_errors(capsys):
 def test_console_script_and_python_m():
     pyproject = pathlib.Path(__file__).parents[1] / "pyproject.toml"
     scripts = pyproject.read_text().split("[project.scripts]", 1)[1].split("[", 1)[0]
-    assert scripts.strip() == 'mate = "mate.cli:main"'
-    proc = subprocess.run([sys.executable, "-m", "mate", "--help"], capture_output=True, text=True, timeout=120)
+    assert scripts.strip() == 'mate-mamba = "mate.mamba.cli:main"'
+    proc = subprocess.run([sys.executable, "-m", "mate.mamba", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for command in ("info", "demo", "bench", "prewarm", "--version"):
         assert command in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "mate", "--version"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.startswith("mate "), proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "mate.mamba", "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("mate-mamba "), proc.stderr
 
 
 # --- user mistakes: one line naming what is wrong, no traceback (``--debug`` shows it) ------------------------
@@ -260,7 +266,7 @@ def test_prewarm_config_errors_name_the_file_and_the_field(tmp_path, capsys, tex
     path = _config(tmp_path, text)
     assert cli.main(["prewarm", path, "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"mate prewarm: {path}: ") and says in err, err
+    assert err.startswith(f"mate-mamba prewarm: {path}: ") and says in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
@@ -271,7 +277,7 @@ def test_prewarm_missing_file_is_one_line(tmp_path, capsys):
 
 
 def _no_compiling(monkeypatch):
-    from mate._tilelang.cache import CACHE
+    from mate.mamba._tilelang.cache import CACHE
 
     def refuse(*a, **k):
         raise AssertionError("a kernel was compiled")
@@ -286,7 +292,9 @@ def test_prewarm_target_refuses_an_architecture_the_kernels_cannot_run_on(tmp_pa
     path = _config(tmp_path, json.dumps(SMALL_MODEL))
     assert cli.main(["prewarm", path, "--target", arch]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"mate prewarm: --target: got {arch!r}; expected one of sm_90a") and err.count("\n") == 1
+    assert (
+        err.startswith(f"mate-mamba prewarm: --target: got {arch!r}; expected one of sm_90a") and err.count("\n") == 1
+    )
 
 
 def test_prewarm_target_without_tilelang_is_one_line(tmp_path, capsys, monkeypatch):
@@ -302,7 +310,7 @@ def test_prewarm_target_without_tilelang_is_one_line(tmp_path, capsys, monkeypat
 
 def test_prewarm_refuses_a_local_gpu_the_kernels_cannot_run_on(monkeypatch):
     import torch
-    from mate import prewarm_model
+    from mate.mamba import prewarm_model
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100")
@@ -329,7 +337,7 @@ def test_prewarm_debug_shows_the_traceback(tmp_path):
 def test_demo_bad_device_is_one_line(capsys, device, says):
     assert cli.main(["demo", "--device", device]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"mate demo: {says}") and err.count("\n") == 1
+    assert err.startswith(f"mate-mamba demo: {says}") and err.count("\n") == 1
 
 
 def test_demo_cuda_without_a_cuda_device_is_one_line(capsys):
@@ -339,40 +347,40 @@ def test_demo_cuda_without_a_cuda_device_is_one_line(capsys):
         pytest.skip("a CUDA device is visible")
     assert cli.main(["demo", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mate demo: --device: got 'cuda'; no cuda device is usable") and "--device cpu" in err
+    assert err.startswith("mate-mamba demo: --device: got 'cuda'; no cuda device is usable") and "--device cpu" in err
     assert err.count("\n") == 1
 
 
 def test_demo_unusable_backend_is_one_line(capsys):
     assert cli.main([*SMALL_DEMO, "--backend", "tilelang"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mate demo: backend='tilelang' runs on CUDA or MUSA tensors") and err.count("\n") == 1
+    assert err.startswith("mate-mamba demo: backend='tilelang' runs on CUDA or MUSA tensors") and err.count("\n") == 1
 
 
 def test_debug_shows_the_traceback_of_a_user_mistake():
-    from mate.demo import UsageError
+    from mate.mamba.demo import UsageError
 
     with pytest.raises(UsageError, match="--device"):
         cli.main(["--debug", "demo", "--device", "gpu"])
 
 
 def test_passthrough_user_mistake_is_one_line_unless_debug(monkeypatch, capsys):
-    mod = types.ModuleType("mate.bench.ssu")
+    mod = types.ModuleType("mate.mamba.bench.ssu")
 
     def main(argv):
         raise ValueError("--batch: got 0; expected a positive int")
 
     mod.main = main
-    monkeypatch.setitem(sys.modules, "mate.bench.ssu", mod)
+    monkeypatch.setitem(sys.modules, "mate.mamba.bench.ssu", mod)
     assert cli.main(["bench", "ssu", "--batch", "0"]) == 2
-    assert capsys.readouterr().err == "mate: --batch: got 0; expected a positive int\n"
+    assert capsys.readouterr().err == "mate-mamba: --batch: got 0; expected a positive int\n"
     with pytest.raises(ValueError):
         cli.main(["--debug", "bench", "ssu", "--batch", "0"])
 
 
 def test_version_needs_nothing_else(capsys):
-    import mate
+    import mate.mamba
 
     with pytest.raises(SystemExit) as exc:
         cli.main(["--debug", "--version"])
-    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"mate {mate.__version__}"
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"mate-mamba {mate.mamba.__version__}"

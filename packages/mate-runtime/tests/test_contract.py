@@ -19,7 +19,7 @@ from mate.mamba import (
     selective_state_update,
     ssd_combined_fwd_varlen,
 )
-from mate.mamba._ssu_call import normalize_ssu
+from mate.mamba._contract.ssu import normalize_ssu
 
 PK = inspect.Parameter.POSITIONAL_OR_KEYWORD
 KO = inspect.Parameter.KEYWORD_ONLY
@@ -850,10 +850,10 @@ def _tl_stubbed(monkeypatch, module):
 
 @pytest.mark.parametrize("setting", [pytest.param("1", id="checked"), pytest.param("0", id="unchecked")])
 def test_tilelang_launchers_check_index_data_in_debug_mode(monkeypatch, setting):
-    from mate import settings
-    from mate._tilelang import ssd as tl_ssd
-    from mate._tilelang import ssu as tl_ssu
-    from mate.mamba._ssd_call import normalize_ssd
+    from mate.mamba import settings
+    from mate.mamba._contract.ssd import normalize_ssd
+    from mate.mamba._tilelang import ssd as tl_ssd
+    from mate.mamba._tilelang import ssu as tl_ssu
 
     kw, _ = _ssu_data_base()
     kw["state_batch_indices"] = _t([[0, 1], [8, 3]])  # slot 8 of 8
@@ -892,7 +892,7 @@ def test_tilelang_launchers_check_index_data_in_debug_mode(monkeypatch, setting)
     ],
 )
 def test_resolve_backend(monkeypatch, requested, device, installed, expected):
-    from mate import _backends
+    from mate.mamba import _dispatch as _backends
 
     monkeypatch.setattr(_backends, "tilelang_installed", lambda: installed)
     dev = torch.device(device)  # constructing a cuda/musa device object needs no device

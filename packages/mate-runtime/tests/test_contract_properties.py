@@ -4,7 +4,7 @@
   2-D tables and ``num_accepted_tokens``, packed varlen rows with ``cu_seqlens`` and empty sequences, the
   intermediate buffer with and without entry indices, EAGLE trees with ``retrieve_parent_token``; the SSD prefill
   with and without initial states, continuing sequences, D / z / dt_bias / softplus / dt limits, chunk-end or
-  pooled final states) agree with the float64 recurrence of ``mate.testing``; slots and entries the call does not
+  pooled final states) agree with the float64 recurrence of ``mate.mamba.testing``; slots and entries the call does not
   write stay bit-identical.
 - Random invalid calls (a valid call with one mistake) raise ``ValueError`` / ``NotImplementedError`` whose message
   starts with the argument at fault, and every tensor of the call is bit-identical afterwards.
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
 from mate.mamba.chunking import chunk_metadata
-from mate.testing import ssd_recurrence, ssu_recurrence
+from mate.mamba.testing import ssd_recurrence, ssu_recurrence
 
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 PROPERTY = settings(

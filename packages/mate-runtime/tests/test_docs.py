@@ -9,7 +9,7 @@ examples run, the settings table is complete.
   supplies). A row without a probe here fails, so a new documented limit needs a check. Limits only
   a GPU can reach (the TileLang launchers' sequence count) are probed by GPU-marked tests, skipped elsewhere.
 - The README's and ``docs/mamba.md``'s Python examples run on the CPU (the reference backend).
-- Every variable of ``mate.settings`` is in ``docs/mamba.md``'s settings table with its default listed first.
+- Every variable of ``mate.mamba.settings`` is in ``docs/mamba.md``'s settings table with its default listed first.
 - No page dates work by an ordinal of the project's own history: measurements carry a
   date and a commit.
 """
@@ -209,7 +209,7 @@ def run_ssu(**kw):
 
 
 def tl_check(**kw):
-    from mate._tilelang.ssd import _check_supported
+    from mate.mamba._tilelang.ssd import _check_supported
 
     args = dict(dim=64, dstate=128, chunk_size=128, io_dtype=torch.bfloat16) | kw
     _check_supported(args["dim"], args["dstate"], args["chunk_size"], args["io_dtype"])
@@ -390,9 +390,9 @@ def test_block_scaled_states_as_the_page_says():
     """The prose under the table: an int16 state needs its scales (ValueError naming them), is served by the
     reference with them and planned for the TileLang kernels, which refuse a buffer of another dtype beside it
     (NotImplementedError)."""
-    from mate._tilelang import ssu_plan
     from mate.mamba import selective_state_update
-    from mate.mamba._ssu_call import normalize_ssu
+    from mate.mamba._contract.ssu import normalize_ssu
+    from mate.mamba._tilelang import ssu_plan
 
     with pytest.raises(ValueError, match="^state_scale:"):
         run_ssu(state=torch.int16)
@@ -460,7 +460,7 @@ def test_api_page_examples_run_on_cpu(kind):
 
 
 def test_settings_table_lists_every_setting():
-    from mate import settings
+    from mate.mamba import settings
 
     text = MAMBA_MD.read_text()
     for name, s in settings.SETTINGS.items():

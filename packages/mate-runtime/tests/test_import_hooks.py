@@ -1,11 +1,11 @@
-"""mate._import_hooks: a callback runs right after its module executes (or at once if it already has), and an
+"""mate.mamba._import_hooks: a callback runs right after its module executes (or at once if it already has), and an
 owner's cancel drops only that owner's pending hooks."""
 
 from __future__ import annotations
 
 import sys
 
-from mate import _import_hooks
+from mate.mamba import _import_hooks
 
 
 def _write_module(tmp_path, name):
@@ -101,7 +101,7 @@ def test_patches_restore_registry_entries_and_rebound_functions(monkeypatch):
 
 
 def test_ledger_is_one_per_owner():
-    from mate._import_hooks import Patches, ledger
+    from mate.mamba._import_hooks import Patches, ledger
 
     a = ledger("test-owner-a", "pkg.")
     assert isinstance(a, Patches) and (a.owner, a.prefix) == ("test-owner-a", "pkg.")

@@ -1,4 +1,4 @@
-"""MATE's compiled-kernel cache (``mate._tilelang.store``, ``MATE_CACHE_DIR``) on the CPU.
+"""MATE's compiled-kernel cache (``mate.mamba._tilelang.store``, ``MATE_CACHE_DIR``) on the CPU.
 
 The store/load layer runs with a fake compile (files of known content, a fake loader that checks them), so the
 checksum, lock and atomic-publish logic is tested in seconds; one test compiles a real sm_90a kernel (nvcc, a few
@@ -19,10 +19,10 @@ import time
 import warnings
 
 import pytest
-from mate import cli, settings
-from mate._tilelang import cache as cache_mod
-from mate._tilelang import store as store_mod
-from mate._tilelang.ssu import compile_grid
+from mate.mamba import cli, settings
+from mate.mamba._tilelang import cache as cache_mod
+from mate.mamba._tilelang import store as store_mod
+from mate.mamba._tilelang.ssu import compile_grid
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 SPECS = compile_grid()[:2]
@@ -171,8 +171,8 @@ PROCESS = textwrap.dedent(
     """
     import json, os, sys, time, warnings
     warnings.simplefilter("error")  # a CacheWarning (a partial or corrupt entry seen) fails the process
-    from mate._tilelang import cache as cache_mod, store as store_mod
-    from mate._tilelang.ssu import compile_grid
+    from mate.mamba._tilelang import cache as cache_mod, store as store_mod
+    from mate.mamba._tilelang.ssu import compile_grid
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from fakes import FakeKernel, fake_write, fake_load, FAKE_VERSIONS
     store_mod._toolkit_versions = lambda: FAKE_VERSIONS
@@ -197,7 +197,7 @@ PROCESS = textwrap.dedent(
 
 def test_two_processes_sharing_the_directory_compile_once(tmp_path):
     (tmp_path / "fakes.py").write_text(
-        "import os\nfrom mate._tilelang import store as store_mod\n"
+        "import os\nfrom mate.mamba._tilelang import store as store_mod\n"
         + "\n".join(__import__("inspect").getsource(o) for o in (FakeKernel, fake_write, fake_load))
         + f"\nFAKE_VERSIONS = {FAKE_VERSIONS!r}\n"
     )
@@ -323,8 +323,8 @@ def test_real_kernel_compiles_once_then_loads_in_a_new_process(tmp_path):
         """
         import json, time
         import tilelang  # (imports apart from the timed load)
-        from mate._tilelang.cache import CACHE
-        from mate._tilelang.ssu import compile_grid
+        from mate.mamba._tilelang.cache import CACHE
+        from mate.mamba._tilelang.ssu import compile_grid
         spec = compile_grid()[0]
         built = []
         t0 = time.perf_counter()

@@ -26,31 +26,23 @@ ADAPTERS = ("mate_vllm", "mate_sglang", "mate_flashinfer_compat")
 # benchmarks, the model prewarm, test support) are tools above every layer: nothing layered may import them.
 LAYERS = (
     ("public API", ("mate.mamba", "mate.mamba.ssu", "mate.mamba.ssd", "mate.mamba.replay", "mate.mamba.planning")),
-    ("custom ops", ("mate._ops",)),
-    ("dispatch", ("mate._backends",)),
+    ("custom ops", ("mate.mamba._ops",)),
+    ("dispatch", ("mate.mamba._dispatch",)),
     (
         "backends",
-        (
-            "mate.mamba.naive_ssu",
-            "mate.mamba.naive_ssd",
-            "mate.mamba.naive_replay",
-            "mate.mamba.rounding",
-            "mate._tilelang",
-            "mate._tilelang.*",
-        ),
+        ("mate.mamba._reference", "mate.mamba._reference.*", "mate.mamba._tilelang", "mate.mamba._tilelang.*"),
     ),
     (
         "contract",
         (
-            "mate",
-            "mate.mamba._ssu_call",
-            "mate.mamba._ssd_call",
-            "mate.mamba._replay_call",
+            "mate.mamba._contract",
+            "mate.mamba._contract.*",
             "mate.mamba.chunking",
-            "mate._errors",
-            "mate._device",
-            "mate.settings",
-            "mate._import_hooks",
+            "mate.mamba.rounding",
+            "mate.mamba._device",
+            "mate.mamba.settings",
+            "mate.mamba._import_hooks",
+            "mate.mamba._version",
         ),
     ),
 )
@@ -237,9 +229,11 @@ def test_calls_only_go_down(graph):
 
 
 def test_the_graph_reads_function_level_imports(graph):
-    assert "mate._tilelang.ssu" in graph.names["mate._backends"]  # imported inside run_ssu only
-    assert "mate.mamba" in graph.runs["mate._backends"]  # the package on the way to mate.mamba._ssu_call
-    assert "mate.mamba" not in graph.names["mate._backends"]
+    assert "mate.mamba._tilelang.ssu" in graph.names["mate.mamba._dispatch"]  # imported inside run_ssu only
+    # the package on the way to mate.mamba._contract.ssu runs, but is not named
+    assert "mate.mamba._contract" in graph.runs["mate.mamba._dispatch"]
+    assert "mate.mamba._contract" not in graph.names["mate.mamba._dispatch"]
+    assert "mate.mamba" not in graph.runs["mate.mamba._dispatch"]  # an enclosing package: already running
 
 
 # ------------------------------------------------------------------------------- the check can fail
@@ -289,6 +283,8 @@ def test_a_lazy_cycle_through_a_package_init_is_found(tmp_path):
 
 
 def test_an_upward_import_is_reported():
-    g = {"mate._backends": {"mate.mamba.ssu"}, "mate.mamba.ssu": {"mate._ops"}, "mate._ops": set()}
-    assert upward_edges(g) == ["mate._backends (dispatch) imports mate.mamba.ssu (the public API layer)"]
-    assert upward_edges({"mate._errors": {"mate.cli"}}) == ["mate._errors (contract) imports mate.cli (a tool)"]
+    g = {"mate.mamba._dispatch": {"mate.mamba.ssu"}, "mate.mamba.ssu": {"mate.mamba._ops"}, "mate.mamba._ops": set()}
+    assert upward_edges(g) == ["mate.mamba._dispatch (dispatch) imports mate.mamba.ssu (the public API layer)"]
+    assert upward_edges({"mate.mamba._contract.errors": {"mate.mamba.cli"}}) == [
+        "mate.mamba._contract.errors (contract) imports mate.mamba.cli (a tool)"
+    ]

@@ -14,8 +14,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 
 from cuda_emulator import launch_spec, unavailable  # noqa: E402
-from mate._tilelang import replay_plan  # noqa: E402
-from mate.mamba._replay_call import normalize_materialize  # noqa: E402
+from mate.mamba._contract.replay import normalize_materialize  # noqa: E402
+from mate.mamba._tilelang import replay_plan  # noqa: E402
 from test_materialize_kernels import CASES, MCase, check, check_out_of_range  # noqa: E402
 
 pytestmark = pytest.mark.emulated

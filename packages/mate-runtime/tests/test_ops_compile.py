@@ -11,11 +11,11 @@ import mate.mamba.ssd as api_ssd
 import mate.mamba.ssu as api_ssu
 import pytest
 import torch
-from mate._ops import REPLAY_PARAMS, REQUIRED, SSD_PARAMS, SSU_PARAMS
 from mate.mamba import replay_state_update, selective_state_update, ssd_combined_fwd_varlen
-from mate.mamba._replay_call import normalize_replay
-from mate.mamba._ssd_call import normalize_ssd
-from mate.mamba._ssu_call import normalize_ssu
+from mate.mamba._contract.replay import normalize_replay
+from mate.mamba._contract.ssd import normalize_ssd
+from mate.mamba._contract.ssu import normalize_ssu
+from mate.mamba._ops import REPLAY_PARAMS, REQUIRED, SSD_PARAMS, SSU_PARAMS
 
 
 def _ssu_inputs(seed=0):
@@ -293,7 +293,7 @@ def test_generated_entries_split_and_forward_in_table_order():
     """The eager SSU entry (generated from the table) hands on the keyed tensors and either the scalar options
     (from which join() rebuilds every argument) or, when a scalar is not exactly its row's class or an
     unimplemented option is given, every argument."""
-    from mate._ops import SSU
+    from mate.mamba._ops import SSU
 
     got = []
     entry = SSU.entry("probe", lambda *a: got.append(a), split=True)
@@ -308,7 +308,7 @@ def test_generated_entries_split_and_forward_in_table_order():
         changed = {**args, **change}
         entry(*changed.values())
         assert got[-1] == (tuple(changed[n] for n in SSU.tensor_names), None, tuple(changed.values())), change
-    assert "def probe(state, x, dt" in "".join(linecache.getlines("<mate._ops probe>"))
+    assert "def probe(state, x, dt" in "".join(linecache.getlines("<mate.mamba._ops probe>"))
 
 
 def _replay_pool(seed=0):

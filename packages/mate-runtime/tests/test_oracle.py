@@ -1,10 +1,10 @@
-"""The oracle itself (``mate.testing``): one token against the formula written out by hand, and its three entry
+"""The oracle itself (``mate.mamba.testing``): one token against the formula written out by hand, and its three entry
 points (the decode step, the prefill, one sequence of consumer tensors) agreeing with each other."""
 
 from __future__ import annotations
 
 import torch
-from mate.testing import (
+from mate.mamba.testing import (
     consumer_tensors,
     discretize_dt,
     gpu_skip_reason,

@@ -1,4 +1,4 @@
-"""``mate prewarm`` (``mate.prewarm_model``) on small temporary config.json files, on the CPU."""
+"""``mate-mamba prewarm`` (``mate.mamba.prewarm_model``) on small temporary config.json files, on the CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 import json
 
 import pytest
-from mate.prewarm_model import main, per_rank, read_config
+from mate.mamba.prewarm_model import main, per_rank, read_config
 
 NEMOTRON_H = {"model_type": "nemotron_h", "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128,
               "n_groups": 8, "chunk_size": 128, "hidden_size": 4096}  # fmt: skip
@@ -96,7 +96,7 @@ def test_unsupported_shape_exits_nonzero(tmp_path, capsys):
 def test_compile_only_for_sm90a(tmp_path, capsys):
     small = {"model_type": "nemotron_h", "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 64,
              "n_groups": 1, "chunk_size": 64}  # fmt: skip
-    from mate import settings
+    from mate.mamba import settings
 
     cfg = write(tmp_path, small)
     with settings.override(MATE_CACHE_DIR=str(tmp_path / "cache")):
@@ -109,7 +109,7 @@ def test_compile_only_for_sm90a(tmp_path, capsys):
         assert "14/14 kernels ready" in out and "0 loaded from the cache" in out, out
         assert "compile time by phase" in out and "build" in out, out
         # a second run (its own process's memory is warm: clear it) loads every kernel from the cache directory
-        from mate._tilelang.cache import CACHE
+        from mate.mamba._tilelang.cache import CACHE
 
         CACHE.kernels.clear()
         assert main([cfg, "--target", "sm_90a"]) == 0
@@ -127,9 +127,9 @@ def test_compile_missing_compiles_in_workers(tmp_path):
     # what the public prewarm functions run first: the kernels missing from the cache are compiled by worker
     # processes into the cache directory, none in this process; one job (or the cache off) leaves them here
     import torch
-    from mate import settings
-    from mate._tilelang import ssu_plan
-    from mate._tilelang.cache import CACHE, compile_missing, in_store
+    from mate.mamba import settings
+    from mate.mamba._tilelang import ssu_plan
+    from mate.mamba._tilelang.cache import CACHE, compile_missing, in_store
 
     target = {"kind": "cuda", "arch": "sm_90a"}
     specs = ssu_plan.serving_specs(

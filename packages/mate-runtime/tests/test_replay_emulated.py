@@ -19,9 +19,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 
 from cuda_emulator import launch_spec, unavailable  # noqa: E402
-from mate._tilelang import replay_plan  # noqa: E402
 from mate.mamba import advance_replay_ring, replay_state_update  # noqa: E402
-from mate.mamba._replay_call import check_replay_data, normalize_replay  # noqa: E402
+from mate.mamba._contract.replay import check_replay_data, normalize_replay  # noqa: E402
+from mate.mamba._tilelang import replay_plan  # noqa: E402
 from test_replay_kernels import BF16, CASES, Case, build, check  # noqa: E402
 
 pytestmark = pytest.mark.emulated

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from mate._tilelang import replay_plan
-from mate._tilelang.specs import MaterializeSpec, ReplaySpec
 from mate.mamba import plan_replay_state_update, prewarm_replay_state_update
+from mate.mamba._tilelang import replay_plan
+from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 from test_replay_kernels import Case, build  # noqa: E402

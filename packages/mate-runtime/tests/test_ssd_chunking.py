@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mate._tilelang.workspace import Workspace
+from mate.mamba._tilelang.workspace import Workspace
 from mate.mamba.chunking import chunk_boundaries, chunk_metadata
 
 

@@ -181,7 +181,7 @@ def async_wgmma_problems(src: str) -> list[str]:
 
 
 def _spec(*, H, G, P, N, L, has_D=True, D_per_dim=False, prefetch=False, split=False, states=False):
-    from mate._tilelang.ssd_plan import scan_spec, states_spec
+    from mate.mamba._tilelang.ssd_plan import scan_spec, states_spec
 
     scan = scan_spec(
         H=H, G=G, P=P, N=N, L=L, io="bfloat16", D="float32", D_per_dim=D_per_dim, cu="int32", has_D=has_D,
@@ -193,7 +193,7 @@ def _spec(*, H, G, P, N, L, has_D=True, D_per_dim=False, prefetch=False, split=F
 @functools.cache
 def source(spec) -> str:
     """The scan kernel's CUDA source for sm_90a."""
-    from mate._tilelang.cache import compile_prim_func
+    from mate.mamba._tilelang.cache import compile_prim_func
 
     return compile_prim_func(spec.build(), target=TARGET, pass_configs=spec.pass_configs()).get_kernel_source()
 

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from mate._tilelang import ssd as tl_ssd
-from mate._tilelang import ssd_plan
-from mate._tilelang.ssu_plan import Hardware
-from mate.mamba._ssd_call import normalize_ssd
+from mate.mamba._contract.ssd import normalize_ssd
+from mate.mamba._tilelang import ssd as tl_ssd
+from mate.mamba._tilelang import ssd_plan
+from mate.mamba._tilelang.ssu_plan import Hardware
 from mate.mamba.chunking import chunk_metadata
 
 pytest.importorskip("mate_kernels.ssd")

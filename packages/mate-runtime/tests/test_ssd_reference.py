@@ -1,5 +1,5 @@
 """``ssd_combined_fwd_varlen(..., backend="torch")`` (the chunked five-stage reference) against the float64
-token-by-token oracle ``mate.testing.ssd_recurrence``, with the chunk metadata of ``mate.mamba.chunking``
+token-by-token oracle ``mate.mamba.testing.ssd_recurrence``, with the chunk metadata of ``mate.mamba.chunking``
 (itself checked in ``test_ssd_chunking.py``).
 
 Ragged batches (sequences shorter than, equal to and longer than a chunk), continuing sequences whose first
@@ -16,7 +16,7 @@ import pytest
 import torch
 from mate.mamba import ssd_combined_fwd_varlen
 from mate.mamba.chunking import chunk_metadata
-from mate.testing import ssd_recurrence
+from mate.mamba.testing import ssd_recurrence
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 TOL = {F32: (1e-4, 1e-4), BF16: (1.5e-2, 1.5e-2), F16: (3e-3, 3e-3)}

@@ -22,8 +22,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 
 from cuda_emulator import launch_spec, unavailable  # noqa: E402
-from mate._tilelang import ssu_plan  # noqa: E402
-from mate.mamba._ssu_call import finish  # noqa: E402
+from mate.mamba._contract.ssu import finish  # noqa: E402
+from mate.mamba._tilelang import ssu_plan  # noqa: E402
 from test_ssu_kernels import BF16, F16, F32, I64, Case, check, normalized  # noqa: E402
 from test_ssu_quantized_kernels import QDTYPES, check_quantised  # noqa: E402
 from test_ssu_stochastic_rounding_kernels import check_sr  # noqa: E402

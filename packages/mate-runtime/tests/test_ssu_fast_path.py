@@ -15,12 +15,12 @@ import shutil
 
 import pytest
 import torch
-from mate import settings
-from mate._ops import REQUIRED, SSU_PARAMS
-from mate._tilelang import ssu as tl_ssu
-from mate._tilelang import ssu_plan, ssu_recipe
+from mate.mamba import settings
 from mate.mamba import ssu as api
-from mate.mamba._ssu_call import normalize_ssu
+from mate.mamba._contract.ssu import normalize_ssu
+from mate.mamba._ops import REQUIRED, SSU_PARAMS
+from mate.mamba._tilelang import ssu as tl_ssu
+from mate.mamba._tilelang import ssu_plan, ssu_recipe
 
 BF16, F16, F32, I32, I64 = torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64
 H, P, N, G = 8, 16, 32, 2
@@ -427,7 +427,7 @@ def test_direct_function_of_a_compiled_kernel():
     """A real compiled (sm_90a) kernel: the direct function is TileLang's tvm_ffi entry, reached with the same
     arguments as the wrapper (both reject CPU tensors with the kernel's own device check)."""
     pytest.importorskip("tilelang")
-    from mate._tilelang.cache import CACHE
+    from mate.mamba._tilelang.cache import CACHE
 
     key, args = slow_plan(vllm_decode(1))
     kern = CACHE.compile_only(

@@ -1,6 +1,6 @@
 """The TileLang SSU launcher's plan (kernel key + launch arguments) on CPU tensors: no GPU needed.
 
-``mate._tilelang.ssu_plan.plan`` turns a normalised call into the kernel spec and the positional arguments of one
+``mate.mamba._tilelang.ssu_plan.plan`` turns a normalised call into the kernel spec and the positional arguments of one
 launch. These tests pin the dispatch rule (one-token vs packed), the write-mode and optional-input encoding,
 the alignment detection that picks vector or scalar state accesses, and the NotImplementedError cases.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mate import settings
-from mate._tilelang import ssu_plan as tl_ssu
-from mate.mamba._ssu_call import normalize_ssu
+from mate.mamba import settings
+from mate.mamba._contract.ssu import normalize_ssu
+from mate.mamba._tilelang import ssu_plan as tl_ssu
 from mate_kernels import ssu as kssu
 
 BF16, F32, I32, I64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
@@ -234,7 +234,7 @@ QDTYPES = [
 
 
 def test_kernel_qmax_is_the_reference_rule():
-    from mate.mamba._ssu_call import QUANT_STATE_QMAX
+    from mate.mamba._contract.ssu import QUANT_STATE_QMAX
 
     assert {tl_ssu.DTYPE_NAMES[d]: q for d, q in QUANT_STATE_QMAX.items()} == kssu.QMAX
     assert set(QUANT_STATE_QMAX) == set(tl_ssu.SCALED_STATES)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import selective_state_update
-from mate.mamba._ssu_call import QUANT_STATE_QMAX
-from mate.testing import discretize_dt, ssu_recurrence, step
+from mate.mamba._contract.ssu import QUANT_STATE_QMAX
+from mate.mamba.testing import discretize_dt, ssu_recurrence, step
 from test_ssu_reference import TOL, make_inputs
 
 QDTYPES = [
@@ -144,7 +144,7 @@ def test_quantised_intermediate_buffer_and_parents(dtype):
 
 
 def _one_step(s0, x, dt, inp, b, t):
-    """One token of the float64 recurrence (``mate.testing.step``) with the call's dt options."""
+    """One token of the float64 recurrence (``mate.mamba.testing.step``) with the call's dt options."""
     dtp = discretize_dt(dt, inp["dt_bias"].view(H, 1), dt_softplus=inp["dt_softplus"])
     return step(s0, x, dtp, inp["A"], inp["B"][b, t], inp["C"][b, t], inp["D"].view(H, 1), inp["z"][b, t])
 
@@ -159,7 +159,7 @@ def test_prefill_reads_and_writes_a_quantised_pool(dtype):
     recurrence on the dequantised initial states."""
     from mate.mamba import ssd_combined_fwd_varlen
     from mate.mamba.chunking import chunk_metadata
-    from mate.testing import ssd_recurrence
+    from mate.mamba.testing import ssd_recurrence
 
     seqlens, L = [13, 1, 30], 8
     meta = chunk_metadata(seqlens, L)

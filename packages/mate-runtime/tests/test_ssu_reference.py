@@ -1,5 +1,5 @@
 """``selective_state_update(..., backend="torch")`` against the float64 token-by-token oracle
-``mate.testing.ssu_recurrence``.
+``mate.mamba.testing.ssu_recurrence``.
 
 Every form of the decode call (``docs/mamba.md``) the normaliser accepts: dtypes, head/group ratios, odd P
 and N, tied and untied dt/A/D/dt_bias, the 3-D state, every slot table form, the sentinels, MTP with accepted
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import selective_state_update
-from mate.mamba._ssu_call import normalize_ssu
+from mate.mamba._contract.ssu import normalize_ssu
 from mate.mamba.ssu import run_ssu
-from mate.testing import ssu_recurrence
+from mate.mamba.testing import ssu_recurrence
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 DTYPE_ID = {F32: "f32", BF16: "bf16", F16: "f16"}
@@ -968,7 +968,7 @@ def test_fp32_bc_beside_a_two_byte_x(io_dtype):
     """B/C in fp32 beside a 2-byte x (the engines' ops read them natively): the reference reads them as given, so
     the result is the float64 recurrence's with the fp32 B/C, not with B/C rounded to x's dtype."""
     from mate.mamba import selective_state_update
-    from mate.testing import step
+    from mate.mamba.testing import step
 
     S, H, P, N, G, b = 4, 4, 8, 16, 2, 2
     g = torch.Generator().manual_seed(11)

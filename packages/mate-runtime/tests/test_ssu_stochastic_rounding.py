@@ -13,7 +13,7 @@ import pytest
 import torch
 from mate.mamba import selective_state_update
 from mate.mamba.rounding import philox4x32, random_bits, round_to_fp16
-from mate.testing import ssu_recurrence
+from mate.mamba.testing import ssu_recurrence
 from test_ssu_reference import make_inputs
 
 H, P, N, G = 2, 4, 32, 1

@@ -1,6 +1,6 @@
 """Op-level conformance of ``mate_sglang.ops`` with SGLang 0.5.23's Mamba2 ops
 (``sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py`` and ``ssd_combined.py``), called the way an engine or a
-kernel test calls them, checked against the float64 oracle ``mate.testing`` (``ssu_recurrence``,
+kernel test calls them, checked against the float64 oracle ``mate.mamba.testing`` (``ssu_recurrence``,
 ``ssd_recurrence``).
 
 What SGLang's ops do, as these tests read them:
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mate.testing import ssd_recurrence, ssu_recurrence
+from mate.mamba.testing import ssd_recurrence, ssu_recurrence
 from mate_sglang import ops
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16

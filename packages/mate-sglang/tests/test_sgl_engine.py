@@ -5,7 +5,7 @@ its mixer imports, fed with metadata built by SGLang's own metadata code.
 
 Run by ``nox -s engines``, which installs the released SGLang wheel ``--no-deps`` with the pure-Python modules its
 imports need (``tools/engines/requirements.txt``); skipped where SGLang is not installed. SGLang's own Mamba kernels
-are Triton, which needs a GPU, so the numbers are checked against the float64 recurrence of ``mate.testing``.
+are Triton, which needs a GPU, so the numbers are checked against the float64 recurrence of ``mate.mamba.testing``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import mate_sglang.hook as hook
 import pytest
 import torch
-from mate import settings
+from mate.mamba import settings
 from mate_sglang import ops
 
 pytestmark = pytest.mark.engine

@@ -256,7 +256,7 @@ def test_imports_cleanly_without_sglang():
 
 
 def test_pth_line_reads_the_switch_through_mate_settings_without_importing_torch():
-    r = run("import sys\nassert 'torch' not in sys.modules and 'mate.settings' in sys.modules\nprint('ok')",
+    r = run("import sys\nassert 'torch' not in sys.modules and 'mate.mamba.settings' in sys.modules\nprint('ok')",
             {"MATE_SGLANG_ENABLE": "1"})  # fmt: skip
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 

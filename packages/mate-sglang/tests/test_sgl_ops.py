@@ -1,5 +1,5 @@
 """SGLang-native op signatures served by MATE, checked against SGLang's semantics written out by hand over a
-float64 recurrence (mate.testing): sentinel -1, the dense 4-D verify step with the intermediate buffer and an
+float64 recurrence (mate.mamba.testing): sentinel -1, the dense 4-D verify step with the intermediate buffer and an
 EAGLE parent-token tree, and the per-token seq_idx prefill with pseudo-chunks and initial states."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mate.testing import consumer_tensors, discretize_dt, run_sequence, step
+from mate.mamba.testing import consumer_tensors, discretize_dt, run_sequence, step
 from mate_sglang import ops
 
 ATOL = dict(atol=2e-5, rtol=2e-5)

@@ -1,10 +1,10 @@
 """A test marked ``gpu`` (the marker is declared in the root pyproject.toml) is skipped, with the reason, where
-it cannot run: without a CUDA or MUSA device or without TileLang (``mate.testing.gpu_skip_reason``)."""
+it cannot run: without a CUDA or MUSA device or without TileLang (``mate.mamba.testing.gpu_skip_reason``)."""
 
 from __future__ import annotations
 
 import pytest
-from mate.testing import gpu_skip_reason
+from mate.mamba.testing import gpu_skip_reason
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

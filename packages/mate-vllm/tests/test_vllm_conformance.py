@@ -1,5 +1,5 @@
 """Op-level conformance of ``mate_vllm.ops`` with vLLM 0.33's Mamba2 ops, checked against the float64 oracle
-(``mate.testing``).
+(``mate.mamba.testing``).
 
 The cases are the call forms vLLM's own kernel tests and model code use, written here from the semantics of
 vLLM's Triton kernels (``mamba_ssm.py::_selective_scan_update_kernel``, ``ssd_combined.py``):
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mate.testing import ssd_recurrence, ssu_recurrence
+from mate.mamba.testing import ssd_recurrence, ssu_recurrence
 from mate_vllm import ops
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32

@@ -6,7 +6,7 @@ prefill it imports, fed with metadata from vLLM's own ``compute_varlen_chunk_met
 Run by ``nox -s engines``, which installs the released vLLM wheel ``--no-deps`` with the pure-Python modules its
 imports need (``tools/engines/requirements.txt``); skipped where vLLM is not installed. vLLM's own kernels are
 Triton or its compiled CPU extension (neither runs from the wheel on a CPU-only machine), so the numbers are
-checked against the float64 recurrence of ``mate.testing``.
+checked against the float64 recurrence of ``mate.mamba.testing``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import warnings
 import mate_vllm.plugin as plugin
 import pytest
 import torch
-from mate import settings
+from mate.mamba import settings
 from mate_vllm import ops
 
 pytestmark = pytest.mark.engine

@@ -1,5 +1,5 @@
 """vLLM-native op signatures served by MATE, checked against vLLM's Triton semantics written out by hand over a
-float64 recurrence (mate.testing): null block 0, null source rows, flat (MTP6) vs 2-D tables, one final write
+float64 recurrence (mate.mamba.testing): null block 0, null source rows, flat (MTP6) vs 2-D tables, one final write
 without num_accepted_tokens, untied Mamba1-style forms, the prefill with final_states_out."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mate.testing import consumer_tensors, discretize_dt, run_sequence, step
+from mate.mamba.testing import consumer_tensors, discretize_dt, run_sequence, step
 from mate_vllm import ops
 
 ATOL = dict(atol=2e-5, rtol=2e-5)

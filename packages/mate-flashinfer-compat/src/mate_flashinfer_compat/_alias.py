@@ -1,10 +1,10 @@
 """Where FlashInfer's Mamba names resolve: the start-up hook (run by the ``.pth`` line), the provider hook beside a
 real FlashInfer, and the ``flashinfer`` alias package.
 
-``MATE_FLASHINFER_COMPAT`` (parsed by ``mate.settings``) decides:
+``MATE_FLASHINFER_COMPAT`` (parsed by ``mate.mamba.settings``) decides:
 
 * ``auto`` (default): nothing is imported until the process imports ``flashinfer.mamba``. If that is a real
-  FlashInfer, a post-import hook (:func:`mate._import_hooks.when_imported`) rebinds the package attributes MATE
+  FlashInfer, a post-import hook (:func:`mate.mamba._import_hooks.when_imported`) rebinds the package attributes MATE
   serves (``flashinfer.mamba.selective_state_update``) to MATE's functions right after the package executes,
   before whoever imported it reads them; every other FlashInfer name stays FlashInfer's. The implementation
   submodule ``flashinfer.mamba.selective_state_update`` keeps FlashInfer's own function, which is what
@@ -49,9 +49,9 @@ _served: dict = {}  # what the provider hook did in the real flashinfer.mamba: n
 
 
 def _mode() -> str:
-    """``MATE_FLASHINFER_COMPAT`` through ``mate.settings`` (stdlib only). ``ValueError`` naming a malformed
+    """``MATE_FLASHINFER_COMPAT`` through ``mate.mamba.settings`` (stdlib only). ``ValueError`` naming a malformed
     value; ``ImportError`` without a MATE runtime."""
-    from mate import settings
+    from mate.mamba import settings
 
     return settings.get(ENV)
 
@@ -226,7 +226,7 @@ def install(mode: str | None = None) -> None:
     if mode == "alias" and _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     if not _armed["hook"]:
-        from mate._import_hooks import when_imported  # stdlib only
+        from mate.mamba._import_hooks import when_imported  # stdlib only
 
         _armed["hook"] = True
         when_imported(PROVIDED, _on_flashinfer_mamba, owner=OWNER)
@@ -237,7 +237,7 @@ def uninstall() -> None:
     while _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     if _armed["hook"] or _served:
-        from mate._import_hooks import ledger
+        from mate.mamba._import_hooks import ledger
 
         ledger(OWNER, "flashinfer.").restore()
     _armed["hook"] = False
@@ -249,7 +249,7 @@ def install_from_env() -> None:
     finder, which raises the ``ValueError`` naming the variable at the first ``flashinfer`` import; without a
     MATE runtime nothing can be served and nothing is installed."""
     try:
-        # unset: the setting's default (auto), without importing mate.settings at every interpreter start
+        # unset: the setting's default (auto), without importing mate.mamba.settings at every interpreter start
         mode = "auto" if not os.environ.get(ENV) else _mode()
     except ValueError:
         if _FINDER not in sys.meta_path:

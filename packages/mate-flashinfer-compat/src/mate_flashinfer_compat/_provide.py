@@ -30,7 +30,7 @@ def serve(module, served: dict) -> None:
     Only the package attribute changes: FlashInfer's implementation submodules and everything else in
     ``flashinfer`` stay FlashInfer's. A name whose signature is not the one MATE reproduces is left to FlashInfer
     with a warning naming the version."""
-    from mate._import_hooks import ledger
+    from mate.mamba._import_hooks import ledger
 
     from . import mamba as mate_fm
 

@@ -18,7 +18,7 @@ the chunk scan with ``split``
     as exact as the plain scan's.
 
 Cost: x and B read once more and one GEMM per tile more, in exchange for a serial walk ``R`` times shorter. The
-planner (``mate._tilelang.ssd_plan``) picks ``R`` from the shape and the SM count, and keeps the plain scan where
+planner (``mate.mamba._tilelang.ssd_plan``) picks ``R`` from the shape and the SM count, and keeps the plain scan where
 splitting does not pay.
 
 Index guards: as the scan's (TMA bounds the tile loads; ``seq_idx`` through the tile records names an initial

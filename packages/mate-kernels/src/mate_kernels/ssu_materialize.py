@@ -1,5 +1,5 @@
 """The ReplaySSM materialisation kernel (FlashInfer 0.7.2's ``replayssm_materialize`` for one layer; the
-reference is ``mate.mamba.naive_replay.materialize_replayed_state``).
+reference is ``mate.mamba._reference.replay.materialize_replayed_state``).
 
 Request ``b`` writes into slot ``dst[b]`` the true state of slot ``src[b]`` after ``prefix[b]`` tokens of that
 slot's ring from row ``ring_start[b]``: ``s = exp(A dt'_j) s + dt'_j x_j B_j^T`` per token, oldest first (the

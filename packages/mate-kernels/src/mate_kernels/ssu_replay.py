@@ -1,5 +1,5 @@
 """The ReplaySSM decode kernel (FlashInfer 0.7.2's ``checkpointing_ssu`` contract; the reference is
-``mate.mamba.naive_replay``).
+``mate.mamba._reference.replay``).
 
 A slot keeps a checkpoint state ``h0`` and a ring of its last tokens (``x_cache [S, H, L, P]``, ``B_cache [S, G,
 L, N]``, ``dt_cache [S, H, L]`` = ``softplus(dt + dt_bias)``); ``pnat`` of them, from ring row ``ring_start``, are

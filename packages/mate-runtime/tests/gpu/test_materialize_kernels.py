@@ -204,7 +204,7 @@ def test_tables_out_of_range_stay_inside_the_tensors(unchecked_inputs):
 def test_checked_tables_out_of_range_raise_before_writing():
     """With ``MATE_CHECK_INPUTS=1`` the TileLang path refuses the same tables with a ``ValueError`` naming the
     table, and writes nothing (set here, not taken from the suite's default, which the environment may change)."""
-    from mate import settings
+    from mate.mamba import settings
 
     c = MCase(state=BF16, pads=False)
     pool, tables = build(c, 3)

@@ -267,7 +267,7 @@ def test_graph_replay_equals_eager():
     pg, kg = _clone(pool), _clone(kw)
     args = (pg["state"], pg["x_cache"], pg["B_cache"], pg["dt_cache"], pg["ring_start"],
             pg["prev_num_accepted_tokens"])  # fmt: skip
-    from mate import settings
+    from mate.mamba import settings
 
     with settings.override(MATE_CHECK_INPUTS="0"):
         replay_state_update(*[a.clone() for a in args], backend="tilelang", **_clone(kw))  # compile outside capture

@@ -16,8 +16,8 @@ import torch
 
 pytestmark = pytest.mark.gpu  # skipped without a device or TileLang (tests/conftest.py)
 
-from mate._tilelang import ssd as tl_ssd  # noqa: E402
 from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402
+from mate.mamba._tilelang import ssd as tl_ssd  # noqa: E402
 from mate.mamba.chunking import chunk_metadata  # noqa: E402
 from mate.mamba.planning import plan_ssd_combined_fwd_varlen  # noqa: E402
 
@@ -245,7 +245,7 @@ DT_HEADS_CASES = [
 
 @pytest.mark.parametrize("case", DT_HEADS_CASES)
 def test_dt_heads_per_cta_matches_reference(case: Case):
-    from mate._tilelang.cache import CACHE
+    from mate.mamba._tilelang.cache import CACHE
 
     test_kernels_match_reference(case)
     dt_spec, scan = plan_ssd_combined_fwd_varlen(**build(case), backend="tilelang")[:2]
@@ -289,8 +289,8 @@ SPC_CASES = [
 
 def _one_sm(monkeypatch) -> list:
     """Plan as for a device with one SM and record each launch's plan."""
-    from mate._tilelang import ssd_plan
-    from mate._tilelang.ssu_plan import Hardware
+    from mate.mamba._tilelang import ssd_plan
+    from mate.mamba._tilelang.ssu_plan import Hardware
 
     monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, 1))
     plans, plan = [], ssd_plan.plan
@@ -423,7 +423,7 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize(("case", "runs"), SPLIT_CASES)
 def test_split_design_matches_reference(case: Case, runs: int):
-    from mate._tilelang import ssd_plan
+    from mate.mamba._tilelang import ssd_plan
 
     with ssd_plan.forcing("split", runs=runs):
         kw = build(case)
@@ -434,7 +434,7 @@ def test_split_design_matches_reference(case: Case, runs: int):
 
 
 def test_split_design_graph_replay_equals_eager(monkeypatch):
-    from mate._tilelang import ssd_plan
+    from mate.mamba._tilelang import ssd_plan
 
     monkeypatch.setattr(sys.modules[__name__], "GRAPH_CASE", Case(seqlens=(1, 1000, 300, 64), z=True))
     with ssd_plan.forcing("split", runs=6):

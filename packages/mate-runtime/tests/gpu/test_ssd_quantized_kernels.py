@@ -22,8 +22,8 @@ from test_ssu_quantized_kernels import _bytes as _bits
 
 pytestmark = pytest.mark.gpu
 
-from mate._tilelang import ssd_plan  # noqa: E402
 from mate.mamba import ssd_combined_fwd_varlen  # noqa: E402
+from mate.mamba._tilelang import ssd_plan  # noqa: E402
 from mate.mamba.planning import plan_ssd_combined_fwd_varlen  # noqa: E402
 
 

@@ -62,7 +62,7 @@ def run(kw: dict):
 
 @pytest.fixture
 def fresh():
-    from mate import settings
+    from mate.mamba import settings
     from mate.mamba import ssu as api
 
     api.clear_fast_path_cache()

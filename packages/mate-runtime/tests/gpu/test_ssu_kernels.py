@@ -193,7 +193,7 @@ def build(c: Case, seed: int = 0, dev: str | None = None):
 
 def normalized(kw, parent):
     """The normalised call of ``build``'s kwargs and parent table (the public function's validation included)."""
-    from mate.mamba._ssu_call import normalize_ssu
+    from mate.mamba._contract.ssu import normalize_ssu
 
     args = dict(kw)
     return normalize_ssu(
@@ -353,7 +353,7 @@ SMALL_GRID_CASES = [
 @pytest.mark.parametrize(("case", "small"), SMALL_GRID_CASES)
 def test_small_grid_choice(case, small, monkeypatch):
     import mate.mamba.ssu as mssu
-    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba._tilelang import ssu as tl_ssu
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)
     before = set(tl_ssu._kernels)
@@ -371,8 +371,8 @@ PDL_CASES = [ONE[1], ONE[3], ONE[21], PACKED[2], PACKED[18]]
 
 
 def test_pdl_is_off_by_default_and_auto_takes_it_here():
-    from mate import settings
-    from mate._tilelang.ssu_plan import hardware, pdl_for_capability
+    from mate.mamba import settings
+    from mate.mamba._tilelang.ssu_plan import hardware, pdl_for_capability
 
     hw = hardware(torch.device("cuda"))
     assert pdl_for_capability(hw.kind, hw.major) is False
@@ -383,8 +383,8 @@ def test_pdl_is_off_by_default_and_auto_takes_it_here():
 @pytest.mark.parametrize("case", PDL_CASES)
 def test_pdl_setting(case, monkeypatch):
     import mate.mamba.ssu as mssu
-    from mate import settings
-    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba import settings
+    from mate.mamba._tilelang import ssu as tl_ssu
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)
     before = set(tl_ssu._kernels)
@@ -404,9 +404,8 @@ def test_pdl_setting(case, monkeypatch):
 )
 def test_pdl_chain_in_graph_equals_eager(case, monkeypatch):
     import mate.mamba.ssu as mssu
-    from mate import settings
-    from mate._tilelang import ssu as tl_ssu
-    from mate.mamba import selective_state_update
+    from mate.mamba import selective_state_update, settings
+    from mate.mamba._tilelang import ssu as tl_ssu
 
     monkeypatch.setattr(mssu, "FAST_PATH", False)
     steps = 4
@@ -430,7 +429,7 @@ def test_pdl_chain_in_graph_equals_eager(case, monkeypatch):
 
 
 def test_one_token_kernel_chosen_by_shape():
-    from mate._tilelang import ssu as tl_ssu
+    from mate.mamba._tilelang import ssu as tl_ssu
 
     check(Case())
     assert any(s.one_token for s in tl_ssu._kernels)
@@ -518,8 +517,8 @@ def test_no_host_sync(case):
 
 
 def test_compile_during_capture_raises_prewarm_error():
-    from mate._tilelang.cache import KernelNotPrewarmedError
     from mate.mamba import selective_state_update
+    from mate.mamba._tilelang.cache import KernelNotPrewarmedError
 
     c = Case(H=2, G=1, P=32, N=32, batch=2)  # a configuration no other test compiles
     kw, _, _ = build(c, 5)
@@ -531,9 +530,9 @@ def test_compile_during_capture_raises_prewarm_error():
 
 
 def test_prewarm_then_capture():
-    from mate._tilelang import ssu as tl_ssu
-    from mate._tilelang.ssu_plan import serving_specs
     from mate.mamba import prewarm_selective_state_update, selective_state_update
+    from mate.mamba._tilelang import ssu as tl_ssu
+    from mate.mamba._tilelang.ssu_plan import serving_specs
 
     c = Case(H=6, G=3, P=64, N=64, batch=3, form="packed", T=3, accepted=True, table="2d", dst=True)
     prewarm_selective_state_update(

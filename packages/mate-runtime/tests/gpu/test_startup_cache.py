@@ -1,7 +1,7 @@
 """A kernel cache built ahead of time without a GPU loads on the GPU with zero compiles, and computes right.
 
 The cache directory is ``$STARTUP_AOT_CACHE_DIR`` when set (e.g. one built on a CPU machine with
-``mate prewarm packages/mate-runtime/tests/data/nemotron_h_8b --target sm_90a`` and copied here); otherwise this
+``mate-mamba prewarm packages/mate-runtime/tests/data/nemotron_h_8b --target sm_90a`` and copied here); otherwise this
 test builds it first in a subprocess that sees no GPU (``CUDA_VISIBLE_DEVICES=""``, ``--target sm_90a``, empty
 TileLang cache). Then a fresh process with ``MATE_CACHE_DIR`` pointed at it and an empty TileLang cache calls the
 public prewarm functions of the Nemotron-H 8B configuration (10 kernels) and runs its one-token and packed decode
@@ -28,10 +28,10 @@ CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[2])
 import torch
-from mate._tilelang.cache import CACHE
-from mate._tilelang.store import versions
+from mate.mamba._tilelang.cache import CACHE
+from mate.mamba._tilelang.store import versions
 from mate.mamba import prewarm_selective_state_update, prewarm_ssd_combined_fwd_varlen
-from mate.prewarm_model import read_config
+from mate.mamba.prewarm_model import read_config
 
 F32, BF16, I32 = torch.float32, torch.bfloat16, torch.int32
 m = read_config(sys.argv[1])
@@ -66,7 +66,7 @@ def aot_cache(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("aot")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "MATE_CACHE_DIR": str(d / "mate"),
            "TILELANG_CACHE_DIR": str(d / "tilelang")}  # fmt: skip
-    cmd = [sys.executable, "-m", "mate", "prewarm", str(CONFIG), "--target", "sm_90a"]
+    cmd = [sys.executable, "-m", "mate.mamba", "prewarm", str(CONFIG), "--target", "sm_90a"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "10/10 kernels ready" in p.stdout and "10 compiled" in p.stdout, p.stdout[-3000:]
@@ -74,7 +74,7 @@ def aot_cache(tmp_path_factory) -> str:
 
 
 def test_cpu_built_cache_loads_with_zero_compiles(aot_cache, tmp_path):
-    listing = subprocess.run([sys.executable, "-m", "mate", "cache", "list"], capture_output=True, text=True,
+    listing = subprocess.run([sys.executable, "-m", "mate.mamba", "cache", "list"], capture_output=True, text=True,
                              env={**os.environ, "MATE_CACHE_DIR": aot_cache})  # fmt: skip
     env = {**os.environ, "MATE_CACHE_DIR": aot_cache, "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-empty")}
     env.pop("MATE_SSU_PDL", None)  # the build the CPU made (PDL off)

@@ -57,7 +57,7 @@ PREFILL_PARAMS = (
 
 
 def _ledger():
-    from mate._import_hooks import ledger  # imported on use: module import stays stdlib-only
+    from mate.mamba._import_hooks import ledger  # imported on use: module import stays stdlib-only
 
     return ledger(OWNER, "sglang.")
 
@@ -70,7 +70,7 @@ def _warn(msg: str) -> None:
 
 
 def _when_imported(name: str, callback) -> None:
-    from mate._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
+    from mate.mamba._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
 
     _hook(name, callback, owner=OWNER)
 
@@ -142,8 +142,8 @@ def make_backend_class(base):
 
 
 def _setting(name: str):
-    """A MATE_* switch, parsed by ``mate.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
-    from mate import settings  # imported on use: the .pth line imports this module in every interpreter
+    """A MATE_* switch, parsed by ``mate.mamba.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
+    from mate.mamba import settings  # imported on use: the .pth line imports this module in every interpreter
 
     return settings.get(name)
 
@@ -293,7 +293,7 @@ def enable() -> None:
 
 def enable_from_env() -> None:
     """What the ``.pth`` line runs: :func:`enable` when ``MATE_SGLANG_ENABLE=1``; never raises (a malformed
-    value of one of its switches in ``mate.settings``, or a failure to arm, is a warning naming it, and nothing
+    value of one of its switches in ``mate.mamba.settings``, or a failure to arm, is a warning naming it, and nothing
     is armed)."""
     if not os.environ.get(ENV_ENABLE):
         # unset: the setting's default (off), decided without importing anything, since this line runs at

@@ -50,7 +50,7 @@ PREFILL_PARAMS = (
 
 
 def _ledger():
-    from mate._import_hooks import ledger  # imported on use: module import stays stdlib-only
+    from mate.mamba._import_hooks import ledger  # imported on use: module import stays stdlib-only
 
     return ledger(OWNER, "vllm.")
 
@@ -67,7 +67,7 @@ def _warn(msg: str) -> None:
 
 
 def when_imported(name: str, callback) -> None:
-    from mate._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
+    from mate.mamba._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
 
     _hook(name, callback, owner=OWNER)
 
@@ -123,8 +123,8 @@ def make_backend_class(base, null_block_id=0):
 
 
 def _setting(name: str):
-    """A MATE_* switch, parsed by ``mate.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
-    from mate import settings  # imported on use: importing the plugin imports nothing
+    """A MATE_* switch, parsed by ``mate.mamba.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
+    from mate.mamba import settings  # imported on use: importing the plugin imports nothing
 
     return settings.get(name)
 
@@ -263,7 +263,7 @@ def _check_vllm(mod) -> None:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. A no-op unless ``MATE_VLLM_ENABLE=1``.
 
-    A malformed value of one of its switches in ``mate.settings`` raises ``ValueError`` naming the variable (a
+    A malformed value of one of its switches in ``mate.mamba.settings`` raises ``ValueError`` naming the variable (a
     typo must not leave vLLM's kernels serving silently); nothing else raises: a failure to patch warns and
     leaves vLLM as it is."""
     try:

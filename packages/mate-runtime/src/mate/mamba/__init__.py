@@ -1,61 +1,29 @@
 """``mate.mamba``: Mamba2 selective state update (decode), ReplaySSM decode and packed SSD prefill.
 
-Importing this module never imports TileLang: kernels are compiled lazily on CUDA/MUSA devices, and the
-pure-PyTorch reference serves every other device.
+The Mamba module of MATE. It ships no ``mate/__init__.py``: beside Moore Threads' MATE it is that package's
+``mate.mamba``; alone, ``mate`` is a namespace package. Importing it never imports TileLang: kernels are
+compiled lazily on CUDA/MUSA devices, and the pure-PyTorch reference serves every other device.
 
-The names below are loaded on first use. The package also holds layers below its public functions (the
-call contract ``_ssu_call`` / ``_ssd_call``, the reference backend ``naive_*``, ``chunking``), which the
-dispatch and the TileLang backend import; an eager import of the public functions here would make each of
-those imports pull the public API back in, a cycle through this file.
+Layers, top to bottom (calls only go down): the public functions here -> the custom ops (``_ops``) -> the
+dispatcher (``_dispatch``: run, prewarm, plan) -> the backends (``_reference``, ``_tilelang``) -> the call
+contract (``_contract``: validation, canonical calls, dtype tables) and the kernel factories (``mate_kernels``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from mate.mamba._version import __version__
+from mate.mamba.planning import plan_replay_state_update, plan_selective_state_update, plan_ssd_combined_fwd_varlen
+from mate.mamba.replay import (
+    advance_replay_ring,
+    materialize_replayed_state,
+    prewarm_replay_state_update,
+    replay_state_update,
+)
+from mate.mamba.ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
+from mate.mamba.ssu import prewarm_selective_state_update, selective_state_update
 
-# public name -> the submodule defining it
-_PUBLIC = {
-    "advance_replay_ring": "replay",
-    "materialize_replayed_state": "replay",
-    "plan_selective_state_update": "planning",
-    "plan_ssd_combined_fwd_varlen": "planning",
-    "plan_replay_state_update": "planning",
-    "prewarm_replay_state_update": "replay",
-    "prewarm_selective_state_update": "ssu",
-    "prewarm_ssd_combined_fwd_varlen": "ssd",
-    "replay_state_update": "replay",
-    "selective_state_update": "ssu",
-    "ssd_combined_fwd_varlen": "ssd",
-}
-
-if TYPE_CHECKING:  # what type checkers and IDEs see; at run time ``__getattr__`` loads them
-    from .planning import plan_replay_state_update, plan_selective_state_update, plan_ssd_combined_fwd_varlen
-    from .replay import (
-        advance_replay_ring,
-        materialize_replayed_state,
-        prewarm_replay_state_update,
-        replay_state_update,
-    )
-    from .ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
-    from .ssu import prewarm_selective_state_update, selective_state_update
-
-
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mate.mamba' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
-
-
-__all__ = [  # = _PUBLIC's names
+__all__ = [
+    "__version__",
     "advance_replay_ring",
     "materialize_replayed_state",
     "plan_selective_state_update",

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from .._errors import bad_arg
+from mate.mamba._contract.errors import bad_arg
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,15 @@ kernel, programmatic dependent launch (``MATE_SSU_PDL=auto``) and the SSD's sequ
 
 from __future__ import annotations
 
-from ._replay_call import normalize_replay
-from ._ssd_call import normalize_ssd
-from ._ssu_call import normalize_ssu
+from mate.mamba._contract.replay import normalize_replay
+from mate.mamba._contract.ssd import normalize_ssd
+from mate.mamba._contract.ssu import normalize_ssu
 
 
 def plan_selective_state_update(*args, backend: str = "auto", **kwargs) -> tuple:
     """The kernel specs ``selective_state_update(*args, **kwargs)`` launches on the TileLang backend (one, or
     none for a call with nothing to run). Nothing is written to the arguments."""
-    from .._tilelang import ssu_plan
+    from mate.mamba._tilelang import ssu_plan
 
     del backend  # the TileLang backend's plan whatever the call would pick
     call = normalize_ssu(*args, **kwargs)
@@ -35,7 +35,7 @@ def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tupl
     the dt pre-pass, then the chunk scan (which also reads ``bounds[::seqs_per_cta]``, a launch-time choice that is
     the same compiled kernel for every value); with the split design (few heads per rank on long sequences) the
     scan over even runs of chunks, then the hand-over and the fix-up."""
-    from .._tilelang import ssd_plan, ssu_plan
+    from mate.mamba._tilelang import ssd_plan, ssu_plan
 
     del backend
     call = normalize_ssd(*args, **kwargs)
@@ -46,7 +46,7 @@ def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tupl
 def plan_replay_state_update(*args, backend: str = "auto", **kwargs) -> tuple:
     """The kernel specs ``replay_state_update(*args, **kwargs)`` launches on the TileLang backend (one, or none for
     a call with nothing to run). Nothing is written to the arguments."""
-    from .._tilelang import replay_plan
+    from mate.mamba._tilelang import replay_plan
 
     del backend
     planned = replay_plan.plan(normalize_replay(*args, **kwargs))

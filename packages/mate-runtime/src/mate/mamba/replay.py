@@ -3,21 +3,20 @@
 
 A slot keeps a checkpoint state and a ring of its last tokens' x, B and processed dt; a decode step replays the
 ring's live tokens instead of reading and writing a whole updated state, and writes the state back only when the
-ring's window is full (a flush). ``mate.mamba.naive_replay`` holds the reference (the plain recurrence);
+ring's window is full (a flush). ``mate.mamba._reference.replay`` holds the reference (the plain recurrence);
 ``replay_state_update`` runs MATE's TileLang kernel (``mate_kernels.ssu_replay``) on CUDA/MUSA devices; under
-``torch.compile`` it is the ``mate::replay_state_update`` custom op (``mate._ops``).
+``torch.compile`` it is the ``mate::replay_state_update`` custom op (``mate.mamba._ops``).
 ``materialize_replayed_state`` runs MATE's ``mate_kernels.ssu_materialize`` there.
 """
 
 from __future__ import annotations
 
 import torch
-
-from .._backends import resolve_backend, run_replay
-from .._errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
-from .._ops import REPLAY, trace_replay
-from ._replay_call import normalize_materialize, normalize_replay
-from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
+from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
+from mate.mamba._contract.replay import normalize_materialize, normalize_replay
+from mate.mamba._contract.ssu import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
+from mate.mamba._dispatch import resolve_backend, run_replay
+from mate.mamba._ops import REPLAY, trace_replay
 
 
 def replay_state_update(
@@ -54,7 +53,7 @@ def replay_state_update(
     otherwise without effect. ``backend``: ``"auto"`` / ``"torch"`` / ``"tilelang"`` (MATE's extension).
     """
     entry = trace_replay if torch.compiler.is_compiling() else eager_replay  # traced: the custom op
-    return entry(  # every parameter, in mate._ops.REPLAY_PARAMS order
+    return entry(  # every parameter, in mate.mamba._ops.REPLAY_PARAMS order
         state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out, D, z, dt_bias,
         dt_softplus, state_batch_indices, pad_slot_id, state_scale, rand_seed, philox_rounds, d_split, cu_seqlens,
         max_seqlen, enable_pdl, cb_scaled, cumAdt_vec, cb_old, precompute_heads_per_cta, algorithm, backend,
@@ -84,11 +83,11 @@ def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start,
     call = normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
                                  dst_slots, state_scale, pad_slot_id)  # fmt: skip
     if resolve_backend(backend, state.device) == "tilelang":
-        from .._tilelang import replay as tl_replay
+        from mate.mamba._tilelang import replay as tl_replay
 
         tl_replay.materialize_replayed_state(call)
         return
-    from . import naive_replay
+    from mate.mamba._reference import replay as naive_replay
 
     naive_replay.materialize_replayed_state(call)
 
@@ -149,13 +148,13 @@ def prewarm_replay_state_update(*, state_dtype: torch.dtype, io_dtype: torch.dty
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     check_jobs(jobs)
     check_philox_rounds(philox_rounds, state_dtype)
-    from .._backends import tilelang_installed
-    from .._device import default_accelerator
+    from mate.mamba._device import default_accelerator
+    from mate.mamba._dispatch import tilelang_installed
 
     device = default_accelerator()
     if device is None or not tilelang_installed():
         return
-    from .._tilelang import replay as tl_replay
+    from mate.mamba._tilelang import replay as tl_replay
 
     tl_replay.prewarm(device, state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
                       groups=groups, slot_dtype=slot_dtype, philox_rounds=philox_rounds, window=window,

@@ -1,7 +1,7 @@
 """``ssd_combined_fwd_varlen``: packed variable-length SSD prefill (public signature), and its prewarm.
 
 Eager calls normalise (``_ssd_call``) and run on a backend; while ``torch.compile`` traces, the call becomes
-the ``mate::ssd_combined_fwd_varlen`` custom op (``mate._ops``, whose parameter table this signature matches).
+the ``mate::ssd_combined_fwd_varlen`` custom op (``mate.mamba._ops``, whose parameter table this signature matches).
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 import math
 
 import torch
-
-from .._backends import run_ssd
-from .._errors import bad_arg, check_dtypes, check_ints, check_jobs
-from .._ops import SSD, trace_ssd
-from ._ssd_call import check_chunk_size, normalize_ssd
-from ._ssu_call import IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
+from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs
+from mate.mamba._contract.ssd import check_chunk_size, normalize_ssd
+from mate.mamba._contract.ssu import IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
+from mate.mamba._dispatch import run_ssd
+from mate.mamba._ops import SSD, trace_ssd
 
 
 def ssd_combined_fwd_varlen(
@@ -74,7 +73,7 @@ def ssd_combined_fwd_varlen(
     writes ``state_scale``. The states are carried in fp32 in between.
     """
     entry = trace_ssd if torch.compiler.is_compiling() else eager_ssd  # traced: the custom op
-    return entry(  # every parameter, in mate._ops.SSD_PARAMS order
+    return entry(  # every parameter, in mate.mamba._ops.SSD_PARAMS order
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus, dt_limit, initial_states, return_intermediate_states, state_dtype, checkpoint_token_indices,
         checkpoint_state_slots, checkpoint_states, final_states_out, final_state_indices, initial_states_scale,
@@ -124,13 +123,13 @@ def prewarm_ssd_combined_fwd_varlen(
         ("dt_dtype", dt_dtype, PARAM_DTYPES),
     ))  # fmt: skip
 
-    from .._backends import tilelang_installed
-    from .._device import default_accelerator
+    from mate.mamba._device import default_accelerator
+    from mate.mamba._dispatch import tilelang_installed
 
     device = default_accelerator()
     if device is None or not tilelang_installed():
         return
-    from .._tilelang import ssd as tl_ssd
+    from mate.mamba._tilelang import ssd as tl_ssd
 
     tl_ssd.prewarm(
         device,

@@ -1,19 +1,18 @@
 """``selective_state_update``: the Mamba2 decode step (public signature, eager fast path), and its prewarm.
 
 Eager calls run here: the fast path below, else normalise (``_ssu_call``) and run on a backend. While
-``torch.compile`` traces, the call becomes the ``mate::selective_state_update`` custom op (``mate._ops``,
+``torch.compile`` traces, the call becomes the ``mate::selective_state_update`` custom op (``mate.mamba._ops``,
 whose parameter table this signature matches).
 """
 
 from __future__ import annotations
 
 import torch
-
-from .. import settings
-from .._backends import resolve_backend, run_ssu
-from .._errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
-from .._ops import SSU, trace_ssu
-from ._ssu_call import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, normalize_ssu
+from mate.mamba import settings
+from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
+from mate.mamba._contract.ssu import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, normalize_ssu
+from mate.mamba._dispatch import resolve_backend, run_ssu
+from mate.mamba._ops import SSU, trace_ssu
 
 
 def selective_state_update(
@@ -101,7 +100,7 @@ def selective_state_update(
     Returns ``out`` (or a new tensor shaped like ``x``).
     """
     entry = trace_ssu if torch.compiler.is_compiling() else eager_ssu  # traced: the custom op
-    return entry(  # every parameter, in mate._ops.SSU_PARAMS order
+    return entry(  # every parameter, in mate.mamba._ops.SSU_PARAMS order
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, state_scale, out,
         disable_state_update, intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
         rand_seed, philox_rounds, cache_steps, algorithm, dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
@@ -114,13 +113,13 @@ def selective_state_update(
 # Validation depends only on metadata (shapes, strides, dtypes, devices, which arguments are None, the scalar
 # options), never on tensor data. A call whose metadata equals an earlier TileLang call's
 # therefore skips normalisation and planning and replays that call's launch recipe
-# (``mate._tilelang.ssu_recipe.make_recipe``, derived from the slow path's own result) with the new tensors; the only
-# per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on every call. The
-# reference backend keeps its full validation (it also checks index data): its metadata is remembered as
+# (``mate.mamba._tilelang.ssu_recipe.make_recipe``, derived from the slow path's own result) with the new
+# tensors; the only per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on
+# every call. The reference backend keeps its full validation (it also checks index data): its metadata is remembered as
 # slow so the key is not analysed twice; so is a TileLang call made with ``MATE_CHECK_INPUTS=1``, whose index data
 # is checked on every call (a form remembered with a recipe before the setting was turned on keeps replaying it:
 # ``clear_fast_path_cache`` forgets it). ``eager_ssu`` (generated from the op's parameter table,
-# ``mate._ops.SSU_PARAMS``, whose order it takes) hands ``_eager`` the keyed tensors and either the scalar options
+# ``mate.mamba._ops.SSU_PARAMS``, whose order it takes) hands ``_eager`` the keyed tensors and either the scalar options
 # (every scalar of its exact class, every unimplemented option None) or, for a call that cannot be keyed, the
 # whole argument tuple: the normaliser then decides (a truthy int is valid but not keyed; an unimplemented
 # option raises).
@@ -194,14 +193,14 @@ def _eager(tensors: tuple, scalars: tuple | None, args: tuple | None) -> torch.T
     call = normalize_ssu(*args[:-1])
     chosen = resolve_backend(args[-1], call.state.device)
     if chosen == "torch":
-        from . import naive_ssu
+        from mate.mamba._reference import ssu as naive_ssu
 
         result = naive_ssu.selective_state_update(call)
         if key is not None:
             _remember(key, _SLOW)
         return result
-    from .._tilelang import ssu as tl_ssu
-    from .._tilelang import ssu_recipe
+    from mate.mamba._tilelang import ssu as tl_ssu
+    from mate.mamba._tilelang import ssu_recipe
 
     result = tl_ssu.selective_state_update(call)
     if key is not None:
@@ -270,13 +269,13 @@ def prewarm_selective_state_update(
     check_jobs(jobs)
     check_philox_rounds(philox_rounds, state_dtype)
 
-    from .._backends import tilelang_installed
-    from .._device import default_accelerator
+    from mate.mamba._device import default_accelerator
+    from mate.mamba._dispatch import tilelang_installed
 
     device = default_accelerator()
     if device is None or not tilelang_installed():
         return
-    from .._tilelang import ssu as tl_ssu
+    from mate.mamba._tilelang import ssu as tl_ssu
 
     tl_ssu.prewarm(
         device,

@@ -1,3 +1,0 @@
-"""MATE: Mamba2 state-space kernels in TileLang (``mate.mamba``)."""
-
-__version__ = "0.1.0"

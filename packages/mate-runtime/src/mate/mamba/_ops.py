@@ -1,0 +1,377 @@
+"""The ``torch.library`` custom ops behind ``mate.mamba``, so ``torch.compile(fullgraph=True)`` traces MATE.
+
+Each op's parameters are written once, in a table (:data:`SSU_PARAMS`, :data:`SSD_PARAMS`,
+:data:`REPLAY_PARAMS`: name, schema type, default, and the flags below). From the table come the op's schema
+(inferred by ``torch.library`` from a signature built out of the table), the argument order the op's
+implementation passes to the normaliser, the traced entries (``trace_ssu`` / ``trace_ssd`` / ``trace_replay``)
+and the eager entries' argument split (:meth:`OpTable.entry`). The public functions in ``mate.mamba`` write the
+same parameters out once more, as their documented signature, and pass them on in table order; a test holds the
+two to the same names, order, defaults and keyword-only rows. Adding a parameter: one table row, the
+normaliser's parameter, the public signature (and its docstring).
+
+* ``mate::selective_state_update`` mutates ``state``, ``out``, ``intermediate_states_buffer`` and the block
+  scales of quantised states (``state_scale``, ``intermediate_state_scales``) and returns
+  nothing (an op may not return an alias of an input: the traced entry allocates ``out`` and returns it).
+* ``mate::ssd_combined_fwd_varlen`` mutates ``out`` and ``final_states_out`` and returns the state tensor
+  (a new tensor; an empty one when the final states went into ``final_states_out``).
+* ``mate::replay_state_update`` mutates ``state`` and ``state_scale`` (a flush), the rings ``x_cache``,
+  ``B_cache``, ``dt_cache`` (the appended tokens) and ``out``, and returns nothing.
+
+Each op's real implementation normalises once and dispatches to a backend; its fake implementation runs the
+same normaliser on fake tensors, so a bad call is rejected while tracing with the same ``ValueError`` /
+``NotImplementedError`` as in eager mode, and allocates the returned state tensor.
+
+Eager calls do not go through the ops: the dispatcher's argument boxing costs far more than the SSU's host
+budget. The public functions call the eager path directly unless ``torch.compiler.is_compiling()``, and only
+then emit the op through the traced entry.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from mate.mamba._contract.replay import normalize_replay
+from mate.mamba._contract.ssd import normalize_ssd
+from mate.mamba._contract.ssu import normalize_ssu
+from mate.mamba._dispatch import run_replay, run_ssd, run_ssu
+
+REQUIRED = inspect.Parameter.empty  # the default of a parameter the caller must pass
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op, in the order of the public signature.
+
+    ``type`` is the op schema's type (``out`` is a plain ``Tensor`` there: the traced entry allocates it when
+    the caller passes None). ``mutated``: the op writes it in place. ``keyword``: keyword-only in the public
+    signature (whose positional parameters are the other rows, in table order). ``implemented=False``:
+    accepted for signature compatibility only; anything but None raises ``NotImplementedError`` in the
+    normaliser (the eager fast path sends such calls to it).
+    """
+
+    name: str
+    type: object
+    default: object = REQUIRED
+    mutated: bool = False
+    keyword: bool = False
+    implemented: bool = True
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type in (torch.Tensor, torch.Tensor | None)
+
+
+T, OptT = torch.Tensor, torch.Tensor | None
+
+SSU_PARAMS = (
+    Param("state", T, mutated=True),
+    Param("x", T),
+    Param("dt", T),
+    Param("A", T),
+    Param("B", T),
+    Param("C", T),
+    Param("D", OptT),
+    Param("z", OptT, None),
+    Param("dt_bias", OptT, None),
+    Param("dt_softplus", bool, False),
+    Param("state_batch_indices", OptT, None),
+    Param("pad_slot_id", int, -1),
+    Param("state_scale", OptT, None, mutated=True),
+    Param("out", T, None, mutated=True),
+    Param("disable_state_update", bool, False),
+    Param("intermediate_states_buffer", OptT, None, mutated=True),
+    Param("intermediate_state_indices", OptT, None),
+    Param("intermediate_state_scales", OptT, None, mutated=True),
+    Param("rand_seed", OptT, None),
+    Param("philox_rounds", int, 10),
+    Param("cache_steps", int, 0),
+    Param("algorithm", str, "auto"),
+    Param("dst_state_batch_indices", OptT, None),
+    Param("cu_seqlens", OptT, None),
+    Param("num_accepted_tokens", OptT, None),
+    # the engines' extensions (keyword-only): SGLang's EAGLE trees, vLLM's one final write, FlashInfer's
+    # final-only write with num_accepted_tokens
+    Param("retrieve_parent_token", OptT, None, keyword=True),
+    Param("final_write_to_dst", bool, False, keyword=True),
+    Param("accepted_writes_per_token", bool, True, keyword=True),
+    # last in the table (the dispatch choice: the normaliser takes every row but this one); in the public
+    # signature it is the seed's last positional parameter, before the extensions
+    Param("backend", str, "auto"),
+)
+
+SSD_PARAMS = (
+    Param("x", T),
+    Param("dt", T),
+    Param("A", T),
+    Param("B", T),
+    Param("C", T),
+    Param("chunk_size", int),
+    Param("cu_seqlens", T),
+    Param("cu_chunk_seqlens", T),
+    Param("last_chunk_indices", T),
+    Param("seq_idx", T),
+    Param("out", T, None, mutated=True),
+    Param("D", OptT, None),
+    Param("z", OptT, None),
+    Param("dt_bias", OptT, None),
+    Param("dt_softplus", bool, False, keyword=True),
+    Param("dt_limit", Sequence[float], (0.0, math.inf), keyword=True),
+    Param("initial_states", OptT, None, keyword=True),
+    Param("return_intermediate_states", bool, False, keyword=True),
+    Param("state_dtype", torch.dtype | None, None, keyword=True),
+    Param("checkpoint_token_indices", OptT, None, keyword=True, implemented=False),
+    Param("checkpoint_state_slots", OptT, None, keyword=True, implemented=False),
+    Param("checkpoint_states", OptT, None, keyword=True, implemented=False),
+    Param("final_states_out", OptT, None, keyword=True, mutated=True),
+    Param("final_state_indices", OptT, None, keyword=True),
+    # block-scaled quantised pools (the SSU's state_scale layout): the scales of initial_states, and those the
+    # call writes beside final_states_out
+    Param("initial_states_scale", OptT, None, keyword=True),
+    Param("final_states_scale", OptT, None, keyword=True, mutated=True),
+    Param("backend", str, "auto", keyword=True),
+)
+
+# ``mate.mamba.replay_state_update``: FlashInfer 0.7.2's ``checkpointing_ssu`` order
+REPLAY_PARAMS = (
+    Param("state", T, mutated=True),
+    Param("x_cache", T, mutated=True),
+    Param("B_cache", T, mutated=True),
+    Param("dt_cache", T, mutated=True),
+    Param("ring_start", T),
+    Param("prev_num_accepted_tokens", T),
+    Param("x", T),
+    Param("dt", T),
+    Param("A", T),
+    Param("B", T),
+    Param("C", T),
+    Param("out", T, mutated=True),
+    Param("D", OptT, None),
+    Param("z", OptT, None),
+    Param("dt_bias", OptT, None),
+    Param("dt_softplus", bool, False),
+    Param("state_batch_indices", OptT, None),
+    Param("pad_slot_id", int, -1),
+    Param("state_scale", OptT, None, mutated=True),
+    Param("rand_seed", OptT, None),
+    Param("philox_rounds", int, 10),
+    Param("d_split", int | None, None),
+    Param("cu_seqlens", OptT, None),
+    Param("max_seqlen", int | None, None),
+    Param("enable_pdl", bool, False),
+    Param("cb_scaled", OptT, None),
+    Param("cumAdt_vec", OptT, None),
+    Param("cb_old", OptT, None),
+    Param("precompute_heads_per_cta", int, 0),
+    Param("algorithm", str, "auto"),
+    Param("backend", str, "auto", keyword=True),
+)
+
+# how the traced entry converts a scalar to its schema type (None: passed as it is)
+_COERCE = {
+    bool: bool,
+    int: None,
+    int | None: None,
+    float: float,
+    str: None,
+    torch.dtype | None: None,
+    Sequence[float]: lambda v: [float(f) for f in v],
+}
+
+
+class OpTable:
+    """What one parameter table derives: names, positions, the op's signature and the traced argument list."""
+
+    def __init__(self, params: tuple[Param, ...]):
+        if params[-1].name != "backend":
+            raise ValueError("the backend parameter comes last (the normaliser takes all the others)")
+        self.params = params
+        self.names = tuple(p.name for p in params)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.mutated = tuple(p.name for p in params if p.mutated)
+        # the tensors a call is keyed on, the scalar options, and what the eager fast path requires of the
+        # rest: an exact Python class per scalar and None for what is not implemented
+        self.tensor_names = tuple(p.name for p in params if p.is_tensor and p.implemented)
+        self.scalar_names = tuple(p.name for p in params if not p.is_tensor)
+        self.exact = tuple((self.index[p.name], p.type) for p in params if not p.is_tensor) + tuple(
+            (self.index[p.name], None) for p in params if not p.implemented
+        )
+        self._tensor_pos = tuple(self.index[n] for n in self.tensor_names)
+        self._scalar_pos = tuple(self.index[n] for n in self.scalar_names)
+        self._coerce = tuple(None if p.is_tensor else _COERCE[p.type] for p in params)
+        self._out, self._x = self.index["out"], self.index["x"]
+
+    def signature(self, returns) -> inspect.Signature:
+        """The op's signature: every parameter positional (the traced entry passes them all), no defaults."""
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return inspect.Signature(
+            [inspect.Parameter(p.name, kind, annotation=p.type) for p in self.params], return_annotation=returns
+        )
+
+    def entry(self, name: str, target, *, split: bool = False):
+        """A function ``name`` taking the table's parameters, positionally in table order, that returns
+        ``target(args)`` (every argument in table order), or with ``split`` ``target(tensors, scalars, args)``:
+        the keyed tensors, then either the scalar options and None, when every scalar has exactly its row's
+        class and every unimplemented row is None (the call can be keyed; :meth:`join` rebuilds ``args`` from
+        the two), or None and ``args``.
+
+        Generated once from the table as Python source (kept in ``linecache``, so tracebacks show it): the
+        decode fast path runs it on every call, where building the same tuples by position from a packed
+        argument tuple costs about 0.3-0.5 us more (measured 2026-12-01 at de44131, 2-core CPU host)."""
+        params = ", ".join(self.names)
+        body = f"({params},)"
+        names = {"_target": target}
+        if split:
+            terms = []
+            for i, cls in self.exact:
+                if cls is None:
+                    terms.append(f"{self.names[i]} is None")
+                else:
+                    names[f"_{cls.__name__}"] = cls
+                    terms.append(f"{self.names[i]}.__class__ is _{cls.__name__}")
+            tensors = ", ".join(self.tensor_names)
+            scalars = ", ".join(self.scalar_names)
+            src = (
+                f"def {name}({params}):\n"
+                f"    if {' and '.join(terms)}:\n"
+                f"        return _target(({tensors},), ({scalars},), None)\n"
+                f"    return _target(({tensors},), None, {body})\n"
+            )
+        else:
+            src = f"def {name}({params}):\n    return _target({body})\n"
+        filename = f"<mate.mamba._ops {name}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        exec(compile(src, filename, "exec"), names)  # our own table's source, nothing from outside
+        fn = names[name]
+        fn.__module__ = getattr(target, "__module__", __name__)
+        return fn
+
+    def join(self, tensors: tuple, scalars: tuple) -> tuple:
+        """The argument tuple of a keyable call from its keyed tensors and scalar options (the unimplemented
+        rows are None)."""
+        args = [None] * len(self.names)
+        for i, v in zip(self._tensor_pos, tensors, strict=True):
+            args[i] = v
+        for i, v in zip(self._scalar_pos, scalars, strict=True):
+            args[i] = v
+        return tuple(args)
+
+    def ordered(self, args: tuple, kwargs: dict) -> tuple:
+        """The op's arguments in table order, however the dispatcher passed them."""
+        if not kwargs:
+            return args
+        full = list(args) + [None] * (len(self.names) - len(args))
+        for name, value in kwargs.items():
+            full[self.index[name]] = value
+        return tuple(full)
+
+    def op_args(self, args: tuple) -> list:
+        """The traced call's arguments: scalars in the schema's types, ``out`` allocated when None."""
+        vals = [v if c is None else c(v) for c, v in zip(self._coerce, args, strict=True)]
+        if vals[self._out] is None:
+            x = vals[self._x]
+            vals[self._out] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return vals
+
+
+SSU = OpTable(SSU_PARAMS)
+SSD = OpTable(SSD_PARAMS)
+REPLAY = OpTable(REPLAY_PARAMS)
+
+# ------------------------------------------------------------------------------------------------ SSU
+
+
+def _ssu_impl(*args, **kwargs) -> None:
+    args = SSU.ordered(args, kwargs)
+    run_ssu(normalize_ssu(*args[:-1]), args[-1])
+
+
+_ssu_impl.__signature__ = SSU.signature(None)
+_ssu_op = torch.library.custom_op("mate::selective_state_update", _ssu_impl, mutates_args=SSU.mutated)
+
+
+@_ssu_op.register_fake
+def _ssu_fake(*args, **kwargs) -> None:
+    # Validation only (shapes, dtypes, forms, unsupported capabilities); nothing is allocated.
+    normalize_ssu(*SSU.ordered(args, kwargs)[:-1])
+
+
+def _traced_out(table: OpTable, op):
+    """The traced call of an op that writes ``out`` and returns nothing: emits ``op``, returns ``out``."""
+
+    def trace(args: tuple) -> torch.Tensor:
+        vals = table.op_args(args)
+        op(*vals)
+        return vals[table.index["out"]]
+
+    return trace
+
+
+# The traced selective_state_update (the table's parameters, positionally): emits the op, returns out (allocated
+# here when None).
+trace_ssu = SSU.entry("trace_ssu", _traced_out(SSU, torch.ops.mate.selective_state_update))
+
+
+# ------------------------------------------------------------------------------------------------ SSD
+
+
+def _ssd_impl(*args, **kwargs) -> torch.Tensor:
+    args = SSD.ordered(args, kwargs)
+    call = normalize_ssd(*args[:-1])
+    states = run_ssd(call, args[-1])
+    if states is None:  # written into final_states_out
+        return torch.empty((0,), dtype=call.state_dtype, device=call.x.device)
+    return states
+
+
+_ssd_impl.__signature__ = SSD.signature(torch.Tensor)
+_ssd_op = torch.library.custom_op("mate::ssd_combined_fwd_varlen", _ssd_impl, mutates_args=SSD.mutated)
+
+
+@_ssd_op.register_fake
+def _ssd_fake(*args, **kwargs) -> torch.Tensor:
+    call = normalize_ssd(*SSD.ordered(args, kwargs)[:-1])
+    if call.final_states_out is not None:
+        shape = (0,)
+    else:
+        first = call.nchunks if call.return_intermediate_states else call.batch
+        shape = (first, call.heads, call.dim, call.dstate)
+    return call.x.new_empty(shape, dtype=call.state_dtype)
+
+
+def _trace_ssd(args: tuple) -> torch.Tensor | None:
+    states = torch.ops.mate.ssd_combined_fwd_varlen(*SSD.op_args(args))
+    return None if args[SSD.index["final_states_out"]] is not None else states
+
+
+# The traced ssd_combined_fwd_varlen (the table's parameters, positionally): emits the op; returns the states, or
+# None when they were written into final_states_out.
+trace_ssd = SSD.entry("trace_ssd", _trace_ssd)
+
+
+__all__ = ["SSD", "SSD_PARAMS", "SSU", "SSU_PARAMS", "OpTable", "Param", "trace_ssd", "trace_ssu"]
+
+
+# ------------------------------------------------------------------------------------------------ ReplaySSM
+
+
+def _replay_impl(*args, **kwargs) -> None:
+    args = REPLAY.ordered(args, kwargs)
+    run_replay(normalize_replay(*args[:-1]), args[-1])
+
+
+_replay_impl.__signature__ = REPLAY.signature(None)
+_replay_op = torch.library.custom_op("mate::replay_state_update", _replay_impl, mutates_args=REPLAY.mutated)
+
+
+@_replay_op.register_fake
+def _replay_fake(*args, **kwargs) -> None:
+    normalize_replay(*REPLAY.ordered(args, kwargs)[:-1])  # validation only
+
+
+# The traced replay_state_update (the table's parameters, positionally): emits the op, returns out.
+trace_replay = REPLAY.entry("trace_replay", _traced_out(REPLAY, torch.ops.mate.replay_state_update))

@@ -1,0 +1,84 @@
+"""TileLang launchers for ``replay_state_update`` (ReplaySSM decode) and ``materialize_replayed_state``: one
+normalised call -> one kernel launch.
+
+:mod:`.replay_plan` decides the kernel and its arguments; this module compiles it on first use through the kernel
+cache and launches it on the current stream, with no host<->device synchronisation (with ``MATE_CHECK_INPUTS=1``
+the tables are read back and checked first, outside graph capture).
+"""
+
+from __future__ import annotations
+
+import torch
+from mate.mamba import settings
+from mate.mamba._contract.replay import MaterializeCall, ReplayCall, check_materialize_data, check_replay_data
+from mate.mamba._device import is_capturing, tilelang_target
+from mate.mamba._tilelang.cache import CACHE, compile_missing
+from mate.mamba._tilelang.replay_plan import materialize_spec_for, plan, plan_materialize, serving_specs, spec_for
+from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
+
+PREWARM_HINT = (
+    "mate.mamba.prewarm_replay_state_update(state_dtype=..., io_dtype=..., heads=..., dim=..., dstate=..., "
+    "groups=..., slot_dtype=..., window=..., tokens=...)"
+)
+_kernels: dict = {}
+
+
+def kernel(spec: ReplaySpec | MaterializeSpec, device):
+    kern = _kernels.get(spec)
+    if kern is None:
+        kern = CACHE.get(spec, spec.build, device, prewarm_hint=PREWARM_HINT, pass_configs=spec.pass_configs())
+        _kernels[spec] = kern
+    return kern
+
+
+def replay_state_update(call: ReplayCall) -> torch.Tensor:
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_replay_data(call)
+    planned = plan(call)
+    if planned is not None:
+        spec, args = planned
+        kernel(spec, call.state.device)(*args)
+    return call.out
+
+
+def materialize_replayed_state(call: MaterializeCall) -> None:
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_materialize_data(call)
+    planned = plan_materialize(call)
+    if planned is not None:
+        spec, args = planned
+        kernel(spec, call.state.device)(*args)
+
+
+def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
+            tokens=1, jobs=1):  # fmt: skip
+    specs = serving_specs(state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
+                          groups=groups, slot_dtype=slot_dtype, philox_rounds=philox_rounds, window=window,
+                          tokens=tokens)  # fmt: skip
+    compile_missing(specs, target=tilelang_target(device), jobs=jobs)
+    for spec in specs:
+        kernel(spec, device)
+
+
+def compile_grid() -> list[ReplaySpec | MaterializeSpec]:
+    """Every state format at the Nemotron-H shape (P 64, N 128, 16 heads per group, bf16 io, one token per step
+    on vLLM's default ring of 16 + 1 rows), MTP 6 on a ring of 16 + 6, fp16 with stochastic rounding, bf16 dt with
+    int64 slots, and P 80 / N 256 untied groups with an fp16 state on a ring of 64 rows."""
+    f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
+    one, mtp = (32, 1), (32, 8)
+    grid = [(64, 128, 16, sdt, bf16, f32, i32, 0, one) for sdt in (f32, bf16, f16, torch.int16, torch.int8,
+                                                                   torch.float8_e4m3fn)]  # fmt: skip
+    grid += [(64, 128, 16, bf16, bf16, f32, i32, 0, mtp), (64, 128, 16, f32, bf16, f32, i32, 0, mtp),
+             (64, 128, 16, f16, bf16, f32, i32, 10, one), (64, 128, 16, bf16, bf16, bf16, i64, 0, one),
+             (80, 256, 1, f16, f16, f16, i32, 0, (64, 4))]  # fmt: skip
+    specs = [spec_for(P, N, ratio, sdt, io, dt, slot, rounds, True, True, rows)
+             for P, N, ratio, sdt, io, dt, slot, rounds, rows in grid]  # fmt: skip
+    # the materialisation kernel: every state format at the Nemotron-H shape, int64 tables, P 80 / N 256 fp16
+    specs += [materialize_spec_for(64, 128, 16, sdt, bf16, i32, 32, True, True)
+              for sdt in (f32, bf16, f16, torch.int16, torch.int8, torch.float8_e4m3fn)]  # fmt: skip
+    specs += [materialize_spec_for(64, 128, 16, bf16, bf16, i64, 32, True, False),
+              materialize_spec_for(80, 256, 1, f16, f16, i32, 64, True, True)]  # fmt: skip
+    return specs
+
+
+__all__ = ["replay_state_update", "materialize_replayed_state", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]

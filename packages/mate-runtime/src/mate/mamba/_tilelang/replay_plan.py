@@ -1,0 +1,227 @@
+"""The ReplaySSM planner: one normalised :class:`~mate.mamba._contract.replay.ReplayCall` -> one
+:class:`~mate.mamba._tilelang.specs.ReplaySpec` and its launch arguments; a
+:class:`~mate.mamba._contract.replay.MaterializeCall` -> one :class:`~mate.mamba._tilelang.specs.MaterializeSpec`.
+
+One kernel serves every call form (one-token, MTP, packed varlen; with or without a flush): optional inputs
+travel as a bitmask plus small dummies, as for the SSU kernels (:mod:`.ssu_plan`). The tuning is data
+(:data:`TUNING`): per state format, the 16-byte state chunks a thread holds and the register cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from mate.mamba._contract.errors import unsupported
+from mate.mamba._contract.replay import MaterializeCall, ReplayCall
+from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
+from mate.mamba._tilelang.ssu_plan import DTYPE_NAMES, MAX_SEQUENCES, SCALED_STATES, dummy
+from mate_kernels.ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, choose_tiling
+
+
+@dataclass(frozen=True)
+class Tuning:
+    per_thread: int  # 16-byte state chunks per thread (where P allows)
+    min_blocks: int  # __launch_bounds__ CTAs per SM (0: no cap)
+
+
+MAX_RING = 64  # ring rows the kernel stages in shared memory at most (vLLM 0.33: 16 + T)
+
+# state format -> tuning (H200 measurements: docs/ssu-kernels.md "ReplaySSM decode")
+TUNING = {
+    "fp32": Tuning(per_thread=8, min_blocks=8),
+    "2-byte": Tuning(per_thread=8, min_blocks=6),
+    "scaled": Tuning(per_thread=2, min_blocks=0),
+    "fp16-sr": Tuning(per_thread=4, min_blocks=0),
+}
+
+
+def tuning(state_dt: torch.dtype, rounds: int) -> Tuning:
+    if rounds:
+        return TUNING["fp16-sr"]
+    if state_dt in SCALED_STATES:
+        return TUNING["scaled"]
+    return TUNING["fp32" if state_dt == torch.float32 else "2-byte"]
+
+
+_SPECS: dict = {}
+
+
+def _pow2(n: int, least: int) -> int:
+    rows = least
+    while rows < n:
+        rows *= 2
+    return rows
+
+
+def staged_rows(L: int, tokens: int) -> tuple[int, int]:
+    """The rows the kernel stages per step: ``(ring, new)``, powers of two >= the ring length ``L`` (at least 16)
+    and >= the tokens per sequence. A ring longer than :data:`MAX_RING` rows is not served."""
+    if L > MAX_RING:
+        unsupported(f"a ring of L={L} rows in the TileLang ReplaySSM kernel (it stages at most {MAX_RING} rows)",
+                    "use backend='torch'")  # fmt: skip
+    ring = _pow2(L, 16)
+    return ring, min(_pow2(tokens, 1), ring)
+
+
+def spec_for(P, N, ratio, state_dt, io_dt, dt_dt, slot_dt, rounds, vstate, vio, rows=(32, 1)) -> ReplaySpec:
+    static = (P, N, ratio, state_dt, io_dt, dt_dt, slot_dt, rounds, vstate, vio, rows)
+    spec = _SPECS.get(static)
+    if spec is None:
+        t = tuning(state_dt, rounds)
+        n = DTYPE_NAMES
+        spec = _SPECS[static] = ReplaySpec(
+            dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], dt_dtype=n[dt_dt],
+            slot_dtype=n[slot_dt], ring_rows=rows[0], new_rows=rows[1],
+            tiling=choose_tiling(P, N, n[state_dt], t.per_thread), min_blocks=t.min_blocks,
+            philox_rounds=rounds, vector_state=vstate, vector_io=vio,
+        )  # fmt: skip
+    return spec
+
+
+def _dense_rows(name: str, t: torch.Tensor, what: str) -> None:
+    if t.stride(-1) != 1:
+        unsupported(f"{name} with a strided last dim in the TileLang ReplaySSM kernel", f"pass {what}")
+
+
+def _pool_layout(kernel: str, state, x_cache, B_cache, state_scale) -> bool:
+    """The pool and ring layouts both ReplaySSM kernels need (``NotImplementedError`` naming the tensor
+    otherwise); returns whether the state's rows go in 16-byte chunks (its slot and head strides and base on the
+    grid)."""
+    N = state.shape[3]
+    if state.stride(3) != 1 or state.stride(2) != N:
+        unsupported(f"state with strided inner dims in the TileLang ReplaySSM {kernel}",
+                    "a pool whose [P, N] rows are dense (slot and head strides are free)")  # fmt: skip
+    _dense_rows("x_cache", x_cache, "x_cache with a dense last dim")
+    _dense_rows("B_cache", B_cache, "B_cache with a dense last dim")
+    if state_scale is not None:
+        _dense_rows("state_scale", state_scale, "state_scale with a dense last dim")
+    vec = choose_tiling(1, N, DTYPE_NAMES[state.dtype]).vec
+    return not (state.stride(0) % vec or state.stride(1) % vec or state.data_ptr() % (vec * state.element_size()))
+
+
+def _vector_rings(bc: torch.Tensor, xc: torch.Tensor) -> bool:
+    """Whether the rings' rows go in 16-byte pieces: outer strides and base addresses of both on the 16-byte
+    grid."""
+    iob = 16 // bc.element_size()
+    return all(t.stride(d) % iob == 0 for t in (bc, xc) for d in range(3)) and not (
+        bc.data_ptr() % 16 or xc.data_ptr() % 16)  # fmt: skip
+
+
+def plan(call: ReplayCall):
+    """(spec, launch arguments) of a call, or None when there is nothing to launch."""
+    state = call.state
+    S, H, P, N = state.shape
+    dev = state.device
+    vstate = _pool_layout("kernel", state, call.x_cache, call.B_cache, call.state_scale)
+    nseq = call.nseq
+    if nseq == 0 or call.x.shape[1] == 0:
+        return None
+    if nseq > MAX_SEQUENCES:
+        unsupported(f"replay_state_update (tilelang) with more than {MAX_SEQUENCES} sequences in one call ({nseq})")
+    rounds = call.philox_rounds if call.rand_seed is not None else 0
+    if rounds and N % 8:
+        unsupported(f"rand_seed (stochastic rounding) with dstate={N} in the TileLang ReplaySSM kernel (eight "
+                    "values per Philox counter: a multiple of 8)", "use backend='torch'")  # fmt: skip
+    io_dt = call.x.dtype
+    B, C = call.B, call.C
+    if B.stride(-1) != 1:
+        B = B.contiguous()
+    if C.stride(-1) != 1:
+        C = C.contiguous()
+    bc, xc = call.B_cache, call.x_cache
+    rows = staged_rows(bc.shape[2], call.npredicted)
+    vio = _vector_rings(bc, xc)
+
+    flags = 0
+    f32 = torch.float32
+    D = call.D
+    if D is not None:
+        flags |= FLAG_D
+    else:
+        D = dummy("D1", dev, f32, (1,))
+    z = call.z
+    if z is not None:
+        flags |= FLAG_Z
+    else:
+        z = dummy("z4", dev, io_dt, (1, 1, 1, 1))
+    dtb = call.dt_bias
+    if dtb is not None:
+        flags |= FLAG_DT_BIAS
+    else:
+        dtb = dummy("D1", dev, f32, (1,))
+    if call.dt_softplus:
+        flags |= FLAG_SOFTPLUS
+    slots = call.slots
+    if slots is not None:
+        flags |= FLAG_SRC
+        slots = slots if slots.stride(0) == 1 else slots.contiguous()
+        slot_dt = slots.dtype
+    else:
+        slot_dt = torch.int32
+        slots = dummy("idx", dev, slot_dt, (1,))
+    cu = call.cu_seqlens
+    if cu is not None:
+        flags |= FLAG_CU
+        cu = cu if cu.stride(0) == 1 else cu.contiguous()
+    else:
+        cu = dummy("idx", dev, torch.int32, (1,))
+    ratio = H // B.shape[2]
+    spec = spec_for(P, N, ratio, state.dtype, io_dt, call.dt.dtype, slot_dt, rounds, vstate, vio, rows)
+    args = (state, call.x_cache, bc, call.dt_cache, call.ring_start, call.pnat, call.x, call.dt, call.A, B, C, D, z,
+            dtb, call.out, slots, cu, nseq, call.npredicted, call.window, call.pad_slot_id, flags)  # fmt: skip
+    if call.state_scale is not None:
+        args += (call.state_scale,)
+    elif rounds:
+        args += (call.rand_seed.reshape(1),)
+    return spec, args
+
+
+def materialize_spec_for(P, N, ratio, state_dt, io_dt, index_dt, rows, vstate, vio) -> MaterializeSpec:
+    n = DTYPE_NAMES
+    return MaterializeSpec(
+        dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], index_dtype=n[index_dt],
+        ring_rows=rows, tiling=choose_tiling(P, N, n[state_dt], tuning(state_dt, 0).per_thread), vector_state=vstate,
+        vector_io=vio,
+    )  # fmt: skip
+
+
+def plan_materialize(call: MaterializeCall):
+    """(spec, launch arguments) of a ``materialize_replayed_state`` call, or None when there is nothing to launch.
+    The four request tables are passed in their dtype when they share one, else each widened to int64."""
+    state = call.state
+    S, H, P, N = state.shape
+    vstate = _pool_layout("materialisation kernel", state, call.x_cache, call.B_cache, call.state_scale)
+    batch = call.src.shape[0]
+    if batch == 0:
+        return None
+    if batch > MAX_SEQUENCES:
+        unsupported(f"materialize_replayed_state (tilelang) with more than {MAX_SEQUENCES} requests in one call "
+                    f"({batch})")  # fmt: skip
+    rows, _ = staged_rows(call.x_cache.shape[2], 1)
+    tables = (call.ring_start, call.prefix, call.src, call.dst)
+    index_dt = tables[0].dtype if all(t.dtype == tables[0].dtype for t in tables) else torch.int64
+    tables = tuple(t.to(index_dt).contiguous() for t in tables)
+    ratio = H // call.B_cache.shape[1]
+    spec = materialize_spec_for(P, N, ratio, state.dtype, call.x_cache.dtype, index_dt, rows, vstate,
+                                _vector_rings(call.B_cache, call.x_cache))  # fmt: skip
+    args = (state, call.x_cache, call.B_cache, call.dt_cache, call.A, *tables, batch, call.pad_slot_id)
+    if call.state_scale is not None:
+        args += (call.state_scale,)
+    return spec, args
+
+
+def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
+                  tokens=1) -> list:  # fmt: skip
+    """The specs one serving configuration calls: the decode step with dt fp32 and in the io dtype, and the
+    materialisation with ``slot_dtype`` tables, on aligned pools and rings of a ``window`` plus ``tokens`` rows
+    (vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative tokens per step)."""
+    ratio = heads // groups
+    rows = staged_rows(window + tokens, tokens)
+    specs = [spec_for(dim, dstate, ratio, state_dtype, io_dtype, dt_dt, slot_dtype, philox_rounds, True, True, rows)
+             for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
+    return specs + [materialize_spec_for(dim, dstate, ratio, state_dtype, io_dtype, slot_dtype, rows[0], True, True)]
+
+
+__all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for", "spec_for",
+           "staged_rows", "serving_specs", "tuning"]  # fmt: skip

@@ -1,0 +1,286 @@
+"""``python -m mate.mamba.bench.host``: eager host time of ``selective_state_update`` up to the kernel launch, on CPU.
+
+A CPU-host proxy for the issue's eager-host-time target: the production call shapes are built from real CPU
+tensors (vLLM's strided page pool with page stride and storage offset, x/B/C row views of one conv buffer,
+the tied dt/A/D/dt_bias forms, z, out, int32 slot tables; the MTP packed call with ``cu_seqlens``,
+``num_accepted_tokens`` and 2-D tables), the backend resolution is patched to pick the TileLang launcher and
+every kernel object is a no-op, so the whole eager path runs except the kernel call itself. With
+``--tilelang-wrapper`` the kernels are the real compiled TileLang kernel objects (sm_90a, needs nvcc) whose
+loaded module is a no-op: TileLang's Python call wrapper is then measured too, and only the tvm_ffi argument
+conversion and the launch are left out. Reported: the median (``--stat min``: the minimum) µs per call of
+
+* ``normalise``: ``normalize_ssu`` alone (the validation every slow-path call pays);
+* ``plan``: the launcher's ``plan()`` on an already-normalised call;
+* ``mate.mamba``: the public ``mate.mamba.selective_state_update`` end to end (stubbed launch), with the
+  metadata-keyed fast path (repeated calls of one form replay its launch recipe) and, as ``slow``, without it
+  (``mate.mamba.ssu.FAST_PATH = False``: every call normalises and plans, the behaviour before the fast path).
+
+The runtime does not import its adapters (they import it), so the vLLM adapter's own wrapper is not timed here:
+it adds its argument checks and one Python call with keywords to the ``mate.mamba`` figures.
+
+Run ``python -m mate.mamba.bench.host [--iters N] [--repeats R] [--stat median|min] [--tilelang-wrapper]``. Numbers
+depend on the CPU: compare runs made on one machine (on a shared machine the minimum is the steadier figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from mate.mamba import settings
+
+H, P, N, G = 128, 64, 128, 8  # Nemotron-H 8B at TP1, the headline shape of the targets
+NULL_BLOCK = 0  # vLLM 0.33's sentinel
+STAT = "median"  # or "min" (--stat)
+
+
+@dataclass
+class Call:
+    """The arguments of one production-shaped call (keyword form of ``mate.mamba.selective_state_update``)."""
+
+    label: str
+    kwargs: dict
+
+    def positional(self):
+        k = self.kwargs
+        return k["state"], k["x"], k["dt"], k["A"], k["B"], k["C"], k["D"]
+
+    def keywords(self) -> dict:
+        return {n: v for n, v in self.kwargs.items() if n not in ("state", "x", "dt", "A", "B", "C", "D")}
+
+
+def _pool(slots: int, state_dtype: torch.dtype) -> torch.Tensor:
+    """vLLM's hybrid page pool: each page holds the conv state first, then the SSM state; the SSM state is a
+    strided ``[S, H, P, N]`` view with ``stride(0)`` = page size and a storage offset."""
+    conv = 3 * (H * P + 2 * G * N)  # (d_conv - 1) * conv_dim, in state elements
+    page = conv + H * P * N + 256  # page padding (vLLM rounds pages up)
+    buf = torch.zeros(slots, page, dtype=state_dtype)
+    return buf[:, conv : conv + H * P * N].view(slots, H, P, N)
+
+
+def _rows(rows: int, io: torch.dtype):
+    """x / B / C as row views of one conv-output buffer (row stride H*P + 2*G*N), z of the projection."""
+    conv_out = torch.randn(rows, H * P + 2 * G * N).to(io)
+    x = conv_out[:, : H * P].unflatten(-1, (H, P))
+    B = conv_out[:, H * P : H * P + G * N].unflatten(-1, (G, N))
+    C = conv_out[:, H * P + G * N :].unflatten(-1, (G, N))
+    zxbcdt = torch.randn(rows, 2 * H * P + 2 * G * N + H).to(io)
+    z = zxbcdt[:, : H * P].unflatten(-1, (H, P))
+    dt = zxbcdt[:, -H:].unsqueeze(-1).expand(rows, H, P)  # the tied per-head dt: strides (*, 1, 0)
+    out = torch.empty(rows, H * P, dtype=io).view(rows, -1, P)
+    return x, B, C, z, dt, out
+
+
+def _params():
+    A = (-torch.rand(H)).view(H, 1, 1).expand(H, P, N)  # strides (1, 0, 0)
+    D = torch.randn(H).unsqueeze(1).expand(H, P)  # strides (1, 0)
+    dt_bias = torch.randn(H).unsqueeze(1).expand(H, P)
+    return A, D, dt_bias
+
+
+def vllm_decode(batch: int, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16) -> Call:
+    state = _pool(slots, state_dtype)
+    x, B, C, z, dt, out = _rows(batch, io)
+    A, D, dt_bias = _params()
+    src = torch.arange(1, batch + 1, dtype=torch.int32)
+    dst = torch.arange(1, batch + 1, dtype=torch.int32)
+    kw = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
+              state_batch_indices=src, dst_state_batch_indices=dst, pad_slot_id=NULL_BLOCK, out=out)  # fmt: skip
+    return Call(f"vLLM decode, batch {batch}", kw)
+
+
+def vllm_mtp(batch: int, steps: int = 6, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16) -> Call:
+    state = _pool(max(slots, 2 * batch * steps + 1), state_dtype)
+    rows = batch * steps
+    x, B, C, z, dt, out = _rows(rows, io)
+    A, D, dt_bias = _params()
+    src = torch.arange(1, rows + 1, dtype=torch.int32).view(batch, steps)
+    dst = (src + rows).contiguous()
+    cu = torch.arange(0, rows + 1, steps, dtype=torch.int32)
+    acc = torch.full((batch,), steps, dtype=torch.int32)
+    kw = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
+              state_batch_indices=src, dst_state_batch_indices=dst, pad_slot_id=NULL_BLOCK, out=out,
+              cu_seqlens=cu, num_accepted_tokens=acc)  # fmt: skip
+    return Call(f"vLLM MTP {steps}, batch {batch}", kw)
+
+
+def production_calls() -> list[Call]:
+    return [vllm_decode(1), vllm_decode(8), vllm_mtp(1), vllm_mtp(8)]
+
+
+class _NoopModule:
+    """Stands in for a loaded kernel module: its entry function does nothing."""
+
+    def __init__(self, launched: list):
+        def main(*args):
+            launched.append(len(args))
+
+        self.main = main
+
+    def __call__(self, *args):
+        return self.main(*args)
+
+
+@contextmanager
+def stubbed_launch(wrapper: bool = False):
+    """Pick the TileLang launcher for CPU tensors and make every kernel launch a no-op.
+
+    ``wrapper=False``: every kernel is a plain no-op function (nothing compiles). ``wrapper=True``: every
+    kernel is the real compiled TileLang kernel object (compiled for sm_90a, needs nvcc) whose loaded module is
+    replaced by a no-op, so TileLang's Python call wrapper (slow path) or the direct tvm_ffi entry lookup
+    (fast path) is part of the measurement; only the tvm_ffi argument conversion and the launch are left out."""
+    from mate.mamba import ssu as api
+    from mate.mamba._tilelang import ssu as tl_ssu
+    from mate.mamba._tilelang.cache import CACHE
+
+    launched = []
+    patched = []  # (adapter, executable) to restore
+
+    def noop(*args):
+        launched.append(len(args))
+
+    saved = (api.resolve_backend, tl_ssu.kernel, dict(tl_ssu._kernels))
+
+    def fake_get(spec, device):
+        kern = noop
+        if wrapper:
+            target = {"kind": "cuda", "arch": "sm_90a"}
+            kern = CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
+            patched.append((kern.adapter, kern.adapter.executable))
+            kern.adapter.executable = _NoopModule(launched)
+        tl_ssu._kernels[spec] = kern
+        return kern
+
+    def fake_resolve(requested, device):
+        if requested not in ("auto", "tilelang", "torch"):
+            return saved[0](requested, device)
+        return "torch" if requested == "torch" else "tilelang"
+
+    api.resolve_backend = fake_resolve
+    tl_ssu.kernel = fake_get
+    tl_ssu._kernels.clear()
+    api.clear_fast_path_cache()
+    try:
+        with settings.override(MATE_CHECK_INPUTS="0"):  # the production path: no host check of the index data
+            yield launched
+    finally:
+        api.resolve_backend, tl_ssu.kernel = saved[0], saved[1]
+        tl_ssu._kernels.clear()
+        tl_ssu._kernels.update(saved[2])
+        for adapter, executable in patched:
+            adapter.executable = executable
+        api.clear_fast_path_cache()
+
+
+@contextmanager
+def slow_path():
+    """The fast path switched off: every call normalises and plans."""
+    from mate.mamba import ssu as api
+
+    saved = api.FAST_PATH
+    api.FAST_PATH = False
+    try:
+        yield
+    finally:
+        api.FAST_PATH = saved
+
+
+def median_us(fn: Callable[[], object], iters: int, repeats: int) -> float:
+    """µs per call over ``repeats`` timed loops of ``iters`` calls: the median, or the minimum when ``STAT`` is
+    ``"min"``."""
+    for _ in range(min(iters, 50)):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / iters)
+    return min(samples) if STAT == "min" else statistics.median(samples)
+
+
+def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = False) -> dict:
+    from mate.mamba import selective_state_update
+    from mate.mamba._contract.ssu import normalize_ssu
+    from mate.mamba._tilelang import ssu_plan
+
+    pos, kw = call.positional(), call.keywords()
+    res = {"call": call.label}
+    with stubbed_launch(wrapper) as launched:
+        res["normalise"] = median_us(lambda: normalize_ssu(*pos, **kw), iters, repeats)
+        normalised = normalize_ssu(*pos, **kw)
+        res["plan"] = median_us(lambda: ssu_plan.plan(normalised), iters, repeats)
+        res["mate.mamba"] = median_us(lambda: selective_state_update(*pos, **kw), iters, repeats)
+        if not launched:
+            raise RuntimeError("the stubbed kernel was never called: the measurement did not reach the launch")
+        with slow_path():
+            res["mate.mamba slow"] = median_us(lambda: selective_state_update(*pos, **kw), iters, repeats)
+    return res
+
+
+def hit_breakdown(call: Call, iters: int = 2000, repeats: int = 7) -> dict:
+    """µs of the parts of a fast-path hit: the metadata key, the cache lookup, building the launch arguments
+    from the recipe, and the whole public call."""
+    from mate.mamba import selective_state_update
+    from mate.mamba import ssu as api
+
+    pos, kw = call.positional(), call.keywords()
+    full = {**dict(zip(("state", "x", "dt", "A", "B", "C", "D"), pos, strict=True)), **kw}
+    tensors = tuple(full.get(n) for n in api.FAST_TENSOR_ARGS)
+    scalars = (full["dt_softplus"], full["pad_slot_id"], False, 10, 0, "auto", False, True, "auto")
+    with stubbed_launch():
+        selective_state_update(*pos, **kw)
+        key = api.fast_key(tensors, scalars)
+        recipe = api._fast.get(key)
+        if recipe is None or recipe is api._SLOW:
+            raise RuntimeError(f"{call.label}: no launch recipe was remembered")
+        return {
+            "call": call.label,
+            "key": median_us(lambda: api.fast_key(tensors, scalars), iters, repeats),
+            "lookup": median_us(lambda: api._fast.get(key), iters, repeats),
+            "recipe args": median_us(lambda: recipe.build(tensors), iters, repeats),
+            "public call": median_us(lambda: selective_state_update(*pos, **kw), iters, repeats),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mate.mamba.bench.host", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iters", type=int, default=2000, help="calls per timed repeat")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats (see --stat)")
+    ap.add_argument(
+        "--tilelang-wrapper",
+        action="store_true",
+        help="launch through the real compiled kernel objects (sm_90a, needs nvcc) with a no-op module, so "
+        "TileLang's Python call wrapper is measured too",
+    )
+    ap.add_argument("--stat", choices=("median", "min"), default="median", help="statistic over the repeats")
+    ap.add_argument("--breakdown", action="store_true", help="also time the parts of a fast-path hit")
+    args = ap.parse_args(argv)
+    global STAT
+    STAT = args.stat
+    torch.set_num_threads(1)
+    cols = ("normalise", "plan", "mate.mamba slow", "mate.mamba")
+    how = "TileLang wrapper kept, module stubbed" if args.tilelang_wrapper else "kernel object stubbed"
+    print(f"CPU-host proxy ({how}); {STAT} µs per call (H {H}, P {P}, N {N}, G {G}, bf16)")
+    print(f"| call | {' | '.join(cols)} |")
+    print(f"|---|{'---:|' * len(cols)}")
+    for call in production_calls():
+        r = measure(call, args.iters, args.repeats, args.tilelang_wrapper)
+        print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in cols) + " |", flush=True)
+    print("slow: fast path off (every call normalises and plans); fast path: repeated calls replay a recipe")
+    if args.breakdown:
+        parts = ("key", "lookup", "recipe args", "public call")
+        print(f"\nfast-path hit, {STAT} µs\n| call | {' | '.join(parts)} |\n|---|{'---:|' * len(parts)}")
+        for call in production_calls():
+            r = hit_breakdown(call, args.iters, args.repeats)
+            print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" for c in parts) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
