@@ -1,8 +1,12 @@
 """The documentation states what the code does: links resolve, documented limits are the enforced ones, the
 examples run, the settings table is complete.
 
-- Every relative link in ``docs/``, ``README.md`` and ``packages/*/README.md`` names an existing file (and, with
-  a ``#fragment``, a heading of it).
+- Every relative link in ``docs/``, ``README.md``, ``packages/*/README.md`` and the other READMEs under
+  ``packages/*/tests`` and ``tools`` names an existing file (and, with a ``#fragment``, a heading of it).
+- Every ``docs/...`` path cited in the packages (sources and tests), ``tools/``, ``noxfile.py``, ``.ci/run``
+  and those pages names an existing file or folder (and a heading, with a ``#fragment``).
+- ``docs/benchmarks/`` holds one page per op, each with its runs in one JSON beside it (run id -> date, commit,
+  card, command), every run listed on its page, at most 12 files.
 - ``docs/mamba.md``'s "Enforced limits" table (between ``<!-- enforced-limits:begin -->`` and ``:end -->``) is
   parsed; each row is probed with values inside and outside its accepted set, and a value outside must raise
   the documented error (rows on index data and counts name quantities of the probe's call, which the probe
@@ -16,6 +20,7 @@ examples run, the settings table is complete.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from pathlib import Path
@@ -29,7 +34,8 @@ MAMBA_MD = DOCS / "mamba.md"
 
 
 def doc_files() -> list[Path]:
-    return sorted([*DOCS.rglob("*.md"), ROOT / "README.md", *ROOT.glob("packages/*/README.md")])
+    readmes = [ROOT / "README.md", *ROOT.glob("packages/*/README.md")]
+    return sorted({*DOCS.rglob("*.md"), *readmes, *ROOT.glob("packages/*/tests/**/*.md"), *ROOT.glob("tools/**/*.md")})
 
 
 def rel(path: Path) -> str:
@@ -93,6 +99,53 @@ def test_relative_links_resolve(page):
         if fragment and dest.is_file() and dest.suffix == ".md" and fragment not in anchors(dest):
             broken.append(f"{target}: no heading #{fragment} in {rel(dest)}")
     assert not broken, f"{rel(page)}: broken links:\n  " + "\n  ".join(broken)
+
+
+# A ``docs/`` path inside a sentence, code or a string (not the tail of a URL or of a longer path).
+CITED_DOCS_PATH = re.compile(r"(?<![\w./-])docs/[\w./#-]*")
+SOURCE_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".pth", ".h"}
+
+
+def citing_files() -> list[Path]:
+    trees = [*ROOT.glob("packages/*/src"), *ROOT.glob("packages/*/tests"), ROOT / "tools"]
+    found = {f for tree in trees for f in tree.rglob("*") if f.suffix in SOURCE_SUFFIXES and f.is_file()}
+    return sorted(found | {ROOT / "noxfile.py", ROOT / ".ci" / "run", ROOT / "pyproject.toml"} | set(doc_files()))
+
+
+@pytest.mark.parametrize("source", citing_files(), ids=rel)
+def test_cited_docs_paths_exist(source):
+    missing = []
+    for m in CITED_DOCS_PATH.finditer(source.read_text()):
+        path, _, fragment = m.group(0).rstrip(".-#").partition("#")
+        dest = ROOT / path
+        if not dest.exists():
+            missing.append(f"{m.group(0)}: no such file or folder")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+            missing.append(f"{m.group(0)}: no heading #{fragment} in {path}")
+    assert not missing, f"{rel(source)} cites what docs/ does not hold:\n  " + "\n  ".join(missing)
+
+
+BENCHMARKS = DOCS / "benchmarks"
+
+
+def test_benchmarks_one_page_per_op():
+    files = sorted(BENCHMARKS.iterdir())
+    assert len(files) <= 12, f"docs/benchmarks/ holds {len(files)} files: at most 12 (one page per op)"
+    assert {f.suffix for f in files} <= {".md", ".json", ".png"}, [f.name for f in files]
+    pages = {f.stem for f in files if f.suffix == ".md"}
+    for data in (f for f in files if f.suffix == ".json"):
+        assert data.stem in pages, f"{data.name} has no page {data.stem}.md beside it"
+        runs = json.loads(data.read_text())
+        page = (BENCHMARKS / f"{data.stem}.md").read_text()
+        assert runs and isinstance(runs, dict), f"{data.name}: expected {{run id: run}}"
+        for run_id, run in runs.items():
+            assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", run["date"]), (data.name, run_id, run.get("date"))
+            assert re.fullmatch(r"[0-9a-f]{7,40}", run["commit"]), (data.name, run_id, run.get("commit"))
+            assert run["card"] and run["command"], (data.name, run_id)
+            assert f"`{run_id}`" in page, f"{data.stem}.md does not list the run {run_id} of {data.name}"
+    shown = {(doc.parent / link.partition("#")[0]).resolve() for doc in doc_files() for link in relative_links(doc)}
+    for plot in (f for f in files if f.suffix == ".png"):
+        assert plot.resolve() in shown, f"{rel(plot)} is shown on no page"
 
 
 # --- enforced limits ---------------------------------------------------------------------------------------
