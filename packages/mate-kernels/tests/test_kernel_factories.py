@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from mate_kernels import ssd, ssu, state_codec
+from mate_kernels import formats, ssd, ssu, state_codec
 
 
 def _names(f):
@@ -19,7 +19,10 @@ def _names(f):
 
 
 def test_import_does_not_need_tilelang():
-    code = "import sys, mate_kernels.ssu, mate_kernels.ssd, mate_kernels.state_codec; print('tilelang' in sys.modules)"
+    code = (
+        "import sys, mate_kernels.formats, mate_kernels.ssu, mate_kernels.ssd, mate_kernels.state_codec; "
+        "print('tilelang' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -68,7 +71,7 @@ def test_factory_parameters_are_the_spec_fields_and_keyword_only(factory):
 )
 def test_ssu_tiling_covers_the_state_row_with_16_byte_chunks(dim, dstate, state_dtype):
     t = ssu.choose_tiling(dim, dstate, state_dtype)
-    nbytes = {"float32": 4, "bfloat16": 2, "float16": 2}[state_dtype]
+    nbytes = formats.BYTES[state_dtype]
     assert t.vec * nbytes <= 16 and dstate % t.vec == 0
     assert t.lanes * t.vecs * t.vec == dstate, "the lanes of a row hold the whole row"
     assert 32 % t.lanes == 0 and t.lanes <= 32, "a row's lanes stay inside one warp (shuffle reduction)"
@@ -85,16 +88,37 @@ def test_ssu_tiling_rejects_unknown_state_dtype_and_chunk_counts():
         ssu.choose_tiling(64, 128, "bfloat16", per_thread=3)
 
 
+# The registry pinned to literals, written independently of it: every other reader (the kernels, the runtime's
+# dtype tables and planners, the reference, the benchmarks, the tests) takes its values from the registry.
+# (name, label, bytes, tuning key, qmax, integer, rounding)
+FORMAT_ROWS = [
+    ("float32", "fp32", 4, "fp32", None, False, ("nearest-even",)),
+    ("bfloat16", "bf16", 2, "2-byte", None, False, ("nearest-even",)),
+    ("float16", "fp16", 2, "2-byte", None, False, ("nearest-even", "stochastic")),
+    ("int16", "int16", 2, "int16", 32767.0, True, ("nearest-even",)),
+    ("int8", "int8", 1, "int8", 127.0, True, ("nearest-even",)),
+    ("float8_e4m3fn", "fp8", 1, "fp8", 448.0, False, ("nearest-even",)),
+]
+
+
+def test_state_format_registry_rows():
+    rows = [(f.name, f.label, f.bytes, f.tuning_key, f.qmax, f.integer, f.rounding) for f in formats.FORMATS.values()]
+    assert rows == FORMAT_ROWS
+    assert all(type(f.qmax) is float for f in formats.FORMATS.values() if f.block_scaled)  # the kernels' literals
+    assert formats.QMAX == {"int16": 32767.0, "int8": 127.0, "float8_e4m3fn": 448.0}
+    assert formats.BYTES == {name: nbytes for name, _, nbytes, *_ in FORMAT_ROWS}
+    assert {f.name: f.sr_tuning_key for f in formats.FORMATS.values() if f.sr_tuning_key} == {"float16": "fp16-sr"}
+
+
 @pytest.mark.parametrize(
     ("dtype", "vec", "lanes"),
     [pytest.param("int16", 8, 16, id="int16"), pytest.param("int8", 16, 8, id="int8"),
      pytest.param("float8_e4m3fn", 16, 8, id="fp8")],
 )  # fmt: skip
 def test_ssu_tiling_of_block_scaled_states(dtype, vec, lanes):
-    """A quantised state is tiled by its width like a float one (16-byte chunks), and is one of QMAX's dtypes."""
+    """A quantised state is tiled by its width like a float one (16-byte chunks)."""
     t = ssu.choose_tiling(64, 128, dtype, 2)
     assert (t.vec, t.lanes, t.vecs * t.rows_per_thread) == (vec, lanes, 2)
-    assert dtype in ssu.QMAX
 
 
 @pytest.mark.parametrize("per_thread", [1, 2, 4, 8])

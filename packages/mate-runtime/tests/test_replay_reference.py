@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import advance_replay_ring, materialize_replayed_state, replay_state_update, selective_state_update
+from mate.mamba._contract.dtypes import STATE_FORMATS
 
 H, P, N, G = 4, 4, 8, 2
 F32 = torch.float32
@@ -27,11 +28,11 @@ class Pool:
         self.S, self.L, self.T, self.W = S, L, T, L - T
         self.truth = torch.randn(S, H, P, N, generator=g) * 0.5
         self.scale = None
-        if state_dtype in (torch.int8, torch.float8_e4m3fn, torch.int16):
-            qmax = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0, torch.int16: 32767.0}[state_dtype]
-            self.scale = self.truth.abs().amax(-1) / qmax
+        fmt = STATE_FORMATS[state_dtype]
+        if fmt.block_scaled:
+            self.scale = self.truth.abs().amax(-1) / fmt.qmax
             q = self.truth / self.scale.unsqueeze(-1)
-            self.state = (q if state_dtype == torch.float8_e4m3fn else q.round()).to(state_dtype)
+            self.state = (q.round() if fmt.integer else q).to(state_dtype)
             self.truth = self.state.float() * self.scale.unsqueeze(-1)  # both sides start from the same values
         else:
             self.state = self.truth.to(state_dtype)

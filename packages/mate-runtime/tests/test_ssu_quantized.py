@@ -13,15 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import selective_state_update
-from mate.mamba._contract.ssu import QUANT_STATE_QMAX
+from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES, STATE_FORMATS
 from mate.mamba.testing import discretize_dt, ssu_recurrence, step
 from test_ssu_reference import TOL, make_inputs
 
-QDTYPES = [
-    pytest.param(torch.int16, id="int16"),
-    pytest.param(torch.int8, id="int8"),
-    pytest.param(torch.float8_e4m3fn, id="fp8-e4m3"),
-]
+QDTYPES = [pytest.param(dt, id=STATE_FORMATS[dt].label) for dt in QUANT_STATE_DTYPES]
 H, P, N, G = 4, 8, 16, 2
 
 
@@ -29,10 +25,11 @@ def quantised(shape, dtype, seed):
     """(stored numbers, fp32 scales over the last dim) of random values, quantised as the kernels store them."""
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(shape, generator=g) * 0.5
-    qmax = QUANT_STATE_QMAX[dtype]
+    fmt = STATE_FORMATS[dtype]
+    qmax = fmt.qmax
     scale = v.abs().amax(-1) / qmax
     q = (v / scale.unsqueeze(-1)).clamp(-qmax, qmax)
-    q = q.round() if dtype in (torch.int16, torch.int8) else q
+    q = q.round() if fmt.integer else q
     return q.to(dtype), scale
 
 
@@ -42,7 +39,7 @@ def dequantised(q, scale):
 
 def check_rows(q, scale, expected, rows):
     """Dequantised rows within half a step of ``expected`` (fp8: its relative spacing), scales max|row| / qmax."""
-    qmax = QUANT_STATE_QMAX[q.dtype]
+    qmax = STATE_FORMATS[q.dtype].qmax
     e = expected[rows].double()
     want_scale = e.abs().amax(-1) / qmax
     torch.testing.assert_close(scale[rows].double(), want_scale, rtol=1e-5, atol=1e-12)
@@ -130,7 +127,7 @@ def test_quantised_intermediate_buffer_and_parents(dtype):
             x, dt = inp["x"][b, t].double(), inp["dt"][b, t].double()
             s_new, y_t = _one_step(s0, x, dt, inp, b, t)
             got = dequantised(iq[entry, t], iscale[entry, t]).double()
-            qmax = QUANT_STATE_QMAX[dtype]
+            qmax = STATE_FORMATS[dtype].qmax
             torch.testing.assert_close(iscale[entry, t].double(), s_new.abs().amax(-1) / qmax, rtol=1e-5, atol=1e-12)
             tol = 0.5 * iscale[entry, t].double().unsqueeze(-1) + 1e-6
             if dtype == torch.float8_e4m3fn:

@@ -17,7 +17,7 @@ absent optional tensors are passed as small dummies, so one compiled kernel serv
 D/z/dt_bias/softplus/tables/write modes. Compile-time: P, N, heads per group, the dtypes, tied (one decay
 per head) vs untied A/dt, the tiling, and whether the state/B/C rows are 16-byte aligned (vector accesses).
 
-Block-scaled quantised states (int16, int8, fp8-e4m3: :data:`.ssu_common.QMAX`) are the state dtype (and the
+Block-scaled quantised states (int16, int8, fp8-e4m3: :data:`.formats.QMAX`) are the state dtype (and the
 intermediate buffer's) of a kernel: it then takes their fp32 row scales as trailing arguments (see
 :mod:`.ssu_parts`), dequantises each row it reads and requantises each row it writes, in registers.
 
@@ -26,8 +26,8 @@ This module imports nothing from the runtime; TileLang is imported lazily inside
 
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
+from .formats import FORMATS
 from .ssu_common import (
-    BYTES,
     FLAG_ACC,
     FLAG_CU,
     FLAG_D,
@@ -42,7 +42,6 @@ from .ssu_common import (
     MODE_INTERMEDIATE,
     MODE_NONE,
     MODE_PER_TOKEN,
-    QMAX,
     SSUTiling,
     choose_tiling,
 )
@@ -121,7 +120,8 @@ def ssu_kernel(
     )  # fmt: skip
     if one_token:
         # a float of 2 bytes, rounded to nearest (stochastic rounding needs the fp32 value where it is stored)
-        early = bool(pack_early) and BYTES[state_dtype] == 2 and state_dtype not in QMAX and not philox_rounds
+        fmt = FORMATS[state_dtype]
+        early = bool(pack_early) and fmt.bytes == 2 and not fmt.block_scaled and not philox_rounds
         return one_token_kernel(T, ops, ty, pack_early=early, **common)
     return packed_kernel(T, ops, ty, ibuf_dtype=ibuf_dtype, **common)
 
@@ -141,7 +141,6 @@ __all__ = [
     "MODE_INTERMEDIATE",
     "MODE_NONE",
     "MODE_PER_TOKEN",
-    "QMAX",
     "SSUTiling",
     "choose_tiling",
     "ssu_kernel",

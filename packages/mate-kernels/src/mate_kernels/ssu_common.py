@@ -1,8 +1,10 @@
 """What the SSU kernels (:mod:`.ssu`) and their launcher agree on: the bits of the ``flags`` argument, the write
-modes, the quantised state dtypes (:data:`QMAX`) and the tiling of a state row over the lanes of a warp
-(:func:`choose_tiling`)."""
+modes and the tiling of a state row over the lanes of a warp (:func:`choose_tiling`); the state formats are
+:mod:`.formats`'."""
 
 from dataclasses import dataclass
+
+from .formats import BYTES
 
 # bits of the ``flags`` scalar argument
 FLAG_D = 1
@@ -21,12 +23,6 @@ MODE_NONE = 0
 MODE_FINAL = 1
 MODE_PER_TOKEN = 2
 MODE_INTERMEDIATE = 3
-
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int16": 2, "int8": 1, "float8_e4m3fn": 1}
-# Block-scaled quantised state dtypes and their largest stored magnitude: a value is its stored number times its
-# row's fp32 scale; a row written gets the scale max|row| / QMAX (1 for an all-zero row) and its numbers rounded
-# to nearest even and clamped to +-QMAX (FlashInfer 0.7.2's int16 rule, int8 and fp8-e4m3 with their own QMAX).
-QMAX = {"int16": 32767.0, "int8": 127.0, "float8_e4m3fn": 448.0}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ prefix-cache event, not a decode step), so the fold is the plain recurrence.
 
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
-from .ssu_common import QMAX, SSUTiling, choose_tiling
+from .formats import QMAX
+from .ssu_common import SSUTiling, choose_tiling
 
 
 def materialize_kernel(

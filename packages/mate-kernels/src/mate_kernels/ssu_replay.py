@@ -42,17 +42,8 @@ of at most ``ring_rows`` rows and at most ``new_rows`` tokens per sequence).
 
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
-from .ssu_common import (
-    FLAG_CU,
-    FLAG_D,
-    FLAG_DT_BIAS,
-    FLAG_SOFTPLUS,
-    FLAG_SRC,
-    FLAG_Z,
-    QMAX,
-    SSUTiling,
-    choose_tiling,
-)
+from .formats import QMAX
+from .ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, SSUTiling, choose_tiling
 
 
 def replay_kernel(

@@ -4,7 +4,7 @@ values of a staged row, in :mod:`.ssu_parts`' tiling (a row's ``N`` values over 
 
 from types import SimpleNamespace
 
-from .ssu_common import BYTES
+from .formats import BYTES
 
 
 def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector_io: bool = True):

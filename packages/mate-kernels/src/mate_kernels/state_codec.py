@@ -1,6 +1,6 @@
 """TileLang kernel factory for the conversion of whole states between a block-scaled quantised pool and fp32:
 :func:`state_codec_kernel`. The SSD prefill's chunk scan carries its states in fp32; a quantised pool (int16, int8,
-fp8-e4m3 with fp32 row scales ``[rows, H, P]``, :data:`.ssu_common.QMAX`) meets it through these two kernels:
+fp8-e4m3 with fp32 row scales ``[rows, H, P]``, :data:`.formats.QMAX`) meets it through these two kernels:
 
 ``decode``
     ``dst[b] = src[b] * src_scale[b]`` (per row): the call's quantised ``initial_states`` into the fp32 rows the
@@ -22,7 +22,8 @@ direction, the index dtype, whether the pool's outer strides are multiples of a 
 
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
-from .ssu_common import QMAX, choose_tiling
+from .formats import QMAX
+from .ssu_common import choose_tiling
 
 DIRECTIONS = ("decode", "encode")
 

@@ -20,10 +20,11 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mate.mamba import advance_replay_ring, replay_state_update, selective_state_update  # noqa: E402
+from mate.mamba._contract.dtypes import STATE_FORMATS  # noqa: E402
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 I16, I8, F8 = torch.int16, torch.int8, torch.float8_e4m3fn
-QMAX = {I16: 32767.0, I8: 127.0, F8: 448.0}
+QMAX = {dt: f.qmax for dt, f in STATE_FORMATS.items() if f.block_scaled}
 OUT_TOL = {F32: 1e-4, BF16: 1.2e-2, F16: 2e-3}
 
 
@@ -63,7 +64,7 @@ def build(c: Case, seed: int = 0, dev: str = "cuda"):
     if c.state in QMAX:
         scale = truth.abs().amax(-1) / QMAX[c.state]
         q = truth / scale.unsqueeze(-1)
-        state = (q if c.state == F8 else q.round()).to(c.state)
+        state = (q.round() if STATE_FORMATS[c.state].integer else q).to(c.state)
     else:
         state = truth.to(c.state)
     if c.strided_pool:  # slots and heads padded apart (a paged pool's view)

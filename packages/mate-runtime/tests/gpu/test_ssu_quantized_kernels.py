@@ -15,27 +15,24 @@ from dataclasses import replace
 
 import pytest
 import torch
+from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES, STATE_FORMATS
 from test_ssu_kernels import BF16, F16, F32, I64, OUT_TOL, Case, _call, _close, build, sync, tilelang_call
 
 pytestmark = pytest.mark.gpu
 
-QMAX = {torch.int16: 32767.0, torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
-QDTYPES = [
-    pytest.param(torch.int16, id="int16"),
-    pytest.param(torch.int8, id="int8"),
-    pytest.param(torch.float8_e4m3fn, id="fp8"),
-]
+QDTYPES = [pytest.param(dt, id=STATE_FORMATS[dt].label) for dt in QUANT_STATE_DTYPES]
 
 
 def quantise_like(owner: torch.Tensor, view: torch.Tensor, dtype: torch.dtype):
     """(owner, view, scales): ``view`` (a view of ``owner``) quantised by rows into a zeroed ``owner`` copy of
     ``dtype`` with the same layout, and the fp32 scales ``view.shape[:-1]``."""
-    qmax = QMAX[dtype]
+    fmt = STATE_FORMATS[dtype]
+    qmax = fmt.qmax
     v = view.float()
     scale = v.abs().amax(-1) / qmax
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = (v / scale.unsqueeze(-1)).clamp(-qmax, qmax)
-    q = q.round() if dtype != torch.float8_e4m3fn else q
+    q = q.round() if fmt.integer else q
     owner_q = torch.zeros(owner.shape, dtype=dtype, device=owner.device)
     view_q = torch.as_strided(owner_q, view.shape, view.stride(), view.storage_offset())
     view_q.copy_(q.to(dtype))

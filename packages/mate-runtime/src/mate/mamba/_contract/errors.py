@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 import torch
+from mate.mamba._contract.dtypes import SR_STATE_DTYPES, SR_STATES
 
 
 def describe(t: Any) -> str:
@@ -54,11 +55,11 @@ def check_ints(args, least: int = 1) -> None:
 
 
 def check_philox_rounds(philox_rounds, state_dtype: torch.dtype) -> None:
-    """The prewarm functions' ``philox_rounds``: 0, or > 0 with a float16 state (stochastic rounding)."""
+    """The prewarm functions' ``philox_rounds``: 0, or > 0 with a state of stochastic rounding (float16)."""
     if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
         bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
-    if philox_rounds and state_dtype != torch.float16:
-        bad_arg("philox_rounds", philox_rounds, "0 unless state_dtype is float16 (stochastic rounding)")
+    if philox_rounds and state_dtype not in SR_STATE_DTYPES:
+        bad_arg("philox_rounds", philox_rounds, f"0 unless state_dtype is {SR_STATES} (stochastic rounding)")
 
 
 def check_jobs(jobs) -> None:

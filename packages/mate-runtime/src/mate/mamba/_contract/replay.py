@@ -18,8 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.dtypes import (
+    INDEX_DTYPES,
+    IO_DTYPES,
+    PARAM_DTYPES,
+    QUANT_STATE_DTYPES,
+    SR_STATE_DTYPES,
+    SR_STATES,
+    STATE_DTYPES,
+)
 from mate.mamba._contract.errors import bad_arg, unsupported, values
-from mate.mamba._contract.ssu import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, host_ints
+from mate.mamba._contract.ssu import host_ints
 
 REPLAY_ALGORITHMS = ("auto", "monolith", "two-kernel")  # FlashInfer's (its kernel choice; MATE plans its own)
 
@@ -186,13 +195,13 @@ def normalize_replay(state, x_cache, B_cache, dt_cache, ring_start, prev_num_acc
             bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the step's seed)")
         if philox_rounds <= 0:
             bad_arg("philox_rounds", philox_rounds, "> 0 with rand_seed")
-        if state.dtype != torch.float16:
+        if state.dtype not in SR_STATE_DTYPES:
             unsupported(f"rand_seed (stochastic rounding) of a {str(state.dtype).removeprefix('torch.')} state",
-                        "stochastic rounding serves float16 states; pass rand_seed=None")  # fmt: skip
+                        f"stochastic rounding serves {SR_STATES} states; pass rand_seed=None")  # fmt: skip
     # FlashInfer's kernel knobs: validated as FlashInfer does, otherwise without effect (MATE plans its own)
     if d_split not in (None, 1, 2):
         bad_arg("d_split", d_split, "None, 1 or 2")
-    if d_split == 2 and state.dtype in (torch.int8, torch.float8_e4m3fn):
+    if d_split == 2 and state.element_size() == 1:
         bad_arg("d_split", d_split, "None or 1 with an 8-bit state (FlashInfer's rule)")
     if algorithm not in REPLAY_ALGORITHMS:
         bad_arg("algorithm", algorithm, f"one of {REPLAY_ALGORITHMS}")

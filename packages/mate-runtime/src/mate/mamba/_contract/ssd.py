@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 from mate.mamba._contract.errors import bad_arg, majority_culprit, unsupported, values
-from mate.mamba._contract.ssu import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, host_ints
+from mate.mamba._contract.ssu import host_ints
 
 MIN_CHUNK_SIZE = 8  # the engines' prefill ops take powers of two from 8 up
 

@@ -1,6 +1,6 @@
 """The one normalisation point of ``selective_state_update``.
 
-Every accepted form of the decode call (``contracts.md`` §2-3: 3-D/4-D/packed layouts, tied and untied
+Every accepted form of the decode call (``docs/mamba.md``, "The contract": 3-D/4-D/packed layouts, tied and untied
 dt/A/D/dt_bias, flat and 2-D slot tables of either int dtype, strided state pools, the sentinel, optional
 tensors) is validated here and turned into one :class:`SSUCall`. Every backend consumes that description
 and nothing else, so a form accepted here is exercised by the reference and by the kernels alike.
@@ -37,17 +37,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.dtypes import (
+    INDEX_DTYPES,
+    IO_DTYPES,
+    PARAM_DTYPES,
+    QUANT_STATE_DTYPES,
+    SR_STATE_DTYPES,
+    SR_STATES,
+    STATE_DTYPES,
+)
 from mate.mamba._contract.errors import bad_arg, majority_culprit, unsupported, values
 
-STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Block-scaled quantised states: the stored value times its (slot, head, dim) row's fp32 scale. The new scale of
-# a row written is max|row| / QMAX (1 where the row is all zero), FlashInfer 0.7.2's int16 rule; int8 and
-# fp8-e4m3 take the same layout with their own largest value (MATE's extension of the contract).
-QUANT_STATE_QMAX = {torch.int16: 32767.0, torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
-QUANT_STATE_DTYPES = tuple(QUANT_STATE_QMAX)
-IO_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-INDEX_DTYPES = (torch.int32, torch.int64)
 ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
 BACKENDS = ("auto", "tilelang", "torch")
 WRITE_MODES = ("none", "final", "per_token", "intermediate")
@@ -247,6 +247,237 @@ def _rows_view(name, t, layout_dense):
 
 
 # ------------------------------------------------------------------------------------------ normalise
+# normalize_ssu's parts, in the order it calls them: the order of the checks decides which error a bad call gets.
+
+
+def _check_options(algorithm, pad_slot_id, cache_steps, philox_rounds) -> None:
+    if algorithm not in ALGORITHMS:
+        bad_arg("algorithm", algorithm, f"one of {ALGORITHMS}")
+    if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
+        bad_arg("pad_slot_id", pad_slot_id, "a Python int")
+    if not isinstance(cache_steps, int) or isinstance(cache_steps, bool) or cache_steps < 0:
+        bad_arg("cache_steps", cache_steps, "an int >= 0")
+    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool):
+        bad_arg("philox_rounds", philox_rounds, "an int")
+
+
+def _pool(state, state_scale, rand_seed, philox_rounds):
+    """The state pool (it fixes H, P, N and the device) and its scales, with the seed's checks:
+    ``(state as [slots, H, P, N], single_head, device, scales or None)``."""
+    _check_tensor("state", state, ndims=(3, 4), dtypes=STATE_DTYPES + QUANT_STATE_DTYPES, device=None)
+    device = state.device
+    single_head = state.dim() == 3
+    st = state.unsqueeze(1) if single_head else state
+    _, H, P, N = st.shape
+    if st.stride(3) != 1 or (st.stride(2) != N and P > 1) or (st.stride(1) != P * N and H > 1):
+        bad_arg("state", state, "[slots, heads, dim, dstate] with the inner three dims dense (stride(0) is free)")
+    sscale = _state_scale("state_scale", state_scale, "state", st, single_head, device)
+    if rand_seed is not None:
+        _check_tensor("rand_seed", rand_seed, ndims=(0, 1, 2), dtypes=(torch.int64,), device=device)
+        if rand_seed.numel() != 1:
+            bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the step's seed)")
+        if sscale is not None:
+            bad_arg("rand_seed", rand_seed, "None with a block-scaled state (state_scale)")
+        if philox_rounds <= 0:
+            bad_arg("philox_rounds", philox_rounds, "> 0 with rand_seed")
+        if st.dtype not in SR_STATE_DTYPES:
+            unsupported(
+                f"rand_seed (stochastic rounding) of a {str(st.dtype).removeprefix('torch.')} state",
+                f"stochastic rounding serves {SR_STATES} states; pass rand_seed=None",
+            )
+    return st, single_head, device, sscale
+
+
+def _layout(x, cu_seqlens, single_head, H, P, device):
+    """x's layout: one-token ``[R, H, P]``, packed ``[R, H, P]`` + cu_seqlens, dense ``[bs, T, H, P]``:
+    ``(x with its head dim, dense, leading dims, nseq, seqlen)``."""
+    _check_tensor("x", x, ndims=(2, 3) if single_head else (3, 4), dtypes=IO_DTYPES, device=device)
+    xh = x.unsqueeze(-2) if single_head else x  # insert the head dim
+    dense = xh.dim() == 4
+    if dense and cu_seqlens is not None:
+        bad_arg("cu_seqlens", cu_seqlens, "None with the dense 4-D x (packed rows use a 3-D x)")
+    if xh.shape[-2:] != (H, P):
+        bad_arg("x", x, f"trailing dims (heads={H}, dim={P}) matching the state")
+    lead = tuple(xh.shape[:-2])  # (R,) or (bs, T)
+    if dense:
+        nseq, seqlen = lead
+    elif cu_seqlens is not None:
+        _check_tensor("cu_seqlens", cu_seqlens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
+        if cu_seqlens.shape[0] < 1:
+            bad_arg("cu_seqlens", cu_seqlens, "[num_sequences + 1] cumulative row offsets")
+        nseq, seqlen = cu_seqlens.shape[0] - 1, None
+    else:
+        nseq, seqlen = lead[0], 1
+    return xh, dense, lead, nseq, seqlen
+
+
+def _like_x(name, t, trailing, dtypes, xh, lead, single_head, device):
+    _check_tensor(name, t, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=dtypes, device=device)
+    th = t.unsqueeze(-2) if single_head else t
+    if tuple(th.shape) != lead + trailing:
+        bad_arg(name, t, f"shape {lead + trailing if not single_head else lead + trailing[1:]}")
+    return th
+
+
+def _row_tensors(dt, B, C, z, xh, lead, single_head, io_dtype, H, P, N, device):
+    """The per-row tensors beside x, with their head dims: ``(dt, B, C, z or None)``."""
+    # dt: like x, or per head without the P dim ([R, H] / [bs, T, H]), which broadcasts over P
+    if isinstance(dt, torch.Tensor) and not single_head and dt.dim() == xh.dim() - 1:
+        _check_tensor("dt", dt, ndims=(dt.dim(),), dtypes=PARAM_DTYPES, device=device)
+        if tuple(dt.shape) != lead + (H,):
+            bad_arg("dt", dt, f"shape {lead + (H, P)} or the per-head {lead + (H,)}")
+        dth = dt.unsqueeze(-1).expand(*lead, H, P)
+    else:
+        dth = _like_x("dt", dt, (H, P), PARAM_DTYPES, xh, lead, single_head, device)
+
+    # B/C in x's dtype, or fp32 beside a 2-byte x (the engines' ops read either natively)
+    bc_dtypes = (io_dtype,) if io_dtype == torch.float32 else (io_dtype, torch.float32)
+    _check_tensor("B", B, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=bc_dtypes, device=device)
+    Bh = B.unsqueeze(-2) if single_head else B
+    G = Bh.shape[-2]
+    if tuple(Bh.shape) != lead + (G, N) or G < 1 or H % G != 0:
+        bad_arg("B", B, f"shape {lead} + (groups, {N}) with heads ({H}) divisible by groups, dtype {io_dtype}")
+    _check_tensor("C", C, ndims=(B.dim(),), dtypes=(B.dtype,), device=device)
+    if tuple(C.shape) != tuple(B.shape):
+        bad_arg("C", C, f"the shape of B {tuple(B.shape)}")
+    Ch = C.unsqueeze(-2) if single_head else C
+    zh = None if z is None else _like_x("z", z, (H, P), (io_dtype,), xh, lead, single_head, device)
+    return dth, Bh, Ch, zh
+
+
+def _head_params(A, D, dt_bias, single_head, H, P, N, device):
+    """A as ``[H, P, N]``, D and dt_bias as ``[H, P]`` (or None)."""
+    _check_tensor("A", A, ndims=(1, 2, 3), dtypes=(torch.float32,), device=device)
+    if A.dim() == 1:
+        _check_shape("A", A, (H,))
+        Ah = A.view(H, 1, 1).expand(H, P, N)
+    elif A.dim() == 2:
+        if not single_head:
+            bad_arg("A", A, f"[heads] or [heads, dim, dstate] = ({H}, {P}, {N}) with a 4-D state")
+        _check_shape("A", A, (P, N))
+        Ah = A.unsqueeze(0)
+    else:
+        _check_shape("A", A, (H, P, N))
+        Ah = A
+    return Ah, _per_head("D", D, H, P, device=device), _per_head("dt_bias", dt_bias, H, P, device=device)
+
+
+def _out(out, x, single_head, dense, nseq, seqlen, H, P, device):
+    """The caller's ``out`` (same shape and dtype as x) or a new one: ``(result, out rows [R, H, P], copy_back)``."""
+    if out is None:
+        result = torch.empty(x.shape, dtype=x.dtype, device=device)
+    else:
+        _check_tensor("out", out, ndims=(x.dim(),), dtypes=(x.dtype,), device=device)
+        _check_shape("out", out, x.shape)
+        result = out
+    outh = result.unsqueeze(-2) if single_head else result
+    if not dense:
+        return result, outh, False
+    try:
+        return result, outh.view(nseq * seqlen, H, P), False
+    except RuntimeError:  # a dense out that cannot be flattened: compute into scratch, copy back
+        return result, torch.empty((nseq * seqlen, H, P), dtype=x.dtype, device=device), True
+
+
+def _tables(state, st, state_batch_indices, dst_state_batch_indices, num_accepted_tokens, final_write_to_dst, dense,
+            nseq, seqlen, device):  # fmt: skip
+    """The slot tables and accepted-token counts: ``(src, dst, acc)``."""
+    src = None
+    if state_batch_indices is not None:
+        src = slot_table("state_batch_indices", state_batch_indices, min_rows=nseq, device=device)
+    dst = None
+    if dst_state_batch_indices is not None:
+        dst = slot_table("dst_state_batch_indices", dst_state_batch_indices, min_rows=nseq, device=device)
+    acc = None
+    if num_accepted_tokens is not None:
+        _check_tensor("num_accepted_tokens", num_accepted_tokens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
+        _check_shape("num_accepted_tokens", num_accepted_tokens, (nseq,))
+        if src is None:
+            bad_arg("state_batch_indices", None, "a slot table when num_accepted_tokens is given")
+        acc = num_accepted_tokens
+    if src is None and nseq > st.shape[0]:
+        bad_arg("state", state, f"at least {nseq} slots (sequence b uses slot b without state_batch_indices)")
+    if dense and dst is not None and not dst.flat and dst.cols < seqlen and not final_write_to_dst:
+        bad_arg("dst_state_batch_indices", dst_state_batch_indices, f"at least {seqlen} columns (one per token)")
+    return src, dst, acc
+
+
+def _intermediate(buf, indices, scales, dst_state_batch_indices, dst, src, cache_steps, dense, nseq, seqlen, H, P, N,
+                  device):  # fmt: skip
+    """The intermediate buffer (write mode "intermediate") as ``[entries * cache_steps, H, P, N]``:
+    ``(ibuf, cache_steps, entry indices or None, scales or None)``."""
+    if dst is not None:
+        bad_arg(
+            "dst_state_batch_indices",
+            dst_state_batch_indices,
+            "None when intermediate_states_buffer is given (the two write modes are exclusive)",
+        )
+    _check_tensor(
+        "intermediate_states_buffer", buf, ndims=(4, 5), dtypes=STATE_DTYPES + QUANT_STATE_DTYPES, device=device
+    )
+    if buf.dim() == 5:
+        if tuple(buf.shape[2:]) != (H, P, N) or (cache_steps not in (0, buf.shape[1])):
+            bad_arg(
+                "intermediate_states_buffer",
+                buf,
+                f"[entries, cache_steps, {H}, {P}, {N}] with cache_steps ({cache_steps}) 0 or equal to dim 1",
+            )
+        cache_steps = buf.shape[1]
+        try:
+            ibuf = buf.view(buf.shape[0] * buf.shape[1], H, P, N)
+        except RuntimeError:
+            bad_arg("intermediate_states_buffer", buf, "a buffer whose (entry, step) dims flatten to one")
+    else:
+        if tuple(buf.shape[1:]) != (H, P, N) or cache_steps < 1:
+            bad_arg("intermediate_states_buffer", buf, f"[entries * cache_steps, {H}, {P}, {N}] with cache_steps >= 1")
+        ibuf = buf
+    if ibuf.stride(3) != 1 or ibuf.stride(2) != N or ibuf.stride(1) != P * N:
+        bad_arg("intermediate_states_buffer", buf, "the inner (heads, dim, dstate) dims dense")
+    if dense and seqlen > cache_steps:
+        bad_arg("cache_steps", cache_steps, f">= the tokens per sequence ({seqlen})")
+    if indices is not None:
+        _check_tensor("intermediate_state_indices", indices, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
+        if indices.shape[0] < nseq:
+            bad_arg("intermediate_state_indices", indices, f"at least {nseq} entries")
+    elif src is None and nseq > ibuf.shape[0] // max(cache_steps, 1):
+        bad_arg(
+            "intermediate_states_buffer",
+            buf,
+            f"at least {nseq} entries (sequence b writes entry b without a table or entry indices)",
+        )
+    iscale = _state_scale(
+        "intermediate_state_scales", scales, "intermediate_states_buffer", ibuf, False, device, entries=buf.shape[:-3]
+    )
+    return ibuf, cache_steps, indices, iscale
+
+
+def _pool_write_mode(disable_state_update, final_write_to_dst, accepted_writes_per_token, src, dst, acc,
+                     intermediate_state_scales, intermediate_state_indices):  # fmt: skip
+    """The write mode without an intermediate buffer: ``(mode, dst)`` (per-token writes to the read table when
+    num_accepted_tokens comes without a destination table)."""
+    if intermediate_state_scales is not None:
+        bad_arg("intermediate_state_scales", intermediate_state_scales, "None without intermediate_states_buffer")
+    if intermediate_state_indices is not None:
+        bad_arg("intermediate_state_indices", intermediate_state_indices, "None without intermediate_states_buffer")
+    if disable_state_update:
+        return "none", dst
+    if dst is not None and final_write_to_dst:
+        return "final", dst
+    if dst is not None or (acc is not None and accepted_writes_per_token):
+        return "per_token", src if dst is None else dst
+    return "final", dst
+
+
+def _parent(parent, ibuf, dense, nseq, seqlen, device):
+    """SGLang's ``retrieve_parent_token`` ``[nseq, T]`` (beside an intermediate buffer and a dense x), or None."""
+    if parent is None:
+        return None
+    if ibuf is None:
+        bad_arg("retrieve_parent_token", parent, "None without intermediate_states_buffer")
+    _check_tensor("retrieve_parent_token", parent, ndims=(2,), dtypes=INDEX_DTYPES, device=device)
+    if not dense or tuple(parent.shape) != (nseq, seqlen):
+        bad_arg("retrieve_parent_token", parent, "[batch, T] with the dense 4-D x [batch, T, H, P]")
+    return parent
 
 
 def normalize_ssu(
@@ -288,231 +519,27 @@ def normalize_ssu(
     writes only the final state back to the read slot (``accepted_writes_per_token=False``).
     """
     try:
-        # ---- capabilities that are valid requests but not implemented (named before anything else)
-        if algorithm not in ALGORITHMS:
-            bad_arg("algorithm", algorithm, f"one of {ALGORITHMS}")
-        if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
-            bad_arg("pad_slot_id", pad_slot_id, "a Python int")
-        if not isinstance(cache_steps, int) or isinstance(cache_steps, bool) or cache_steps < 0:
-            bad_arg("cache_steps", cache_steps, "an int >= 0")
-        if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool):
-            bad_arg("philox_rounds", philox_rounds, "an int")
-
-        # ---- the state pool fixes H, P, N and the device
-        _check_tensor("state", state, ndims=(3, 4), dtypes=STATE_DTYPES + QUANT_STATE_DTYPES, device=None)
-        device = state.device
-        single_head = state.dim() == 3
-        st = state.unsqueeze(1) if single_head else state
+        _check_options(algorithm, pad_slot_id, cache_steps, philox_rounds)
+        st, single_head, device, sscale = _pool(state, state_scale, rand_seed, philox_rounds)
         _, H, P, N = st.shape
-        if st.stride(3) != 1 or (st.stride(2) != N and P > 1) or (st.stride(1) != P * N and H > 1):
-            bad_arg("state", state, "[slots, heads, dim, dstate] with the inner three dims dense (stride(0) is free)")
-        sscale = _state_scale("state_scale", state_scale, "state", st, single_head, device)
-        if rand_seed is not None:
-            _check_tensor("rand_seed", rand_seed, ndims=(0, 1, 2), dtypes=(torch.int64,), device=device)
-            if rand_seed.numel() != 1:
-                bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the step's seed)")
-            if sscale is not None:
-                bad_arg("rand_seed", rand_seed, "None with a block-scaled state (state_scale)")
-            if philox_rounds <= 0:
-                bad_arg("philox_rounds", philox_rounds, "> 0 with rand_seed")
-            if st.dtype != torch.float16:
-                unsupported(
-                    f"rand_seed (stochastic rounding) of a {str(st.dtype).removeprefix('torch.')} state",
-                    "stochastic rounding serves float16 states; pass rand_seed=None",
-                )
-
-        # ---- layout: one-token [R, H, P], packed [R, H, P] + cu_seqlens, dense [bs, T, H, P]
-        _check_tensor("x", x, ndims=(2, 3) if single_head else (3, 4), dtypes=IO_DTYPES, device=device)
-        xh = x.unsqueeze(-2) if single_head else x  # insert the head dim
-        dense = xh.dim() == 4
-        if dense and cu_seqlens is not None:
-            bad_arg("cu_seqlens", cu_seqlens, "None with the dense 4-D x (packed rows use a 3-D x)")
-        if xh.shape[-2:] != (H, P):
-            bad_arg("x", x, f"trailing dims (heads={H}, dim={P}) matching the state")
-        lead = tuple(xh.shape[:-2])  # (R,) or (bs, T)
-        io_dtype = x.dtype
-
-        if dense:
-            nseq, seqlen = lead
-        elif cu_seqlens is not None:
-            _check_tensor("cu_seqlens", cu_seqlens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
-            if cu_seqlens.shape[0] < 1:
-                bad_arg("cu_seqlens", cu_seqlens, "[num_sequences + 1] cumulative row offsets")
-            nseq, seqlen = cu_seqlens.shape[0] - 1, None
-        else:
-            nseq, seqlen = lead[0], 1
-
-        def _like_x(name, t, trailing, dtypes):
-            _check_tensor(name, t, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=dtypes, device=device)
-            th = t.unsqueeze(-2) if single_head else t
-            if tuple(th.shape) != lead + trailing:
-                bad_arg(name, t, f"shape {lead + trailing if not single_head else lead + trailing[1:]}")
-            return th
-
-        # dt: like x, or per head without the P dim ([R, H] / [bs, T, H]), which broadcasts over P
-        if isinstance(dt, torch.Tensor) and not single_head and dt.dim() == xh.dim() - 1:
-            _check_tensor("dt", dt, ndims=(dt.dim(),), dtypes=PARAM_DTYPES, device=device)
-            if tuple(dt.shape) != lead + (H,):
-                bad_arg("dt", dt, f"shape {lead + (H, P)} or the per-head {lead + (H,)}")
-            dth = dt.unsqueeze(-1).expand(*lead, H, P)
-        else:
-            dth = _like_x("dt", dt, (H, P), PARAM_DTYPES)
-
-        # B/C in x's dtype, or fp32 beside a 2-byte x (the engines' ops read either natively)
-        bc_dtypes = (io_dtype,) if io_dtype == torch.float32 else (io_dtype, torch.float32)
-        _check_tensor("B", B, ndims=(xh.dim() - (1 if single_head else 0),), dtypes=bc_dtypes, device=device)
-        Bh = B.unsqueeze(-2) if single_head else B
-        G = Bh.shape[-2]
-        if tuple(Bh.shape) != lead + (G, N) or G < 1 or H % G != 0:
-            bad_arg("B", B, f"shape {lead} + (groups, {N}) with heads ({H}) divisible by groups, dtype {io_dtype}")
-        _check_tensor("C", C, ndims=(B.dim(),), dtypes=(B.dtype,), device=device)
-        if tuple(C.shape) != tuple(B.shape):
-            bad_arg("C", C, f"the shape of B {tuple(B.shape)}")
-        Ch = C.unsqueeze(-2) if single_head else C
-        zh = None if z is None else _like_x("z", z, (H, P), (io_dtype,))
-
-        # ---- A / D / dt_bias
-        _check_tensor("A", A, ndims=(1, 2, 3), dtypes=(torch.float32,), device=device)
-        if A.dim() == 1:
-            _check_shape("A", A, (H,))
-            Ah = A.view(H, 1, 1).expand(H, P, N)
-        elif A.dim() == 2:
-            if not single_head:
-                bad_arg("A", A, f"[heads] or [heads, dim, dstate] = ({H}, {P}, {N}) with a 4-D state")
-            _check_shape("A", A, (P, N))
-            Ah = A.unsqueeze(0)
-        else:
-            _check_shape("A", A, (H, P, N))
-            Ah = A
-        Dh = _per_head("D", D, H, P, device=device)
-        dtbh = _per_head("dt_bias", dt_bias, H, P, device=device)
-
-        # ---- out: the caller's tensor (same shape and dtype as x) or a new one
-        if out is None:
-            result = torch.empty(x.shape, dtype=io_dtype, device=device)
-        else:
-            _check_tensor("out", out, ndims=(x.dim(),), dtypes=(io_dtype,), device=device)
-            _check_shape("out", out, x.shape)
-            result = out
-        outh = result.unsqueeze(-2) if single_head else result
-        copy_back = False
-        if dense:
-            try:
-                out_rows = outh.view(nseq * seqlen, H, P)
-            except RuntimeError:  # a dense out that cannot be flattened: compute into scratch, copy back
-                out_rows = torch.empty((nseq * seqlen, H, P), dtype=io_dtype, device=device)
-                copy_back = True
-        else:
-            out_rows = outh
-
-        # ---- tables, MTP and write modes
-        src = None
-        if state_batch_indices is not None:
-            src = slot_table("state_batch_indices", state_batch_indices, min_rows=nseq, device=device)
-        dst = None
-        if dst_state_batch_indices is not None:
-            dst = slot_table("dst_state_batch_indices", dst_state_batch_indices, min_rows=nseq, device=device)
-        acc = None
-        if num_accepted_tokens is not None:
-            _check_tensor("num_accepted_tokens", num_accepted_tokens, ndims=(1,), dtypes=INDEX_DTYPES, device=device)
-            _check_shape("num_accepted_tokens", num_accepted_tokens, (nseq,))
-            if src is None:
-                bad_arg("state_batch_indices", None, "a slot table when num_accepted_tokens is given")
-            acc = num_accepted_tokens
-        if src is None and nseq > st.shape[0]:
-            bad_arg("state", state, f"at least {nseq} slots (sequence b uses slot b without state_batch_indices)")
-        if dense and dst is not None and not dst.flat and dst.cols < seqlen and not final_write_to_dst:
-            bad_arg("dst_state_batch_indices", dst_state_batch_indices, f"at least {seqlen} columns (one per token)")
-
-        ibuf = ibuf_idx = parent = iscale = None
+        xh, dense, lead, nseq, seqlen = _layout(x, cu_seqlens, single_head, H, P, device)
+        dth, Bh, Ch, zh = _row_tensors(dt, B, C, z, xh, lead, single_head, x.dtype, H, P, N, device)
+        Ah, Dh, dtbh = _head_params(A, D, dt_bias, single_head, H, P, N, device)
+        result, out_rows, copy_back = _out(out, x, single_head, dense, nseq, seqlen, H, P, device)
+        src, dst, acc = _tables(state, st, state_batch_indices, dst_state_batch_indices, num_accepted_tokens,
+                                final_write_to_dst, dense, nseq, seqlen, device)  # fmt: skip
         if intermediate_states_buffer is not None:
-            if dst is not None:
-                bad_arg(
-                    "dst_state_batch_indices",
-                    dst_state_batch_indices,
-                    "None when intermediate_states_buffer is given (the two write modes are exclusive)",
-                )
-            buf = intermediate_states_buffer
-            _check_tensor(
-                "intermediate_states_buffer", buf, ndims=(4, 5), dtypes=STATE_DTYPES + QUANT_STATE_DTYPES,
-                device=device,
-            )  # fmt: skip
-            if buf.dim() == 5:
-                if tuple(buf.shape[2:]) != (H, P, N) or (cache_steps not in (0, buf.shape[1])):
-                    bad_arg(
-                        "intermediate_states_buffer",
-                        buf,
-                        f"[entries, cache_steps, {H}, {P}, {N}] with cache_steps ({cache_steps}) 0 or equal to dim 1",
-                    )
-                cache_steps = buf.shape[1]
-                try:
-                    ibuf = buf.view(buf.shape[0] * buf.shape[1], H, P, N)
-                except RuntimeError:
-                    bad_arg("intermediate_states_buffer", buf, "a buffer whose (entry, step) dims flatten to one")
-            else:
-                if tuple(buf.shape[1:]) != (H, P, N) or cache_steps < 1:
-                    bad_arg(
-                        "intermediate_states_buffer",
-                        buf,
-                        f"[entries * cache_steps, {H}, {P}, {N}] with cache_steps >= 1",
-                    )
-                ibuf = buf
-            if ibuf.stride(3) != 1 or ibuf.stride(2) != N or ibuf.stride(1) != P * N:
-                bad_arg("intermediate_states_buffer", buf, "the inner (heads, dim, dstate) dims dense")
-            if dense and seqlen > cache_steps:
-                bad_arg("cache_steps", cache_steps, f">= the tokens per sequence ({seqlen})")
-            if intermediate_state_indices is not None:
-                _check_tensor(
-                    "intermediate_state_indices",
-                    intermediate_state_indices,
-                    ndims=(1,),
-                    dtypes=INDEX_DTYPES,
-                    device=device,
-                )
-                if intermediate_state_indices.shape[0] < nseq:
-                    bad_arg("intermediate_state_indices", intermediate_state_indices, f"at least {nseq} entries")
-                ibuf_idx = intermediate_state_indices
-            elif src is None and nseq > ibuf.shape[0] // max(cache_steps, 1):
-                bad_arg(
-                    "intermediate_states_buffer",
-                    buf,
-                    f"at least {nseq} entries (sequence b writes entry b without a table or entry indices)",
-                )
             write_mode = "intermediate"
-            iscale = _state_scale(
-                "intermediate_state_scales", intermediate_state_scales, "intermediate_states_buffer", ibuf, False,
-                device, entries=buf.shape[:-3],
+            ibuf, cache_steps, ibuf_idx, iscale = _intermediate(
+                intermediate_states_buffer, intermediate_state_indices, intermediate_state_scales,
+                dst_state_batch_indices, dst, src, cache_steps, dense, nseq, seqlen, H, P, N, device,
             )  # fmt: skip
         else:
-            if intermediate_state_scales is not None:
-                bad_arg(
-                    "intermediate_state_scales", intermediate_state_scales, "None without intermediate_states_buffer"
-                )
-            if intermediate_state_indices is not None:
-                bad_arg(
-                    "intermediate_state_indices", intermediate_state_indices, "None without intermediate_states_buffer"
-                )
-            if disable_state_update:
-                write_mode = "none"
-            elif dst is not None and final_write_to_dst:
-                write_mode = "final"
-            elif dst is not None or (acc is not None and accepted_writes_per_token):
-                write_mode = "per_token"
-                if dst is None:
-                    dst = src
-            else:
-                write_mode = "final"
-        if retrieve_parent_token is not None:
-            if ibuf is None:
-                bad_arg("retrieve_parent_token", retrieve_parent_token, "None without intermediate_states_buffer")
-            _check_tensor(
-                "retrieve_parent_token", retrieve_parent_token, ndims=(2,), dtypes=INDEX_DTYPES, device=device
-            )
-            if not dense or tuple(retrieve_parent_token.shape) != (nseq, seqlen):
-                bad_arg(
-                    "retrieve_parent_token", retrieve_parent_token, "[batch, T] with the dense 4-D x [batch, T, H, P]"
-                )
-            parent = retrieve_parent_token
+            ibuf = ibuf_idx = iscale = None
+            write_mode, dst = _pool_write_mode(disable_state_update, final_write_to_dst, accepted_writes_per_token,
+                                               src, dst, acc, intermediate_state_scales,
+                                               intermediate_state_indices)  # fmt: skip
+        parent = _parent(retrieve_parent_token, ibuf, dense, nseq, seqlen, device)
 
         return _new_call(
             state=st,

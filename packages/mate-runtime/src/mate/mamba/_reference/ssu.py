@@ -12,7 +12,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from mate.mamba._contract.ssu import QUANT_STATE_QMAX, SlotTable, SSUCall, check_index_data, finish
+from mate.mamba._contract.dtypes import STATE_FORMATS
+from mate.mamba._contract.ssu import SlotTable, SSUCall, check_index_data, finish
 from mate.mamba.rounding import round_to_fp16
 
 
@@ -64,11 +65,11 @@ def load_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tens
 
 def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Tensor, values: torch.Tensor,
                sr: tuple[int, int] | None = None) -> None:  # fmt: skip
-    """Write fp32 ``values`` into rows of a state tensor; a quantised one takes new per-(row, head, dim) scales,
+    """Write fp32 ``values`` into rows of a state tensor; a block-scaled one takes new per-(row, head, dim) scales,
     max|row| / qmax (1 for an all-zero row), and the values divided by them, rounded to nearest (even) and
-    clamped to +-qmax (FlashInfer 0.7.2's int16 rule; int8 and fp8-e4m3 with their own qmax). ``sr`` (seed,
-    Philox rounds): an fp16 tensor's values are rounded stochastically (:mod:`.rounding`), each by its element
-    offset in the ``[rows, H, P, N]`` tensor."""
+    clamped to +-qmax (its format's rule and qmax: ``mate_kernels.formats``). ``sr`` (seed, Philox rounds): an
+    fp16 tensor's values are rounded stochastically (:mod:`mate.mamba.rounding`), each by its element offset in
+    the ``[rows, H, P, N]`` tensor."""
     if scale is None:
         if sr is not None and tensor.dtype == torch.float16:
             inner = math.prod(values.shape[1:])
@@ -78,11 +79,12 @@ def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Ten
         else:
             tensor[rows] = values.to(tensor.dtype)
         return
-    qmax = QUANT_STATE_QMAX[tensor.dtype]
+    fmt = STATE_FORMATS[tensor.dtype]
+    qmax = fmt.qmax
     amax = values.abs().amax(-1)
     encode = torch.where(amax == 0, torch.ones_like(amax), qmax / amax)
     q = (values * encode.unsqueeze(-1)).clamp(-qmax, qmax)
-    tensor[rows] = (q.round() if tensor.dtype in (torch.int16, torch.int8) else q).to(tensor.dtype)
+    tensor[rows] = (q.round() if fmt.integer else q).to(tensor.dtype)
     scale[rows] = 1.0 / encode
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES
 from mate.mamba._contract.errors import unsupported
 from mate.mamba._contract.replay import MaterializeCall, ReplayCall
 from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
-from mate.mamba._tilelang.ssu_plan import DTYPE_NAMES, MAX_SEQUENCES, SCALED_STATES, dummy
+from mate.mamba._tilelang.ssu_plan import MAX_SEQUENCES, dummy
 from mate_kernels.ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, choose_tiling
 
 
@@ -39,7 +40,7 @@ TUNING = {
 def tuning(state_dt: torch.dtype, rounds: int) -> Tuning:
     if rounds:
         return TUNING["fp16-sr"]
-    if state_dt in SCALED_STATES:
+    if state_dt in QUANT_STATE_DTYPES:
         return TUNING["scaled"]
     return TUNING["fp32" if state_dt == torch.float32 else "2-byte"]
 

@@ -30,12 +30,13 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.dtypes import STATE_FORMATS
 from mate.mamba.bench.report import markdown_table, plot, write_report
 from mate.mamba.bench.shapes import SSU_SHAPES, SSUShape
 from mate.mamba.bench.timing import copy_ceiling_tbps, graph_times_us, windows_for
 
 WINDOW = 16  # vLLM 0.33's replayssm_buffer_len default (FlashInfer's largest window)
-DT_NAME = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+DT_NAME = {dt: f.label for dt, f in STATE_FORMATS.items()}
 PHASES = ("cycle", "replay", "flush")
 IMPLS = ("mate", "flashinfer", "mate-stored")
 # the shapes of the targets: Nemotron-H 8B at TP1, and Nemotron 3 Super at TP8 (16 heads, one group per rank)

@@ -1,4 +1,4 @@
-"""Shape registry for the benchmarks: the decode shapes (per tensor-parallel rank; ``contracts.md`` §6) and the
+"""Shape registry for the benchmarks: the decode shapes (per tensor-parallel rank; ``docs/benchmarks/ssu.md``) and the
 prefill models, served at their tensor-parallel sizes and expanded into per-rank cases."""
 
 from __future__ import annotations

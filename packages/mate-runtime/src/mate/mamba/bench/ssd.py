@@ -30,6 +30,7 @@ import sys
 from typing import NamedTuple
 
 import torch
+from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES, STATE_FORMATS
 from mate.mamba._tilelang import ssd_plan
 from mate.mamba.bench.report import markdown_table, write_report
 from mate.mamba.bench.shapes import (
@@ -76,7 +77,7 @@ def flops(T: int, s: SSDCase, L: int) -> float:
     return T * (2 * s.groups * L * s.dstate + s.heads * (L * s.dim + 4 * s.dim * s.dstate))
 
 
-POOL_DTYPES = {"int16": torch.int16, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}
+POOL_DTYPES = {DTYPE_NAMES[dt]: dt for dt in QUANT_STATE_DTYPES}  # --pool's choices
 
 
 def nbytes(T: int, batch: int, s: SSDCase, pool: str | None = None, written: int | None = None) -> int:
@@ -91,13 +92,12 @@ def nbytes(T: int, batch: int, s: SSDCase, pool: str | None = None, written: int
 
 def quantise_rows(v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(numbers, fp32 scales over the last dim) of ``v`` in a block-scaled ``dtype``, as MATE stores a state."""
-    from mate.mamba._contract.ssu import QUANT_STATE_QMAX
-
-    qmax = QUANT_STATE_QMAX[dtype]
+    fmt = STATE_FORMATS[dtype]
+    qmax = fmt.qmax
     scale = v.abs().amax(-1) / qmax
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = (v / scale.unsqueeze(-1)).clamp(-qmax, qmax)
-    return (q.round() if dtype != torch.float8_e4m3fn else q).to(dtype), scale
+    return (q.round() if fmt.integer else q).to(dtype), scale
 
 
 def make_window(s: SSDCase, seqlens, L, seed, dev, pool: str | None = None, layout: BatchLayout | None = None):
@@ -362,7 +362,7 @@ DESCRIPTION = (
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mate-mamba bench ssd", description=DESCRIPTION)
     ap.add_argument(
-        "--out", default=os.path.join("docs", "benchmarks"), metavar="DIR",
+        "--out", default="bench-results", metavar="DIR",
         help="directory the report is written to (default: %(default)s)",
     )  # fmt: skip
     ap.add_argument("--name", default="ssd", help="file name of the report, without suffix (default: %(default)s)")

@@ -18,21 +18,19 @@ import sys
 from dataclasses import dataclass, replace
 
 import torch
+from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES, STATE_FORMATS
 from mate.mamba.bench.report import markdown_table, plot, write_report
 from mate.mamba.bench.shapes import SSU_SHAPES, SSUShape
 from mate.mamba.bench.timing import copy_ceiling_tbps, graph_times_us, host_times_us, windows_for
 
-DT_NAME = {
-    torch.bfloat16: "bf16",
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.int16: "int16",
-    torch.int8: "int8",
-    torch.float8_e4m3fn: "fp8",
-}
 # block-scaled states: the pool comes with fp32 scales [slots, H, P] (FlashInfer 0.7.2's int16 layout)
-SCALED = (torch.int16, torch.int8, torch.float8_e4m3fn)
-STATE_NAMES = ("bf16", "fp32", "fp16", "fp16+sr", "int16", "int8", "fp8")
+SCALED_NAMES = tuple(STATE_FORMATS[dt].label for dt in QUANT_STATE_DTYPES)
+SR = "+sr"  # the name of a stochastically rounded case: its format's label and this
+STATE_NAMES = tuple(
+    name
+    for f in STATE_FORMATS.values()
+    for name in ((f.label, f.label + SR) if "stochastic" in f.rounding else (f.label,))
+)
 SR_ROUNDS = 10  # Philox rounds of the stochastic-rounding cases (FlashInfer's and vLLM's default)
 
 
@@ -46,7 +44,7 @@ class Case:
 
     @property
     def state_name(self) -> str:
-        return DT_NAME[self.state] + ("+sr" if self.sr else "")
+        return STATE_FORMATS[self.state].label + (SR if self.sr else "")
 
     @property
     def op(self) -> str:
@@ -63,7 +61,7 @@ def cases(quick: bool) -> list[Case]:
     for st, bs in ((bf16, (8, 64) if quick else (8, 64, 256)), (f32, (64,) if quick else (8, 64))):
         for b in bs:
             out.append(Case(main, st, b, T=6))
-    for st in SCALED:  # quantised pools at the headline shape: one token, and MTP 6 at batch 64
+    for st in QUANT_STATE_DTYPES:  # quantised pools at the headline shape: one token, and MTP 6 at batch 64
         for b in (1, 8, 64) if quick else (1, 8, 64, 256, 1024):
             out.append(Case(main, st, b))
         out.append(Case(main, st, 64, T=6))
@@ -113,7 +111,8 @@ class Setup:
         s = case.shape
         H, P, N = s.heads, s.dim, s.dstate
         esize = torch.tensor([], dtype=case.state).element_size()
-        scaled = case.state in SCALED
+        fmt = STATE_FORMATS[case.state]
+        scaled = fmt.block_scaled
         slot_bytes = H * P * N * esize + (H * P * 4 if scaled else 0)  # a scaled state's fp32 row scales too
         self.bytes_per_call = case.batch * slot_bytes * (2 if case.T == 1 else 1 + case.T)
         self.windows_n = windows or windows_for(self.bytes_per_call)
@@ -122,16 +121,14 @@ class Setup:
         self.scale = None
         self.seed = torch.tensor([20261203], device=dev) if case.sr else None
         if scaled:  # random rows quantised as the kernels store them (max|row| / qmax scales)
-            from mate.mamba._contract.ssu import QUANT_STATE_QMAX
-
-            qmax = QUANT_STATE_QMAX[case.state]
+            qmax = fmt.qmax
             self.pool = torch.empty(slots, H, P, N, device=dev, dtype=case.state)
             self.scale = torch.empty(slots, H, P, device=dev)
             for lo in range(0, slots, 256):
                 v = torch.randn(min(256, slots - lo), H, P, N, device=dev) * 0.5
                 sc = v.abs().amax(-1) / qmax
                 q = (v / sc.unsqueeze(-1)).clamp(-qmax, qmax)
-                self.pool[lo : lo + len(v)] = (q if case.state == torch.float8_e4m3fn else q.round()).to(case.state)
+                self.pool[lo : lo + len(v)] = (q.round() if fmt.integer else q).to(case.state)
                 self.scale[lo : lo + len(v)] = sc
         else:
             self.pool = torch.empty(slots, H, P, N, device=dev, dtype=case.state)
@@ -423,13 +420,14 @@ def pivot(rows: list[dict]) -> list[dict]:
         for k in [k for k in line if k.startswith("_")]:
             line.pop(k)
         line["best peer / MATE"] = round(min(peers) / mate, 2) if mate and peers else None
-        if state in ("int16", "int8", "fp8") and mate:
+        if state in SCALED_NAMES and mate:
             for ref in ("bf16", "fp32"):
                 peer = best.get((op, name, batch, ref))
                 line[f"best {ref} peer / MATE"] = round(peer / mate, 2) if peer else None
-        if state == "fp16+sr" and mate:  # the cost of the rounding: MATE's own fp16 call rounded to nearest
-            plain = mates.get((op, name, batch, "fp16"))
-            line["MATE fp16 / MATE"] = round(plain / mate, 2) if plain else None
+        if state.endswith(SR) and mate:  # the cost of the rounding: MATE's own call rounded to nearest
+            nearest = state.removesuffix(SR)
+            plain = mates.get((op, name, batch, nearest))
+            line[f"MATE {nearest} / MATE"] = round(plain / mate, 2) if plain else None
         res.append(line)
     return res
 
@@ -455,7 +453,7 @@ DESCRIPTION = (
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mate-mamba bench ssu", description=DESCRIPTION)
     ap.add_argument(
-        "--out", default=os.path.join("docs", "benchmarks"), metavar="DIR",
+        "--out", default="bench-results", metavar="DIR",
         help="directory the report is written to (default: %(default)s)",
     )  # fmt: skip
     ap.add_argument("--name", default="ssu", help="file name of the report, without suffix (default: %(default)s)")
@@ -477,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--state",
         choices=STATE_NAMES,
         default=None,
-        help="only the cases of this state dtype (default: every one; int16/int8/fp8 are block-scaled)",
+        help=f"only the cases of this state dtype (default: every one; {'/'.join(SCALED_NAMES)} are block-scaled)",
     )
     ap.add_argument(
         "--batches", type=_batch_list, default=(), metavar="LIST",

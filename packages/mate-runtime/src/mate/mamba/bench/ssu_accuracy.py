@@ -16,18 +16,10 @@ import math
 import sys
 
 import torch
+from mate.mamba._contract.dtypes import STATE_FORMATS
 from mate.mamba.bench.shapes import SSU_SHAPES
 
-FORMATS = (
-    ("mate", torch.float32),
-    ("mate", torch.bfloat16),
-    ("mate", torch.float16),
-    ("mate", torch.int16),
-    ("mate", torch.int8),
-    ("mate", torch.float8_e4m3fn),
-    ("flashinfer", torch.int16),
-    ("flashinfer", torch.bfloat16),
-)
+FORMATS = (*(("mate", dt) for dt in STATE_FORMATS), ("flashinfer", torch.int16), ("flashinfer", torch.bfloat16))
 BATCH = 16
 
 
@@ -50,7 +42,7 @@ def _decoder(impl: str, dtype: torch.dtype, inp: dict, dev):
     """(step(t) -> y, final_state() -> fp32 state) of one format, from a zero state."""
     H, P, N = inp["shape"]
     state = torch.zeros(BATCH, H, P, N, device=dev, dtype=dtype)
-    scaled = dtype in (torch.int16, torch.int8, torch.float8_e4m3fn)
+    scaled = STATE_FORMATS[dtype].block_scaled
     scale = torch.ones(BATCH, H, P, device=dev) if scaled else None
     A = inp["A"].view(H, 1, 1).expand(H, P, N)
     D = inp["D"].view(H, 1).expand(H, P)
