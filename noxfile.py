@@ -166,8 +166,9 @@ def compile(session: nox.Session) -> None:
         "python", "-m", "mate.mamba._tilelang.compile_check", "--sources", str(sources), *session.posargs, env=env
     )
     if not session.posargs:  # (a filtered compile check, e.g. --only ssu, skips them)
-        generated = runtime / "tests" / "test_ssd_generated_code.py"
-        session.run("pytest", "-q", "-p", "no:cacheprovider", str(generated.relative_to(ROOT)), env=env)
+        # the SSD kernels' generated-code checks, and the TileLang internals MATE relies on (tl_internals.SURFACE)
+        checks = [runtime / "tests" / "test_ssd_generated_code.py", runtime / "tests" / "test_tilelang_internals.py"]
+        session.run("pytest", "-q", "-p", "no:cacheprovider", *(str(c.relative_to(ROOT)) for c in checks), env=env)
         # the decode kernels' generated CUDA run on the CPU against the reference (tests/emulate; needs g++); the
         # emulated test modules by name, as the other test modules need what this session does not install
         emulated = sorted(str(t.relative_to(ROOT)) for t in (runtime / "tests").glob("test_*_emulated.py"))

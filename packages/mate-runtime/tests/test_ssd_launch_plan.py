@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 from mate.mamba._contract.ssd import normalize_ssd
+from mate.mamba._device import Hardware
 from mate.mamba._tilelang import ssd as tl_ssd
 from mate.mamba._tilelang import ssd_plan
-from mate.mamba._tilelang.ssu_plan import Hardware
 from mate.mamba.chunking import chunk_metadata
 
 pytest.importorskip("mate_kernels.ssd")
@@ -215,7 +215,7 @@ def _launch(monkeypatch, call, sms):
     monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, sms))
     launched = []
     monkeypatch.setattr(tl_ssd, "kernel", lambda spec, dev: lambda *args: launched.append((spec, args)))
-    tl_ssd.ssd_combined_fwd_varlen(call)
+    tl_ssd.run(call)
     return launched
 
 
@@ -277,7 +277,7 @@ def test_serving_specs_cover_every_launch_form():
 
 
 # (heads x P blocks per sequence, batch, chunks, tiles per chunk, mean tiles per sequence) -> runs on 132 SMs. The
-# cells measured on the H200 (docs/design/ssd-split.md) name the faster design there.
+# cells measured on the H200 (docs/benchmarks/ssd.md) name the faster design there.
 @pytest.mark.parametrize(
     ("ctas", "batch", "nchunks", "tpc", "mean", "runs"),
     [

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import settings
+from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES, STATE_FORMATS
 from mate.mamba._contract.ssu import normalize_ssu
+from mate.mamba._device import PLANNING_DEFAULT, pdl_for_capability
 from mate.mamba._tilelang import ssu_plan as tl_ssu
 from mate_kernels import ssu as kssu
 
@@ -167,7 +169,7 @@ def test_tuning_table(state_dtype, rows, packed, expect):
 
 def test_small_grid_needs_full_chunks():
     """At P 80 the tiling holds two chunks per thread: the capped kernel stays (measured faster there)."""
-    hw = tl_ssu.PLANNING_DEFAULT
+    hw = PLANNING_DEFAULT
     assert tl_ssu.small_grid(1, 128, 64, 128, BF16, hw)
     assert not tl_ssu.small_grid(1, 128, 80, 128, BF16, hw)
     assert not tl_ssu.small_grid(1, 128, 64, 128, F32, hw)
@@ -186,12 +188,12 @@ def test_small_grid_needs_full_chunks():
 )
 def test_pdl_setting(setting, kind, major, expect):
     with settings.override(MATE_SSU_PDL=setting):
-        assert tl_ssu.pdl_for_capability(kind, major) is expect
+        assert pdl_for_capability(kind, major) is expect
 
 
 def test_pdl_forced_where_unsupported_raises():
     with settings.override(MATE_SSU_PDL="1"), pytest.raises(NotImplementedError, match="MATE_SSU_PDL"):
-        tl_ssu.pdl_for_capability("cuda", 8)
+        pdl_for_capability("cuda", 8)
     with pytest.raises(ValueError, match="MATE_SSU_PDL"):
         settings.parse("MATE_SSU_PDL", "yes")
 
@@ -226,18 +228,22 @@ def test_public_plan_query_matches_the_planner():
 
 # ---------------------------------------------------------------------------------------- quantised states
 
-QDTYPES = [
-    pytest.param(torch.int16, id="int16"),
-    pytest.param(torch.int8, id="int8"),
-    pytest.param(torch.float8_e4m3fn, id="fp8"),
-]
+QDTYPES = [pytest.param(dt, id=STATE_FORMATS[dt].label) for dt in QUANT_STATE_DTYPES]
 
 
-def test_kernel_qmax_is_the_reference_rule():
-    from mate.mamba._contract.ssu import QUANT_STATE_QMAX
-
-    assert {tl_ssu.DTYPE_NAMES[d]: q for d, q in QUANT_STATE_QMAX.items()} == kssu.QMAX
-    assert set(QUANT_STATE_QMAX) == set(tl_ssu.SCALED_STATES)
+@pytest.mark.parametrize("dtype", [pytest.param(dt, id=f.label) for dt, f in STATE_FORMATS.items()])
+def test_every_state_format_has_its_tuning_rows(dtype):
+    """The planner tunes a state format by its tuning key (a new key needs its TUNING rows); the small-grid
+    one-token row serves the 2-byte floats, the stochastically rounded rows a format with stochastic rounding."""
+    f = STATE_FORMATS[dtype]
+    assert tl_ssu.tuning(dtype, False) is tl_ssu.TUNING[(f.tuning_key, "packed")]
+    assert tl_ssu.tuning(dtype, True) is tl_ssu.TUNING[(f.tuning_key, "one_token")]
+    small = "one_token_small" if dtype in tl_ssu.TWO_BYTE_STATES else "one_token"
+    assert tl_ssu.tuning(dtype, True, small_grid=True) is tl_ssu.TUNING[(f.tuning_key, small)]
+    if f.sr_tuning_key is not None:
+        for one_token, kernel in ((True, "one_token"), (False, "packed")):
+            assert tl_ssu.tuning(dtype, one_token, True, rounds=10) is tl_ssu.TUNING[(f.sr_tuning_key, kernel)]
+    assert DTYPE_NAMES[dtype] == f.name
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -247,7 +253,7 @@ def test_quantised_one_token_plan(qdtype):
     _, x, dt, A, B, C = inputs(4)
     key, args = plan_of(state, x, dt, A, B, C, None, state_batch_indices=torch.tensor([3, 1, 7, 9], dtype=I32),
                         state_scale=scale)  # fmt: skip
-    assert key.one_token and key.state_dtype == tl_ssu.DTYPE_NAMES[qdtype]
+    assert key.one_token and key.state_dtype == DTYPE_NAMES[qdtype]
     assert not key.pack_early
     assert key.tiling.vec == 16 // state.element_size()
     assert key.tiling.vecs * key.tiling.vec * key.tiling.rows_per_thread == 32  # 32 state values per thread
@@ -329,6 +335,6 @@ def test_serving_specs_of_a_quantised_pool(qdtype):
     specs = tl_ssu.serving_specs(state_dtype=qdtype, io_dtype=BF16, heads=H, dim=P, dstate=N, groups=G,
                                  slot_dtype=I32, packed=True, meta_dtype=I32, tie_hdim=True)  # fmt: skip
     assert len(specs) == 4
-    assert {s.state_dtype for s in specs} == {tl_ssu.DTYPE_NAMES[qdtype]}
+    assert {s.state_dtype for s in specs} == {DTYPE_NAMES[qdtype]}
     assert sorted(s.one_token for s in specs) == [False, False, True, True]
     assert not any(s.pack_early for s in specs)

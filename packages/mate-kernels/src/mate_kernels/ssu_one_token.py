@@ -17,7 +17,9 @@ for Nemotron-H bf16, so 8 instead of 5 CTAs per SM). Not with a block-scaled sta
 maximum before any value can be narrowed, so its rows stay in fp32 until the store.
 """
 
-from .ssu_common import FLAG_DST, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, MODE_NONE, QMAX
+from .abi import ONE_TOKEN, SSU_ARGS, prim_func
+from .formats import QMAX
+from .ssu_common import FLAG_DST, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, MODE_NONE
 
 
 def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied, vector_state, vector_io,
@@ -33,14 +35,12 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
     q = ops.quant_ops(state_dtype) if quant else None
     sr = ops.sr_ops(philox_rounds) if philox_rounds else None  # fp16 stochastic rounding: ``rand_seed`` trails
     H, S = ty.H, ty.S
-    state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
-    z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
     f32 = "float32"
     i64 = "int64"
 
     @T.macro
-    def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, scale,
-             seed_t):  # fmt: skip
+    def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, seqlen, src_sb, src_st, dst_sb, dst_st, pad,
+             flags, mode, scale, seed_t):  # fmt: skip
         pool = aligned(state, vector_state)
         Bv = aligned(B, vector_io)
         Cv = aligned(C, vector_io)
@@ -139,96 +139,8 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                     else:
                         store_state(s, buf, pool, wslot, h, pb, tx)
 
-    # TileLang reads a kernel's parameters from the Python signature: the scaled kernel is the same body with the
-    # scales as one more parameter, and the float kernel keeps its exact signature (and generated code)
-    if quant:
-
-        @T.prim_func
-        def ssu_one_token_scaled(
-            state: state_t,
-            x: x_t,
-            dt: dt_t,
-            A: A_t,
-            B: B_t,
-            C: C_t,
-            D: D_t,
-            z: z_t,
-            dt_bias: dtb_t,
-            out: out_t,
-            src: src_t,
-            dst: dst_t,
-            nseq: T.int32,
-            seqlen: T.int32,
-            src_sb: T.int64,
-            src_st: T.int64,
-            dst_sb: T.int64,
-            dst_st: T.int64,
-            pad: T.int64,
-            flags: T.int32,
-            mode: T.int32,
-            state_scale: ty.state_scale,
-        ):
-            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode,
-                 state_scale, None)  # fmt: skip
-
-        return ssu_one_token_scaled
-
-    if sr is not None:
-
-        @T.prim_func
-        def ssu_one_token_sr(
-            state: state_t,
-            x: x_t,
-            dt: dt_t,
-            A: A_t,
-            B: B_t,
-            C: C_t,
-            D: D_t,
-            z: z_t,
-            dt_bias: dtb_t,
-            out: out_t,
-            src: src_t,
-            dst: dst_t,
-            nseq: T.int32,
-            seqlen: T.int32,
-            src_sb: T.int64,
-            src_st: T.int64,
-            dst_sb: T.int64,
-            dst_st: T.int64,
-            pad: T.int64,
-            flags: T.int32,
-            mode: T.int32,
-            rand_seed: T.Tensor((1,), i64),
-        ):
-            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, None,
-                 rand_seed)  # fmt: skip
-
-        return ssu_one_token_sr
-
-    @T.prim_func
-    def ssu_one_token(
-        state: state_t,
-        x: x_t,
-        dt: dt_t,
-        A: A_t,
-        B: B_t,
-        C: C_t,
-        D: D_t,
-        z: z_t,
-        dt_bias: dtb_t,
-        out: out_t,
-        src: src_t,
-        dst: dst_t,
-        nseq: T.int32,
-        seqlen: T.int32,
-        src_sb: T.int64,
-        src_st: T.int64,
-        dst_sb: T.int64,
-        dst_st: T.int64,
-        pad: T.int64,
-        flags: T.int32,
-        mode: T.int32,
-    ):
-        body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, nseq, src_sb, dst_sb, pad, flags, mode, None, None)
-
-    return ssu_one_token
+    # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
+    # with the seed; the float kernel keeps its exact signature (and generated code)
+    variant = "scaled" if quant else "sr" if sr is not None else None
+    name = {None: "ssu_one_token", "scaled": "ssu_one_token_scaled", "sr": "ssu_one_token_sr"}[variant]
+    return prim_func(T, name, SSU_ARGS, ONE_TOKEN, variant, ty, body)

@@ -20,6 +20,8 @@ each. The row reduction of ``y`` is the transposed one (see :func:`.ssu_parts.ro
 1-2 % faster at MTP 6 with bf16 states and level with fp32 (measured 2026-12-01 at 7390f7b on the H200).
 """
 
+from .abi import PACKED, SSU_ARGS, prim_func
+from .formats import QMAX
 from .ssu_common import (
     FLAG_ACC,
     FLAG_CU,
@@ -32,7 +34,6 @@ from .ssu_common import (
     MODE_FINAL,
     MODE_INTERMEDIATE,
     MODE_PER_TOKEN,
-    QMAX,
 )
 
 
@@ -55,9 +56,6 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
     sr = ops.sr_ops(philox_rounds) if philox_rounds else None
     sr_ibuf = sr is not None and ibuf_dtype == "float16"
     H, S, R_, LS, LD, K = ty.H, ty.S, ty.R, ty.LS, ty.LD, ty.K
-    state_t, x_t, dt_t, A_t, B_t, C_t, D_t = ty.state, ty.x, ty.dt, ty.A, ty.B, ty.C, ty.D
-    z_t, dtb_t, out_t, src_t, dst_t = ty.z, ty.dt_bias, ty.out, ty.src, ty.dst
-    cu_t, acc_t, ibuf_t, iidx_t, par_t = ty.cu, ty.acc, ty.ibuf, ty.iidx, ty.parent
     f32 = "float32"
     i64 = "int64"
 
@@ -279,115 +277,6 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
 
     # TileLang reads a kernel's parameters from the Python signature: the scaled kernel is the same body with the
     # two scales as more parameters, and the float kernel keeps its exact signature (and generated code)
-    if quant:
-
-        @T.prim_func
-        def ssu_packed_scaled(
-            state: state_t,
-            x: x_t,
-            dt: dt_t,
-            A: A_t,
-            B: B_t,
-            C: C_t,
-            D: D_t,
-            z: z_t,
-            dt_bias: dtb_t,
-            out: out_t,
-            src: src_t,
-            dst: dst_t,
-            cu: cu_t,
-            acc_tok: acc_t,
-            ibuf: ibuf_t,
-            iidx: iidx_t,
-            parent: par_t,
-            nseq: T.int32,
-            seqlen: T.int32,
-            src_sb: T.int64,
-            src_st: T.int64,
-            dst_sb: T.int64,
-            dst_st: T.int64,
-            pad: T.int64,
-            flags: T.int32,
-            mode: T.int32,
-            cache_steps: T.int64,
-            state_scale: ty.state_scale,
-            ibuf_scale: ty.ibuf_scale,
-        ):
-            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
-                 src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, state_scale, ibuf_scale,
-                 None)  # fmt: skip
-
-        return ssu_packed_scaled
-
-    if sr is not None:
-
-        @T.prim_func
-        def ssu_packed_sr(
-            state: state_t,
-            x: x_t,
-            dt: dt_t,
-            A: A_t,
-            B: B_t,
-            C: C_t,
-            D: D_t,
-            z: z_t,
-            dt_bias: dtb_t,
-            out: out_t,
-            src: src_t,
-            dst: dst_t,
-            cu: cu_t,
-            acc_tok: acc_t,
-            ibuf: ibuf_t,
-            iidx: iidx_t,
-            parent: par_t,
-            nseq: T.int32,
-            seqlen: T.int32,
-            src_sb: T.int64,
-            src_st: T.int64,
-            dst_sb: T.int64,
-            dst_st: T.int64,
-            pad: T.int64,
-            flags: T.int32,
-            mode: T.int32,
-            cache_steps: T.int64,
-            rand_seed: T.Tensor((1,), i64),
-        ):
-            body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
-                 src_sb, src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, None, None, rand_seed)  # fmt: skip
-
-        return ssu_packed_sr
-
-    @T.prim_func
-    def ssu_packed(
-        state: state_t,
-        x: x_t,
-        dt: dt_t,
-        A: A_t,
-        B: B_t,
-        C: C_t,
-        D: D_t,
-        z: z_t,
-        dt_bias: dtb_t,
-        out: out_t,
-        src: src_t,
-        dst: dst_t,
-        cu: cu_t,
-        acc_tok: acc_t,
-        ibuf: ibuf_t,
-        iidx: iidx_t,
-        parent: par_t,
-        nseq: T.int32,
-        seqlen: T.int32,
-        src_sb: T.int64,
-        src_st: T.int64,
-        dst_sb: T.int64,
-        dst_st: T.int64,
-        pad: T.int64,
-        flags: T.int32,
-        mode: T.int32,
-        cache_steps: T.int64,
-    ):
-        body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen, src_sb,
-             src_st, dst_sb, dst_st, pad, flags, mode, cache_steps, None, None, None)  # fmt: skip
-
-    return ssu_packed
+    variant = "scaled" if quant else "sr" if sr is not None else None
+    name = {None: "ssu_packed", "scaled": "ssu_packed_scaled", "sr": "ssu_packed_sr"}[variant]
+    return prim_func(T, name, SSU_ARGS, PACKED, variant, ty, body)

@@ -7,7 +7,7 @@ A thread holds ``rows_per_thread`` rows (``R``) of ``vecs * vec`` state values e
 the thread's ``NS = R * vecs * vec`` is row ``r = k // (vecs * vec)``, chunk ``v``, element ``i``, i.e. state entry
 ``[p, (v * lanes + lane) * vec + i]`` of row ``p = pb * block_p + r * rows_per_pass + tx // lanes``.
 
-A block-scaled quantised tensor (:data:`.ssu_common.QMAX`) comes with its fp32 scales ``[rows, H, P]``: one per
+A block-scaled quantised tensor (:data:`.formats.QMAX`) comes with its fp32 scales ``[rows, H, P]``: one per
 state row, which the row's ``lanes`` lanes all hold. Reading dequantises with it; writing first reduces the row's
 max|value| over those lanes (a butterfly of ``shfl_xor`` max), then stores every value times ``QMAX / max``,
 rounded to nearest even (integers) or by the fp8 conversion (fp8), within +-QMAX, and every lane of the row
@@ -16,7 +16,8 @@ writes the new scale ``max / QMAX`` (:func:`row_ops`' ``quant_ops``).
 
 from types import SimpleNamespace
 
-from .ssu_common import BYTES, FLAG_D, FLAG_SOFTPLUS, FLAG_Z, QMAX
+from .formats import BYTES, QMAX
+from .ssu_common import FLAG_D, FLAG_SOFTPLUS, FLAG_Z
 
 
 def tensor_types(T, *, dim, dstate, state_dtype, io_dtype, dt_dtype, d_dtype, dt_bias_dtype, src_dtype, dst_dtype,
@@ -60,12 +61,13 @@ def tensor_types(T, *, dim, dstate, state_dtype, io_dtype, dt_dtype, d_dtype, dt
         src=T.Tensor((LS,), src_dtype),
         dst=T.Tensor((LD,), dst_dtype),
         cu=T.Tensor((LC,), meta_dtype),
-        acc=T.Tensor((LA,), meta_dtype),
+        acc_tok=T.Tensor((LA,), meta_dtype),
         ibuf=T.StridedTensor((K, HI, P, N), (s_i0, s_i1, N, 1), ibuf_dtype),  # HI: heads, or 1 for the dummy
         iidx=T.Tensor((LI,), meta_dtype),
         parent=T.StridedTensor((NPAR, TPAR), (sp0, sp1), meta_dtype),
         state_scale=T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32),
         ibuf_scale=T.StridedTensor((K, HI, P), (q_i0, q_i1, 1), f32),
+        rand_seed=T.Tensor((1,), i64),  # fp16 stochastic rounding's seed
     )
 
 

@@ -289,8 +289,8 @@ SPC_CASES = [
 
 def _one_sm(monkeypatch) -> list:
     """Plan as for a device with one SM and record each launch's plan."""
+    from mate.mamba._device import Hardware
     from mate.mamba._tilelang import ssd_plan
-    from mate.mamba._tilelang.ssu_plan import Hardware
 
     monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, 1))
     plans, plan = [], ssd_plan.plan

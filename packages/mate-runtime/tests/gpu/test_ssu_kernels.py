@@ -210,13 +210,13 @@ def normalized(kw, parent):
 
 
 def _call(kw, parent, backend):
-    from mate.mamba.ssu import run_ssu
+    from mate.mamba._dispatch import run
 
     if parent is None:
         from mate.mamba import selective_state_update
 
         return selective_state_update(**kw, backend=backend)
-    return run_ssu(normalized(kw, parent), backend)
+    return run("ssu", normalized(kw, parent), backend)
 
 
 def tilelang_call(kw, parent):
@@ -372,7 +372,7 @@ PDL_CASES = [ONE[1], ONE[3], ONE[21], PACKED[2], PACKED[18]]
 
 def test_pdl_is_off_by_default_and_auto_takes_it_here():
     from mate.mamba import settings
-    from mate.mamba._tilelang.ssu_plan import hardware, pdl_for_capability
+    from mate.mamba._device import hardware, pdl_for_capability
 
     hw = hardware(torch.device("cuda"))
     assert pdl_for_capability(hw.kind, hw.major) is False

@@ -6,7 +6,10 @@ Moore Threads GPUs (torch_musa registers the ``"musa"`` device type with the sam
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from mate.mamba import settings
 
 ACCELERATOR_TYPES = ("cuda", "musa")
 
@@ -75,3 +78,55 @@ def tilelang_target(device: torch.device):
     major, minor = torch.cuda.get_device_capability(device)
     arch = f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
     return {"kind": "cuda", "arch": arch}
+
+
+# ------------------------------------------------------------------------ what the planners read of a device
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the planner reads of a device: its kind, compute-capability major and SM count."""
+
+    kind: str
+    major: int
+    sms: int
+
+
+# What a plan assumes for tensors that are not on an accelerator (``mate.mamba.plan_*`` on the CPU): an H200.
+PLANNING_DEFAULT = Hardware("cuda", 9, 132)
+_HW: dict = {}
+
+
+def hardware(device: torch.device) -> Hardware:
+    hw = _HW.get(device)
+    if hw is None:
+        if is_accelerator(device):
+            major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
+            hw = Hardware(device.type, major, sm_count(device))
+        else:
+            hw = PLANNING_DEFAULT
+        _HW[device] = hw
+    return hw
+
+
+def pdl_for_capability(kind: str, major: int) -> bool:
+    """Whether kernels for a device of this kind and compute-capability major build with programmatic dependent
+    launch under ``MATE_SSU_PDL`` (NotImplementedError when it is forced on where it cannot run)."""
+    setting = settings.get("MATE_SSU_PDL")
+    supported = kind == "cuda" and major >= 9
+    if setting == "auto":
+        return supported
+    if setting == "1" and not supported:
+        raise NotImplementedError(
+            f"MATE_SSU_PDL=1: programmatic dependent launch needs a CUDA device of compute capability 9.0 or "
+            f"newer, got {kind} {major}.x"
+        )
+    return setting == "1"
+
+
+def pdl_for_arch(arch: str) -> bool:
+    """``pdl_for_capability`` for a CUDA compile target such as "sm_90a" (``mate-mamba prewarm --target``)."""
+    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    if not digits:
+        raise ValueError(f"target: expected a CUDA arch such as sm_90a, got {arch!r}")
+    return pdl_for_capability("cuda", int(digits) // 10)

@@ -160,7 +160,7 @@ def per_rank(m: ModelSSM, tp: int) -> tuple[int, int]:
 
 def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens, pdl=False):
     """(heads, groups, [(label, spec)]) for one rank of the model; ``pdl``: the SSU kernels' PDL build
-    (``mate.mamba._tilelang.ssu_plan.pdl_for_capability`` / ``pdl_for_arch`` decide it for the device or target)."""
+    (``mate.mamba._device.pdl_for_capability`` / ``pdl_for_arch`` decide it for the device or target)."""
     from mate.mamba._tilelang import ssd_plan, ssu_plan
 
     heads, groups = per_rank(m, tp)
@@ -221,20 +221,19 @@ def main(argv: list[str] | None = None) -> int:
         model = read_config(path)
         if args.mtp_tokens < 0:
             raise ValueError(f"--mtp-tokens: got {args.mtp_tokens}; expected >= 0")
-        from mate.mamba._device import default_accelerator
-        from mate.mamba._tilelang import ssu_plan
+        from mate.mamba import _device
 
         # the kernels as the target or this machine's accelerator runs them (the SSU kernels' PDL build); an
         # architecture the kernels cannot run on, or a missing TileLang, is refused before anything compiles
         if args.target:
             check_target(args.target)
-            device, pdl = None, ssu_plan.pdl_for_arch(args.target)
+            device, pdl = None, _device.pdl_for_arch(args.target)
         else:
-            device = default_accelerator()
+            device = _device.default_accelerator()
             if device is not None and not args.dry_run:
                 check_device(device)
-            hw = ssu_plan.hardware(device) if device is not None else None
-            pdl = ssu_plan.pdl_for_capability(hw.kind, hw.major) if hw is not None else False
+            hw = _device.hardware(device) if device is not None else None
+            pdl = _device.pdl_for_capability(hw.kind, hw.major) if hw is not None else False
         heads, groups, items = plan_kernels(
             model, tp=args.tp, state_dtype=DTYPES[args.state_dtype], io_dtype=DTYPES[args.io_dtype],
             mtp_tokens=args.mtp_tokens, pdl=pdl,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 from mate.mamba._device import is_capturing, tilelang_target
+from mate.mamba._tilelang.tl_internals import wrap_compile_stages
 
 
 class KernelNotPrewarmedError(RuntimeError):
@@ -197,22 +198,9 @@ def _install_timers() -> None:
             return
         _installed = True
         try:
-            _wrap_tilelang()
+            wrap_compile_stages(_timed)
         except Exception:
             pass
-
-
-def _wrap_tilelang() -> None:
-    from tilelang.cache.kernel_cache import KernelCache as TLKernelCache
-    from tilelang.contrib import nvcc
-
-    lower = sys.modules["tilelang.engine.lower"]
-    lower.lower_to_host_device_ir = _timed("lower", lower.lower_to_host_device_ir)
-    lower.device_codegen = _timed("codegen", lower.device_codegen, ("nvcc",))
-    nvcc.compile_cuda = _timed("nvcc", nvcc.compile_cuda)
-    lower.host_codegen = _timed("wrapper", lower.host_codegen)
-    TLKernelCache._safe_write_executable = staticmethod(_timed("wrapper", TLKernelCache._safe_write_executable))
-    TLKernelCache._save_kernel_to_disk = _timed("tilelang-cache", TLKernelCache._save_kernel_to_disk, ("wrapper",))
 
 
 class phase_timer:

@@ -48,10 +48,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES
 from mate.mamba._contract.ssd import SSDCall
-from mate.mamba._contract.ssu import QUANT_STATE_DTYPES
+from mate.mamba._device import Hardware
 from mate.mamba._tilelang.specs import SSDCombineSpec, SSDDtSpec, SSDScanSpec, SSDStatesSpec, StateCodecSpec
-from mate.mamba._tilelang.ssu_plan import DTYPE_NAMES, Hardware
 
 H200_SMS = 132  # the SM count prewarm plans for without a device (the compile-only target)
 SMEM_LIMIT = 227 * 1024 - 2048  # the opt-in maximum per block, less static shared memory (barriers)
@@ -178,7 +178,7 @@ def wants_prefetch(spc: int, has_initial_states: bool) -> bool:
 
 DESIGNS = ("serial", "split")
 # The split design's cost model, in scan tiles (one tile of block_L tokens of one (head, P block) on one SM, the
-# unit of seqs_per_cta's model), fitted to the H200 (2026-12-02, docs/design/ssd-split.md): the state pass walks
+# unit of seqs_per_cta's model), fitted to the H200 (2026-12-02, docs/benchmarks/ssd.md): the state pass walks
 # each run before the scan does at 0.3 of a scan tile per tile (one GEMM of four, no output) plus about two tiles
 # per CTA (its pipeline fill and the run's end state), the scan's CTA start is one tile, and the launches it adds
 # (the run bounds, the state pass, the hand-over) about one tile.

@@ -16,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from mate.mamba import settings
+from mate.mamba._contract.dtypes import DTYPE_NAMES, STATE_FORMATS
 from mate.mamba._contract.ssu import SSUCall
-from mate.mamba._device import is_accelerator, sm_count
+from mate.mamba._device import Hardware, hardware, pdl_for_capability
 from mate.mamba._tilelang.specs import SSUSpec
+from mate_kernels.abi import ONE_TOKEN, PACKED, SSU_ARGS, args_of, launch_args
+from mate_kernels.formats import FORMATS
 from mate_kernels.ssu import (
     FLAG_ACC,
     FLAG_CU,
@@ -34,11 +36,8 @@ from mate_kernels.ssu import (
     choose_tiling,
 )
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32",
-               torch.int64: "int64", torch.int16: "int16", torch.int8: "int8",
-               torch.float8_e4m3fn: "float8_e4m3fn"}  # fmt: skip
 MAX_SEQUENCES = 65535  # the grid's z dimension
-TWO_BYTE_STATES = (torch.bfloat16, torch.float16)
+TWO_BYTE_STATES = tuple(dt for dt, f in STATE_FORMATS.items() if f.tuning_key == "2-byte")
 _MODES = {"none": 0, "final": 1, "per_token": 2, "intermediate": 3}
 
 
@@ -82,96 +81,74 @@ TUNING = {
     ("fp16-sr", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
 }
 SMALL_GRID_CTAS_PER_SM = 4
-SCALED_STATES = (torch.int16, torch.int8, torch.float8_e4m3fn)  # block-scaled, with fp32 row scales
 
 
 def tuning(state_dtype: torch.dtype, one_token: bool, small_grid: bool = False, rounds: int = 0) -> Tuning:
-    if rounds:
-        return TUNING[("fp16-sr", "one_token" if one_token else "packed")]
-    if state_dtype in SCALED_STATES:
-        fmt = {torch.int16: "int16", torch.int8: "int8", torch.float8_e4m3fn: "fp8"}[state_dtype]
-        return TUNING[(fmt, "one_token" if one_token else "packed")]
-    width = "2-byte" if state_dtype in TWO_BYTE_STATES else "fp32"
-    kernel = "packed" if not one_token else ("one_token_small" if small_grid and width == "2-byte" else "one_token")
-    return TUNING[(width, kernel)]
-
-
-# ---------------------------------------------------------------------------------------------- hardware
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """What the planner reads of a device: its kind, compute-capability major and SM count."""
-
-    kind: str
-    major: int
-    sms: int
-
-
-# What a plan assumes for tensors that are not on an accelerator (``mate.mamba.plan_*`` on the CPU): an H200.
-PLANNING_DEFAULT = Hardware("cuda", 9, 132)
-_HW: dict = {}
-
-
-def hardware(device: torch.device) -> Hardware:
-    hw = _HW.get(device)
-    if hw is None:
-        if is_accelerator(device):
-            major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
-            hw = Hardware(device.type, major, sm_count(device))
-        else:
-            hw = PLANNING_DEFAULT
-        _HW[device] = hw
-    return hw
-
-
-def pdl_for_capability(kind: str, major: int) -> bool:
-    """Whether kernels for a device of this kind and compute-capability major build with programmatic dependent
-    launch under ``MATE_SSU_PDL`` (NotImplementedError when it is forced on where it cannot run)."""
-    setting = settings.get("MATE_SSU_PDL")
-    supported = kind == "cuda" and major >= 9
-    if setting == "auto":
-        return supported
-    if setting == "1" and not supported:
-        raise NotImplementedError(
-            f"MATE_SSU_PDL=1: programmatic dependent launch needs a CUDA device of compute capability 9.0 or "
-            f"newer, got {kind} {major}.x"
-        )
-    return setting == "1"
-
-
-def pdl_for_arch(arch: str) -> bool:
-    """``pdl_for_capability`` for a CUDA compile target such as "sm_90a" (``mate-mamba prewarm --target``)."""
-    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
-    if not digits:
-        raise ValueError(f"target: expected a CUDA arch such as sm_90a, got {arch!r}")
-    return pdl_for_capability("cuda", int(digits) // 10)
+    fmt = STATE_FORMATS[state_dtype]
+    key = fmt.sr_tuning_key if rounds else fmt.tuning_key
+    kernel = "packed" if not one_token else ("one_token_small" if small_grid and key == "2-byte" else "one_token")
+    return TUNING[(key, kernel)]
 
 
 # ------------------------------------------------------------------------------------------------- specs
 
 _SPECS: dict = {}  # the planner's static tuple -> spec (a call's host path builds no dataclass)
 _SMALL_BLOCKS: dict = {}
+# The one-token kernel takes no metadata tables and no intermediate buffer: the dtype fields of those arguments
+# (mate_kernels.abi.SSU_ARGS' dtype_field) then hold these values (the state's dtype for the buffer).
+ONE_TOKEN_DTYPES = {"meta_dtype": torch.int32}
 
 
-def spec_for(one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
-             vstate, vio, small_grid=False, pdl=False, rounds=0) -> SSUSpec:  # fmt: skip
-    """The spec of one kernel (torch dtypes in, names in the spec; ``rounds``: Philox rounds of fp16 stochastic
-    rounding, 0 for none)."""
-    static = (one_token, P, N, ratio, state_dt, io_dt, dt_dt, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt, tied,
-              vstate, vio, small_grid and one_token, pdl, rounds)  # fmt: skip
+def kernel_args(one_token: bool, variant: str | None) -> tuple:
+    """The launch arguments (:class:`mate_kernels.abi.Arg`) of one SSU kernel and variant."""
+    return args_of(SSU_ARGS, ONE_TOKEN if one_token else PACKED, variant)
+
+
+def variant_of(spec: SSUSpec) -> str | None:
+    """The variant (trailing launch arguments) a spec's kernel takes: the scales of a block-scaled state or buffer,
+    or the seed of stochastic rounding."""
+    if FORMATS[spec.state_dtype].block_scaled or FORMATS[spec.ibuf_dtype].block_scaled:
+        return "scaled"
+    return "sr" if spec.philox_rounds else None
+
+
+def arg_names(spec: SSUSpec) -> tuple[str, ...]:
+    """The ABI names of a spec's launch arguments, in launch order."""
+    return tuple(a.name for a in kernel_args(spec.one_token, variant_of(spec)))
+
+
+def dtypes_of(args: tuple, values: dict) -> dict:
+    """The spec's dtype fields (torch dtypes) from the named launch values: each argument's ``dtype_field``."""
+    return {a.dtype_field: values[a.name].dtype for a in args if a.dtype_field is not None}
+
+
+def spec_for(*, one_token: bool, dim: int, dstate: int, heads_per_group: int, dtypes: dict, tied: bool,
+             vector_state: bool, vector_io: bool, small_grid: bool = False, pdl: bool = False,
+             philox_rounds: int = 0) -> SSUSpec:  # fmt: skip
+    """The spec of one kernel. ``dtypes``: the spec's dtype fields as torch dtypes (:func:`dtypes_of`; the
+    one-token kernel's absent ones filled in here); ``philox_rounds``: Philox rounds of fp16 stochastic rounding,
+    0 for none."""
+    if one_token:
+        dtypes = ONE_TOKEN_DTYPES | {"ibuf_dtype": dtypes["state_dtype"]} | dtypes
+    small = small_grid and one_token
+    static = (one_token, dim, dstate, heads_per_group, tuple(sorted(dtypes.items(), key=_first)), tied, vector_state,
+              vector_io, small, pdl, philox_rounds)  # fmt: skip
     spec = _SPECS.get(static)
     if spec is None:
-        t = tuning(state_dt, one_token, small_grid, rounds)
-        n = DTYPE_NAMES
+        state_dt = dtypes["state_dtype"]
+        t = tuning(state_dt, one_token, small, philox_rounds)
+        names = {field: DTYPE_NAMES[dt] for field, dt in dtypes.items()}
         spec = _SPECS[static] = SSUSpec(
-            dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], dt_dtype=n[dt_dt],
-            d_dtype=n[d_dt], dt_bias_dtype=n[dtb_dt], src_dtype=n[src_dt], dst_dtype=n[dst_dt],
-            meta_dtype=n[meta_dt], ibuf_dtype=n[ibuf_dt], tied=tied, one_token=one_token, vector_state=vstate,
-            vector_io=vio, tiling=choose_tiling(P, N, n[state_dt], t.per_thread), pack_early=t.pack_early,
-            min_blocks=t.min_blocks, pdl=pdl, philox_rounds=rounds,
+            dim=dim, dstate=dstate, heads_per_group=heads_per_group, **names, tied=tied, one_token=one_token,
+            vector_state=vector_state, vector_io=vector_io,
+            tiling=choose_tiling(dim, dstate, names["state_dtype"], t.per_thread), pack_early=t.pack_early,
+            min_blocks=t.min_blocks, pdl=pdl, philox_rounds=philox_rounds,
         )  # fmt: skip
     return spec
+
+
+def _first(item):
+    return item[0]
 
 
 def small_grid(nseq: int, heads: int, P: int, N: int, state_dt: torch.dtype, hw: Hardware) -> bool:
@@ -279,7 +256,7 @@ def plan(call: SSUCall):
         raise NotImplementedError(
             f"selective_state_update (tilelang): more than {MAX_SEQUENCES} sequences in one call ({nseq})"
         )
-    hw = _HW.get(dev) or hardware(dev)
+    hw = hardware(dev)
     _, H, P, N = state.shape
     one_token = (
         call.seqlen == 1
@@ -305,10 +282,8 @@ def plan(call: SSUCall):
     D = call.D
     if D is not None:
         flags |= FLAG_D
-        d_dt = D.dtype
     else:
-        d_dt = torch.float32
-        D = dummy("D", dev, d_dt, (1, 1))
+        D = dummy("D", dev, torch.float32, (1, 1))
     z = call.z
     if z is not None:
         flags |= FLAG_Z
@@ -317,10 +292,8 @@ def plan(call: SSUCall):
     dtb = call.dt_bias
     if dtb is not None:
         flags |= FLAG_DT_BIAS
-        dtb_dt = dtb.dtype
     else:
-        dtb_dt = torch.float32
-        dtb = dummy("dtb", dev, dtb_dt, (1, 1))
+        dtb = dummy("dtb", dev, torch.float32, (1, 1))
     if call.dt_softplus:
         flags |= FLAG_SOFTPLUS
 
@@ -328,39 +301,52 @@ def plan(call: SSUCall):
     dst = call.dst
     if src is not None:
         flags |= FLAG_SRC
-        src_t, src_sb, src_st, src_dt = src.base, src.stride_b, src.stride_t, src.base.dtype
+        src_t, src_sb, src_st = src.base, src.stride_b, src.stride_t
     else:
         src_dt = dst.base.dtype if dst is not None else torch.int32
         src_t, src_sb, src_st = dummy("idx", dev, src_dt, (1,)), 0, 0
     if dst is not None:
         flags |= FLAG_DST
-        dst_t, dst_sb, dst_st, dst_dt = dst.base, dst.stride_b, dst.stride_t, dst.base.dtype
+        dst_t, dst_sb, dst_st = dst.base, dst.stride_b, dst.stride_t
     else:
-        dst_dt = src_dt
-        dst_t, dst_sb, dst_st = dummy("idx", dev, dst_dt, (1,)), 0, 0
+        dst_t, dst_sb, dst_st = dummy("idx", dev, src_t.dtype, (1,)), 0, 0
     if src_t.numel() == 0 or dst_t.numel() == 0:
         raise ValueError("state_batch_indices / dst_state_batch_indices: an empty slot table with sequences to run")
 
-    mode = _MODES[call.write_mode]
-    tied = call.tie_hdim
-    ratio = H // B.shape[1]
-    pdl = pdl_for_capability(hw.kind, hw.major)
+    one = ONE_TOKEN if one_token else PACKED
+    variant = "scaled" if scaled else "sr" if rounds else None
+    values = {
+        "state": state, "x": call.x, "dt": call.dt, "A": call.A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dtb,
+        "out": call.out, "src": src_t, "dst": dst_t, "nseq": nseq, "src_sb": src_sb, "src_st": src_st,
+        "dst_sb": dst_sb, "dst_st": dst_st, "pad": call.pad_slot_id, "mode": _MODES[call.write_mode],
+    }  # fmt: skip
     if one_token:
-        small = small_grid(nseq, H, P, N, state_dt, hw)
-        spec = spec_for(True, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, torch.int32,
-                        state_dt, tied, vstate, vio, small, pdl, rounds)  # fmt: skip
-        args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t,
-                nseq, 1, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode)  # fmt: skip
-        if scaled:
-            args += (call.state_scale,)
-        elif rounds:
-            args += (call.rand_seed.reshape(1),)
-        return spec, args
+        values["seqlen"] = 1
+    else:
+        values.update(_packed_values(call, dev, P, N, state_dt))
+        flags |= values.pop("flags")
+    values["flags"] = flags
+    if scaled:  # both scales (a quantised state's buffer is of its dtype): a dummy for the dummy buffer's
+        values["state_scale"] = call.state_scale
+        values["ibuf_scale"] = (
+            call.ibuf_scale if call.ibuf_scale is not None else dummy("scale", dev, torch.float32, (1, 1, P))
+        )
+    elif rounds:
+        values["rand_seed"] = call.rand_seed.reshape(1)
+    args = args_of(SSU_ARGS, one, variant)
+    spec = spec_for(
+        one_token=one_token, dim=P, dstate=N, heads_per_group=H // B.shape[1], dtypes=dtypes_of(args, values),
+        tied=call.tie_hdim, vector_state=vstate, vector_io=vio,
+        small_grid=one_token and small_grid(nseq, H, P, N, state_dt, hw), pdl=pdl_for_capability(hw.kind, hw.major),
+        philox_rounds=rounds,
+    )  # fmt: skip
+    return spec, launch_args(args, values)
 
-    cu = call.cu_seqlens
-    acc = call.num_accepted
-    iidx = call.ibuf_indices
-    parent = call.parent
+
+def _packed_values(call: SSUCall, dev, P: int, N: int, state_dt) -> dict:
+    """The packed kernel's own launch values: the metadata tables (one dtype: mixed int32/int64 ones are widened),
+    the intermediate buffer, ``seqlen``, ``cache_steps``, and their ``flags`` bits."""
+    cu, acc, iidx, parent = call.cu_seqlens, call.num_accepted, call.ibuf_indices, call.parent
     metas = [t for t in (cu, acc, iidx, parent) if t is not None]
     meta_dt = metas[0].dtype if metas else torch.int32
     if any(t.dtype != meta_dt for t in metas):
@@ -368,6 +354,7 @@ def plan(call: SSUCall):
         # kernel reads one metadata dtype, so the small tables are widened to int64 (a copy each, per call)
         meta_dt = torch.int64
         cu, acc, iidx, parent = (None if t is None else t.to(meta_dt) for t in (cu, acc, iidx, parent))
+    flags = 0
     meta = []  # the 1-D tables, read with stride 1: given (a flag bit) or the dummy
     for t, bit in ((cu, FLAG_CU), (acc, FLAG_ACC), (iidx, FLAG_IIDX)):
         if t is not None:
@@ -375,27 +362,24 @@ def plan(call: SSUCall):
             meta.append(_contiguous(t))
         else:
             meta.append(dummy("meta", dev, meta_dt, (1,)))
-    cu, acc, iidx = meta
     if parent is not None:
         flags |= FLAG_PARENT
     else:
         parent = dummy("meta", dev, meta_dt, (1, 1))
-    if ibuf is None:
-        ibuf_dt = state_dt
-        ibuf = dummy("ibuf", dev, state_dt, (1, 1, P, N))
-    else:
-        ibuf_dt = ibuf.dtype
-    spec = spec_for(False, P, N, ratio, state_dt, io_dt, call.dt.dtype, d_dt, dtb_dt, src_dt, dst_dt, meta_dt, ibuf_dt,
-                    tied, vstate, vio, False, pdl, rounds)  # fmt: skip
-    seqlen = call.seqlen if call.seqlen is not None else 0
-    args = (state, call.x, call.dt, call.A, B, C, D, z, dtb, call.out, src_t, dst_t, cu, acc, ibuf, iidx, parent,
-            nseq, seqlen, src_sb, src_st, dst_sb, dst_st, call.pad_slot_id, flags, mode, call.cache_steps)  # fmt: skip
-    if scaled:  # both scales (a quantised state's buffer is of its dtype): a dummy for the dummy buffer's
-        iscale = call.ibuf_scale if call.ibuf_scale is not None else dummy("scale", dev, torch.float32, (1, 1, P))
-        args += (call.state_scale, iscale)
-    elif rounds:
-        args += (call.rand_seed.reshape(1),)
-    return spec, args
+    ibuf = call.ibuf if call.ibuf is not None else dummy("ibuf", dev, state_dt, (1, 1, P, N))
+    return {
+        "cu": meta[0], "acc_tok": meta[1], "ibuf": ibuf, "iidx": meta[2], "parent": parent, "flags": flags,
+        "seqlen": call.seqlen if call.seqlen is not None else 0, "cache_steps": call.cache_steps,
+    }  # fmt: skip
+
+
+def spec_dtypes(*, state, io, dt, src, dst, meta, ibuf=None, d=torch.float32, dt_bias=torch.float32) -> dict:
+    """A spec's dtype fields from torch dtypes (``ibuf`` defaults to the state's): for the specs made without a
+    call (serving configurations, the compile grid)."""
+    return {
+        "state_dtype": state, "io_dtype": io, "dt_dtype": dt, "d_dtype": d, "dt_bias_dtype": dt_bias,
+        "src_dtype": src, "dst_dtype": dst, "meta_dtype": meta, "ibuf_dtype": state if ibuf is None else ibuf,
+    }  # fmt: skip
 
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim,
@@ -404,22 +388,21 @@ def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dty
     form), plus the packed one when ``packed``; dt as fp32 and in the io dtype (both occur in production);
     D / dt_bias fp32; aligned pools. ``pdl``: the specs of the PDL build; ``philox_rounds``: with fp16 stochastic
     rounding of that many Philox rounds."""
-    ratio = heads // groups
-    f32 = torch.float32
     small_form = state_dtype in TWO_BYTE_STATES and not philox_rounds  # (one tuning for every SR grid)
     forms = [(True, False)] + ([(True, True)] if small_form else []) + ([(False, False)] * packed)
     specs = []
     for one_token, small in forms:
-        for dt_dt in dict.fromkeys((f32, io_dtype)):
-            meta = meta_dtype if not one_token else torch.int32
-            specs.append(spec_for(one_token, dim, dstate, ratio, state_dtype, io_dtype, dt_dt, f32, f32, slot_dtype,
-                                  slot_dtype, meta, state_dtype, tie_hdim, True, True, small, pdl,
-                                  philox_rounds))  # fmt: skip
+        for dt_dt in dict.fromkeys((torch.float32, io_dtype)):
+            dtypes = spec_dtypes(state=state_dtype, io=io_dtype, dt=dt_dt, src=slot_dtype, dst=slot_dtype,
+                                 meta=meta_dtype if not one_token else torch.int32)  # fmt: skip
+            specs.append(spec_for(one_token=one_token, dim=dim, dstate=dstate, heads_per_group=heads // groups,
+                                  dtypes=dtypes, tied=tie_hdim, vector_state=True, vector_io=True, small_grid=small,
+                                  pdl=pdl, philox_rounds=philox_rounds))  # fmt: skip
     return specs
 
 
 __all__ = [
-    "TUNING", "Tuning", "SMALL_GRID_CTAS_PER_SM", "Hardware", "hardware", "PLANNING_DEFAULT", "plan", "spec_for",
-    "serving_specs", "small_grid", "tuning", "pdl_for_capability", "pdl_for_arch", "vec_of", "vector_strides",
-    "vector_pointers", "dummy", "dummies", "MAX_SEQUENCES", "DTYPE_NAMES", "SCALED_STATES",
+    "TUNING", "Tuning", "SMALL_GRID_CTAS_PER_SM", "plan", "spec_for", "spec_dtypes", "kernel_args", "dtypes_of",
+    "arg_names", "variant_of", "serving_specs", "small_grid", "tuning", "vec_of", "vector_strides",
+    "vector_pointers", "dummy", "dummies", "MAX_SEQUENCES",
 ]  # fmt: skip

@@ -16,45 +16,24 @@ import dataclasses
 
 import torch
 from mate.mamba._contract.ssu import SSUCall
-from mate.mamba._tilelang import ssu as launcher
-from mate.mamba._tilelang.ssu_plan import dummies, plan, vec_of, vector_pointers, vector_strides
+from mate.mamba._tilelang.ssu_plan import arg_names, dummies, vec_of, vector_pointers, vector_strides
+from mate.mamba._tilelang.tl_internals import direct_callable
 
 RESULT = "<result>"  # the pseudo-argument a launch recipe allocates when the caller passed no ``out``
 
-# The public argument each tensor position of a launch comes from: the first of these that the caller passed.
-# The normaliser hands every one of them through as it is or as a view of it (unsqueeze / expand / reshape /
-# a slot table's 1-D base); make_recipe verifies that on the call it is built from and gives up otherwise.
-# Positions 0-16 are shared by both kernels (the one-token kernel's tensors stop at 11); the scales of a quantised
-# state, or the seed of stochastic rounding, trail the scalars: position 21 in the one-token kernel, 27 and 28 in
-# the packed one (whose 21 is a scalar).
-_ARG_SOURCES = dict(enumerate((
-    ("state",), ("x",), ("dt",), ("A",), ("B",), ("C",), ("D",), ("z",), ("dt_bias",), ("out", RESULT),
-    ("state_batch_indices",), ("dst_state_batch_indices", "state_batch_indices"), ("cu_seqlens",),
-    ("num_accepted_tokens",), ("intermediate_states_buffer",), ("intermediate_state_indices",),
-    ("retrieve_parent_token",),
-))) | {21: ("state_scale", "rand_seed"), 27: ("state_scale", "rand_seed"),
-       28: ("intermediate_state_scales",)}  # fmt: skip
-_A_STATE, _A_B, _A_C, _A_IBUF = 0, 4, 5, 14  # the positions whose vector access the recipe re-checks
-
-
-def direct_callable(kern):
-    """The function ``kern(*args)`` ends up calling (``<module>.main`` of TileLang's tvm_ffi adapter) when calling
-    it directly is equivalent, i.e. a tvm_ffi adapter without outputs to allocate; else ``kern`` itself."""
-    adapter = getattr(kern, "adapter", None)
-    if (
-        adapter is None
-        or type(adapter).__name__ != "TVMFFIKernelAdapter"
-        or getattr(adapter, "result_idx", None)
-        or getattr(adapter, "_ffi_callee_allocated_output_abi", False)
-    ):
-        return kern
-    try:
-        ex = adapter._get_executable()
-        mod = ex.jit() if getattr(type(ex), "jit", None) is not None else ex  # a fresh compile / a disk-cache load
-        fn = mod.main
-    except Exception:  # another TileLang layout: keep the wrapper
-        return kern
-    return fn if callable(fn) else kern
+# The public argument each tensor launch argument (by its ABI name, mate_kernels.abi.SSU_ARGS) comes from: the
+# first of these that the caller passed. The normaliser hands every one of them through as it is or as a view of it
+# (unsqueeze / expand / reshape / a slot table's 1-D base); make_recipe verifies that on the call it is built from
+# and gives up otherwise.
+SOURCES = {
+    "state": ("state",), "x": ("x",), "dt": ("dt",), "A": ("A",), "B": ("B",), "C": ("C",), "D": ("D",), "z": ("z",),
+    "dt_bias": ("dt_bias",), "out": ("out", RESULT), "src": ("state_batch_indices",),
+    "dst": ("dst_state_batch_indices", "state_batch_indices"), "cu": ("cu_seqlens",),
+    "acc_tok": ("num_accepted_tokens",), "ibuf": ("intermediate_states_buffer",),
+    "iidx": ("intermediate_state_indices",), "parent": ("retrieve_parent_token",), "state_scale": ("state_scale",),
+    "ibuf_scale": ("intermediate_state_scales",), "rand_seed": ("rand_seed",),
+}  # fmt: skip
+CHECKED = ("state", "B", "C", "ibuf")  # the arguments whose vector access the recipe re-checks per call
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -70,8 +49,8 @@ class LaunchRecipe:
     with this (shape, stride, offset)", the output allocation when the caller passed no ``out``, and the
     compiled kernels keyed by the one data-pointer-dependent part of the spec (vector accesses)."""
 
-    __slots__ = ("template", "idents", "views", "alloc", "result_index", "vterms", "has_ibuf", "base_spec", "kernels",
-                 "device")  # fmt: skip
+    __slots__ = ("template", "idents", "views", "alloc", "result_index", "vterms", "checked", "base_spec", "kernels",
+                 "kernel", "device")  # fmt: skip
 
     def _fill(self, tensors: tuple):
         """``(result, vector-access flags, launch arguments)`` (flags and arguments None: nothing to launch)."""
@@ -93,9 +72,8 @@ class LaunchRecipe:
                 args[pos] = src.view(-1)
             else:
                 args[pos] = torch.as_strided(src, shape, stride, src.storage_offset() + delta)
-        vflags = vector_pointers(
-            self.vterms, args[_A_STATE], args[_A_B], args[_A_C], args[_A_IBUF] if self.has_ibuf else None
-        )
+        st, b, c, ib = self.checked
+        vflags = vector_pointers(self.vterms, args[st], args[b], args[c], args[ib] if ib is not None else None)
         return result, vflags, args
 
     def build(self, tensors: tuple):
@@ -114,19 +92,21 @@ class LaunchRecipe:
         if vflags is not None:
             kern = self.kernels.get(vflags)  # kernels by (vector state, vector B/C): the rest of the spec is fixed
             if kern is None:  # a new pointer alignment: the kernel cache (and its capture check) decides
-                kern = self.kernels[vflags] = direct_callable(launcher.kernel(self._spec(vflags), self.device))
+                kern = self.kernels[vflags] = direct_callable(self.kernel(self._spec(vflags), self.device))
             kern(*args)
         return result
 
 
-def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | None:
-    """The :class:`LaunchRecipe` of a normalised call, or None when some launch argument is not a caller tensor,
-    a view of one or a dummy (a contiguous copy, scratch output): such metadata always takes the slow path.
+def make_recipe(call: SSUCall, planned, sources: dict, kernel) -> LaunchRecipe | None:
+    """The :class:`LaunchRecipe` of a normalised call and its plan (``(spec, launch arguments)`` or None), or None
+    when some launch argument is not a caller tensor, a view of one or a dummy (a contiguous copy, scratch output):
+    such metadata always takes the slow path.
 
-    ``sources`` maps the public argument names to what the caller passed; ``order`` is the order of the
-    tensors :meth:`LaunchRecipe.build` receives."""
+    ``sources`` maps the public argument names to what the caller passed, in the order of the tensors
+    :meth:`LaunchRecipe.launch` receives; ``kernel(spec, device)`` the compiled kernel of a spec."""
     if call.copy_back:
         return None
+    order = tuple(sources)
     index = {name: i for i, name in enumerate(order)}
     index[RESULT] = len(order)
     result = call.result
@@ -141,22 +121,21 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
             return None
         rec.alloc, rec.result_index = (tuple(result.shape), result.dtype, result.device), None
         srcs[RESULT] = result
-    rec.device = call.state.device
-    planned = plan(call)
+    rec.device, rec.kernel = call.state.device, kernel
     rec.template = rec.idents = rec.views = rec.base_spec = None
     rec.kernels = {}
-    rec.vterms, rec.has_ibuf = None, False
+    rec.vterms = rec.checked = None
     if planned is None:
         return rec
     spec, args = planned
     stand_ins = dummies()
     template = list(args)
     idents, views = [], []
+    names = arg_names(spec)
     for pos, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or any(a is d for d in stand_ins):
             continue
-        names = _ARG_SOURCES.get(pos, ())
-        name = next((n for n in names if srcs.get(n) is not None), None)
+        name = next((n for n in SOURCES.get(names[pos], ()) if srcs.get(n) is not None), None)
         if name is None:
             return None
         src = srcs[name]
@@ -174,12 +153,13 @@ def make_recipe(call: SSUCall, sources: dict, order: tuple) -> LaunchRecipe | No
             return None
     rec.template, rec.idents, rec.views = tuple(template), tuple(idents), tuple(views)
     vec = vec_of(call.state.dtype, call.dstate)
-    rec.has_ibuf = call.ibuf is not None
-    checked = (args[_A_STATE], args[_A_B], args[_A_C], args[_A_IBUF] if rec.has_ibuf else None)
+    pos = {name: i for i, name in enumerate(names)}
+    rec.checked = tuple(pos[n] if n != "ibuf" or call.ibuf is not None else None for n in CHECKED)
+    checked = tuple(args[i] if i is not None else None for i in rec.checked)
     rec.vterms = vector_strides(vec, *checked)
     vflags = (spec.vector_state, spec.vector_io)
     if vector_pointers(rec.vterms, *checked) != vflags:
         return None  # the positions the recipe re-checks are not the tensors plan() checked
     rec.base_spec = spec
-    rec.kernels = {vflags: direct_callable(launcher.kernel(spec, rec.device))}
+    rec.kernels = {vflags: direct_callable(kernel(spec, rec.device))}
     return rec

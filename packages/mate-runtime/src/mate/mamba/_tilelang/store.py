@@ -36,6 +36,8 @@ import time
 import uuid
 import warnings
 
+from mate.mamba._tilelang.tl_internals import kernel_files, load_kernel, result_indices
+
 FORMAT = "mate-kernel-cache-v1"
 LAYOUT = "v1"
 MANIFEST = "manifest.json"
@@ -273,36 +275,24 @@ class Store:
         return None, entry
 
     def _load(self, entry: str, key: dict, target):
-        from tilelang import tvm
-        from tilelang.engine.param import load_kernel_params
-        from tilelang.jit import JITKernel
-        from tilelang.jit.adapter.base import CachedTextSource
-
         with open(os.path.join(entry, FUNC)) as f:
-            func = tvm.ir.load_json(f.read())
+            signature = f.read()
         with open(os.path.join(entry, PARAMS)) as f:
-            params = load_kernel_params(f.read())
+            params = f.read()
         with open(os.path.join(entry, MANIFEST)) as f:
             out_idx = json.load(f).get("out_idx") or None
-        return JITKernel.from_database(
-            func=func,
-            host_kernel_source=CachedTextSource(path=os.path.join(entry, HOST_SOURCE)),
-            device_kernel_source=CachedTextSource(path=os.path.join(entry, DEVICE_SOURCE)),
-            kernel_lib_path=os.path.join(entry, LIBRARY),
-            params=params,
-            target=target,
-            target_host=None,
-            out_idx=out_idx,
-            execution_backend=EXECUTION_BACKEND,
-            pass_configs=key["pass_configs"] or None,
-        )
+        return load_kernel(
+            signature_json=signature, params_json=params, host_source=os.path.join(entry, HOST_SOURCE),
+            device_source=os.path.join(entry, DEVICE_SOURCE), library=os.path.join(entry, LIBRARY), target=target,
+            out_idx=out_idx, execution_backend=EXECUTION_BACKEND, pass_configs=key["pass_configs"] or None,
+        )  # fmt: skip
 
     # writing
     def save(self, spec, target, pass_configs, kernel, *, seconds: float | None = None) -> str:
         """Write ``kernel``'s entry (the caller holds the entry's lock): staged, then renamed into place."""
         key = entry_key(spec, target, pass_configs)
         entry = self.entry_path(key)
-        out_idx = list(getattr(getattr(kernel, "adapter", None), "result_idx", None) or [])
+        out_idx = result_indices(kernel)
         return self.publish(entry, key, lambda d: write_kernel_files(kernel, d), seconds=seconds, out_idx=out_idx)
 
     def publish(self, entry: str, key: dict, write_files, *, seconds=None, out_idx=None) -> str:
@@ -435,29 +425,18 @@ def _copy_files(src: str, dest: str) -> None:
 def write_kernel_files(kernel, d: str) -> None:
     """The files of an entry, from a kernel TileLang just compiled: its library (copied from TileLang's own
     cache entry when there is one, else exported), parameters, bodiless signature and sources."""
-    from tilelang import tvm
-    from tilelang.engine.param import dump_kernel_params
-    from tvm import tirx
-
+    files = kernel_files(kernel)
     lib = os.path.join(d, LIBRARY)
-    tl_entry = getattr(kernel, "_tilelang_cache_path", None)
+    tl_entry = files["tilelang_entry"]
     tl_lib = os.path.join(tl_entry, LIBRARY) if tl_entry else None
     if tl_lib and os.path.isfile(tl_lib):
         shutil.copyfile(tl_lib, lib)
     else:
-        kernel.adapter.get_exportable_executable().export_library(lib)
-    with open(os.path.join(d, PARAMS), "w") as f:
-        f.write(dump_kernel_params(kernel.params))
-    func = kernel.prim_func
-    # The launcher reads only the signature (parameters, buffers, attributes): a body-less copy is a few KB to
-    # parse where the full function is ~200 KB.
-    sig = tirx.PrimFunc(func.params, tirx.Evaluate(0), func.ret_type, func.buffer_map, func.attrs)
-    with open(os.path.join(d, FUNC), "w") as f:
-        f.write(tvm.ir.save_json(sig))
-    with open(os.path.join(d, DEVICE_SOURCE), "w") as f:
-        f.write(kernel.adapter.get_device_source() or "")
-    with open(os.path.join(d, HOST_SOURCE), "w") as f:
-        f.write(kernel.adapter.get_host_source() or "")
+        files["library"](lib)
+    for name, key in ((PARAMS, "params"), (FUNC, "signature"), (DEVICE_SOURCE, "device_source"),
+                      (HOST_SOURCE, "host_source")):  # fmt: skip
+        with open(os.path.join(d, name), "w") as f:
+            f.write(files[key])
 
 
 def store() -> Store | None:

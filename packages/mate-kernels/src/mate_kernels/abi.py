@@ -1,0 +1,113 @@
+"""Kernel ABIs, named once: each kernel family's launch arguments as one keyword description.
+
+A family's description (e.g. :data:`SSU_ARGS`) lists every argument any of its kernels takes, in launch order,
+with its type and the kernels and variant it belongs to. From it come
+
+* the ``T.prim_func`` signatures of every kernel and variant (:func:`prim_func`: no signature is written by hand);
+* the planner's launch arguments (:func:`launch_args`: named values in, the positional tuple out);
+* the tensor dtypes of a kernel spec (``Arg.dtype_field``: the spec field that names the argument's dtype).
+
+A variant is an optional trailing group of arguments: ``"scaled"`` (the fp32 row scales of block-scaled states)
+or ``"sr"`` (the seed of fp16 stochastic rounding). Imports nothing (TileLang is passed in as ``T``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+from dataclasses import dataclass
+
+ONE_TOKEN, PACKED = "one_token", "packed"
+VARIANTS = (None, "scaled", "sr")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One launch argument: ``type`` is ``"tensor"`` (its TileLang type comes from the kernel's tensor types under
+    ``name``) or a scalar type (``"int32"``, ``"int64"``); ``kernels`` the kernels that take it; ``variant`` None
+    (every variant) or the variant whose trailing group it belongs to; ``dtype_field`` the spec field that names a
+    tensor's dtype (None: fixed by the kernel)."""
+
+    name: str
+    type: str = "tensor"
+    kernels: tuple[str, ...] = (ONE_TOKEN, PACKED)
+    variant: str | None = None
+    dtype_field: str | None = None
+
+
+_BOTH, _PACKED = (ONE_TOKEN, PACKED), (PACKED,)
+
+# The SSU kernels (mate_kernels.ssu): the one-token kernel and the packed one. Absent optional tensors are passed
+# as small dummies; which are present travels in ``flags``.
+SSU_ARGS = (
+    Arg("state", dtype_field="state_dtype"),
+    Arg("x", dtype_field="io_dtype"),
+    Arg("dt", dtype_field="dt_dtype"),
+    Arg("A"),
+    Arg("B"),
+    Arg("C"),
+    Arg("D", dtype_field="d_dtype"),
+    Arg("z"),
+    Arg("dt_bias", dtype_field="dt_bias_dtype"),
+    Arg("out"),
+    Arg("src", dtype_field="src_dtype"),
+    Arg("dst", dtype_field="dst_dtype"),
+    Arg("cu", kernels=_PACKED, dtype_field="meta_dtype"),
+    Arg("acc_tok", kernels=_PACKED),
+    Arg("ibuf", kernels=_PACKED, dtype_field="ibuf_dtype"),
+    Arg("iidx", kernels=_PACKED),
+    Arg("parent", kernels=_PACKED),
+    Arg("nseq", "int32"),
+    Arg("seqlen", "int32"),
+    Arg("src_sb", "int64"),
+    Arg("src_st", "int64"),
+    Arg("dst_sb", "int64"),
+    Arg("dst_st", "int64"),
+    Arg("pad", "int64"),
+    Arg("flags", "int32"),
+    Arg("mode", "int32"),
+    Arg("cache_steps", "int64", kernels=_PACKED),
+    Arg("state_scale", variant="scaled"),
+    Arg("ibuf_scale", kernels=_PACKED, variant="scaled"),
+    Arg("rand_seed", variant="sr"),
+)
+
+
+def args_of(family: tuple[Arg, ...], kernel: str, variant: str | None = None) -> tuple[Arg, ...]:
+    """The arguments of one kernel and variant of ``family``, in launch order."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    return tuple(a for a in family if kernel in a.kernels and a.variant in (None, variant))
+
+
+def launch_args(args: tuple[Arg, ...], values: dict) -> tuple:
+    """The positional launch arguments of a kernel whose arguments are ``args``, from their named ``values``."""
+    return tuple(values[a.name] for a in args)
+
+
+_serial = itertools.count()
+
+
+def prim_func(T, name: str, family: tuple[Arg, ...], kernel: str, variant: str | None, types, body):
+    """The ``T.prim_func`` ``name`` taking ``args_of(family, kernel, variant)`` and running the ``T.macro``
+    ``body``, which receives every argument of ``family`` that ``kernel`` takes, in order (None for those of other
+    variants). ``types``: the tensor types by argument name (attributes of a namespace).
+
+    TileLang reads a prim_func's parameters from its Python source, so the function is written out as source
+    (kept in ``linecache`` under a name of its own) and compiled here; the parameter names, their order and
+    types are the ABI, and the generated code is that of the same function written by hand."""
+    own = args_of(family, kernel, variant)
+    every = [a for a in family if kernel in a.kernels]
+    # scalars as ``T.int32`` in the source (TileLang reads scalar annotations from the text), tensors by name
+    annotations = {f"_t{i}": getattr(types, a.name) for i, a in enumerate(own) if a.type == "tensor"}
+    params = ", ".join(f"{a.name}: {'_t%d' % i if a.type == 'tensor' else 'T.' + a.type}" for i, a in enumerate(own))
+    passed = ", ".join(a.name if a in own else "None" for a in every)
+    source = f"def {name}({params}):\n    _body({passed})\n"
+    filename = f"<mate_kernels.abi {name} {next(_serial)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    scope = {"T": T, "_body": body, **annotations}  # its globals: TileLang re-evaluates the annotations there
+    exec(compile(source, filename, "exec"), scope)
+    return T.prim_func(scope[name])
+
+
+__all__ = ["Arg", "SSU_ARGS", "ONE_TOKEN", "PACKED", "VARIANTS", "args_of", "launch_args", "prim_func"]

@@ -1,0 +1,46 @@
+"""The SSU kernels' ABI (``mate_kernels.abi.SSU_ARGS``): each kernel and variant takes exactly the arguments named
+here, in this order (the generated CUDA's parameter list; ``nox -s compile`` holds the generated code to its
+recorded hash), and launch arguments are built by name."""
+
+from __future__ import annotations
+
+import pytest
+from mate_kernels.abi import ONE_TOKEN, PACKED, SSU_ARGS, args_of, launch_args
+
+ONE_TOKEN_BASE = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "out", "src", "dst", "nseq", "seqlen",
+                  "src_sb", "src_st", "dst_sb", "dst_st", "pad", "flags", "mode")  # fmt: skip
+PACKED_BASE = ONE_TOKEN_BASE[:12] + ("cu", "acc_tok", "ibuf", "iidx", "parent") + ONE_TOKEN_BASE[12:] + ("cache_steps",)
+
+
+@pytest.mark.parametrize(
+    "kernel, variant, names",
+    [
+        pytest.param(ONE_TOKEN, None, ONE_TOKEN_BASE, id="one-token"),
+        pytest.param(ONE_TOKEN, "scaled", ONE_TOKEN_BASE + ("state_scale",), id="one-token-scaled"),
+        pytest.param(ONE_TOKEN, "sr", ONE_TOKEN_BASE + ("rand_seed",), id="one-token-sr"),
+        pytest.param(PACKED, None, PACKED_BASE, id="packed"),
+        pytest.param(PACKED, "scaled", PACKED_BASE + ("state_scale", "ibuf_scale"), id="packed-scaled"),
+        pytest.param(PACKED, "sr", PACKED_BASE + ("rand_seed",), id="packed-sr"),
+    ],
+)
+def test_each_kernel_takes_its_arguments_in_order(kernel, variant, names):
+    assert tuple(a.name for a in args_of(SSU_ARGS, kernel, variant)) == names
+
+
+def test_scalar_types_and_dtype_fields():
+    types = {a.name: a.type for a in SSU_ARGS}
+    assert {n for n, t in types.items() if t == "int32"} == {"nseq", "seqlen", "flags", "mode"}
+    assert {n for n, t in types.items() if t == "int64"} == {"src_sb", "src_st", "dst_sb", "dst_st", "pad",
+                                                             "cache_steps"}  # fmt: skip
+    fields = [a.dtype_field for a in SSU_ARGS if a.dtype_field]
+    assert len(fields) == len(set(fields)) == 9  # every tensor dtype field of the spec, once
+
+
+def test_launch_args_by_name():
+    args = args_of(SSU_ARGS, ONE_TOKEN, "sr")
+    values = {a.name: i for i, a in enumerate(reversed(args))}
+    assert launch_args(args, values) == tuple(range(len(args) - 1, -1, -1))
+    with pytest.raises(KeyError):
+        launch_args(args, {"state": 0})
+    with pytest.raises(ValueError, match="variant"):
+        args_of(SSU_ARGS, PACKED, "fp8")
