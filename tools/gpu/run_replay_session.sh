@@ -40,7 +40,7 @@ for stage in "${stages[@]}"; do
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate-mamba bench replay --prebuild-jobs 8 --repeats 3 --replays 10 --out "$OUT" \
+        timeout "$left" python3 -m mate.mamba bench replay --prebuild-jobs 8 --repeats 3 --replays 10 --out "$OUT" \
             --name replay >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;

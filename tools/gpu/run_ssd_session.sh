@@ -47,7 +47,7 @@ for stage in "${stages[@]}"; do
         ;;
     quick)
         stamp "bench quick (${IMPLS:-mate,vllm})"
-        timeout "$(stage_limit 300)" python3 -m mate-mamba bench ssd --quick --impls "${IMPLS:-mate,vllm}" --out "$OUT" \
+        timeout "$(stage_limit 300)" python3 -m mate.mamba bench ssd --quick --impls "${IMPLS:-mate,vllm}" --out "$OUT" \
             --name ssd_quick >"$OUT/bench_quick.log" 2>&1
         stamp "bench quick rc=$?"
         ;;
@@ -55,7 +55,7 @@ for stage in "${stages[@]}"; do
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate-mamba bench ssd --impls "${IMPLS:-mate,vllm}" --out "$OUT" --name ssd \
+        timeout "$left" python3 -m mate.mamba bench ssd --impls "${IMPLS:-mate,vllm}" --out "$OUT" --name ssd \
             >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;

@@ -52,21 +52,21 @@ for stage in "${stages[@]}"; do
         ;;
     demo)
         stamp "demo"
-        timeout "$(stage_limit 120)" python3 -m mate-mamba demo >"$OUT/demo.log" 2>&1
+        timeout "$(stage_limit 120)" python3 -m mate.mamba demo >"$OUT/demo.log" 2>&1
         stamp "demo rc=$? $(tail -1 "$OUT/demo.log")"
         ;;
     bench)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate-mamba bench ssu --pdl --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
+        timeout "$left" python3 -m mate.mamba bench ssu --pdl --out "$OUT" --name ssu >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     bench-pdl)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench-pdl skipped: ${left}s left"; continue; }
         stamp "bench-pdl (${left}s)"
-        timeout "$left" python3 -m mate-mamba bench ssu --quick --after-producer --pdl --out "$OUT" \
+        timeout "$left" python3 -m mate.mamba bench ssu --quick --after-producer --pdl --out "$OUT" \
             --name ssu-after-producer >"$OUT/bench-pdl.log" 2>&1
         stamp "bench-pdl rc=$?"
         ;;

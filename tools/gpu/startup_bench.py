@@ -3,7 +3,7 @@
     python tools/gpu/startup_bench.py [--config DIR_OR_JSON] [--tp N] [--target sm_90a] [--jobs 1,16]
                                       [--out DIR] [--no-tilelang-warm] [--no-api]
 
-Stages, each a new ``python -m mate-mamba prewarm`` process (or, for ``api``, a new process calling the public prewarm
+Stages, each a new ``python -m mate.mamba prewarm`` process (or, for ``api``, a new process calling the public prewarm
 functions), with empty temporary cache directories (``MATE_CACHE_DIR``, ``TILELANG_CACHE_DIR``) made here:
 
 - ``cold jobs=J``: every kernel compiled, in J worker processes (``--jobs``; a comma list runs one cold stage

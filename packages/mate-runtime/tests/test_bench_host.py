@@ -12,7 +12,7 @@ def test_measure_reaches_the_stubbed_launch(make):
     r = host.measure(make(), iters=3, repeats=1)  # raises when the stubbed kernel was never called
     for col in ("normalise", "plan", "mate.mamba", "mate.mamba slow"):
         assert r[col] > 0
-    assert api.FAST_PATH is True and not api._fast  # switched back on, cache cleared
+    assert api.FAST.enabled is True and not api.FAST.cache  # switched back on, cache cleared
 
 
 def test_production_calls_are_the_vllm_forms():

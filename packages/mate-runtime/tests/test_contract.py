@@ -861,7 +861,7 @@ def test_tilelang_launchers_check_index_data_in_debug_mode(monkeypatch, setting)
     ssd_kw = _ssd_base() | dict(seq_idx=_t([0, 2]))
     ssd_call = normalize_ssd(**ssd_kw)
     for module, call, name in ((tl_ssu, ssu_call, SBI), (tl_ssd, ssd_call, "seq_idx")):
-        launcher = module.selective_state_update if module is tl_ssu else module.ssd_combined_fwd_varlen
+        launcher = module.run
         Planned = _tl_stubbed(monkeypatch, module)
         with settings.override(MATE_CHECK_INPUTS=setting):
             if setting == "1":

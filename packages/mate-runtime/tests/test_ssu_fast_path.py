@@ -15,12 +15,13 @@ import shutil
 
 import pytest
 import torch
+from mate.mamba import _dispatch as dispatch
 from mate.mamba import settings
 from mate.mamba import ssu as api
 from mate.mamba._contract.ssu import normalize_ssu
 from mate.mamba._ops import REQUIRED, SSU_PARAMS
 from mate.mamba._tilelang import ssu as tl_ssu
-from mate.mamba._tilelang import ssu_plan, ssu_recipe
+from mate.mamba._tilelang import ssu_plan, tl_internals
 
 BF16, F16, F32, I32, I64 = torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64
 H, P, N, G = 8, 16, 32, 2
@@ -187,8 +188,8 @@ def stub(monkeypatch):
         normalised.append(1)
         return normalize_ssu(*a, **k)
 
-    monkeypatch.setattr(api, "resolve_backend", lambda b, d: "torch" if b == "torch" else "tilelang")
-    monkeypatch.setattr(api, "normalize_ssu", count)
+    monkeypatch.setattr(dispatch, "resolve_backend", lambda b, d: "torch" if b == "torch" else "tilelang")
+    monkeypatch.setattr(api.FAST, "normalize", count)
     monkeypatch.setattr(tl_ssu, "kernel", get)
     monkeypatch.setattr(tl_ssu, "_kernels", {})
     api.clear_fast_path_cache()
@@ -248,7 +249,7 @@ def test_every_form_is_replayed(stub):
     """No form of the grid falls back to the slow path for good (each is remembered as a recipe)."""
     for make in FORMS.values():
         eager(make())
-    assert all(v is not api._SLOW for v in api._fast.values())
+    assert all(v is not api.FAST.SLOW for v in api.FAST.cache.values())
 
 
 @pytest.mark.parametrize(
@@ -322,7 +323,7 @@ def test_copies_take_the_slow_path(stub):
         eager(kw)
         assert launches[-1][0] == expected[0]
     assert len(normalised) == 3
-    assert list(api._fast.values()) == [api._SLOW]
+    assert list(api.FAST.cache.values()) == [api.FAST.SLOW]
 
 
 def test_invalid_calls_are_never_remembered(stub):
@@ -332,21 +333,21 @@ def test_invalid_calls_are_never_remembered(stub):
     for _ in range(2):
         with pytest.raises(ValueError, match="B"):
             eager(kw)
-    assert not api._fast and not launches
+    assert not api.FAST.cache and not launches
 
 
 def test_unkeyable_values_take_the_slow_path(stub):
     launches, normalised = stub
     for _ in range(2):
         eager({**vllm_decode(), "dt_softplus": 1})  # truthy int: valid, but keyed only as an exact bool
-    assert len(normalised) == 2 and not api._fast
+    assert len(normalised) == 2 and not api.FAST.cache
 
 
 def test_cache_is_bounded(stub, monkeypatch):
-    monkeypatch.setattr(api, "FAST_CACHE_SIZE", 3)
+    monkeypatch.setattr(api.FAST, "size", 3)
     for b in range(1, 7):
         eager(vllm_decode(b))
-    assert len(api._fast) == 3
+    assert len(api.FAST.cache) == 3
 
 
 def test_reference_backend_keeps_its_index_checks(monkeypatch):
@@ -401,12 +402,12 @@ def test_direct_callable_picks_the_ffi_function_only_without_outputs(monkeypatch
         return None
 
     plain = FakeKernel(TVMFFIKernelAdapter([], main))
-    assert ssu_recipe.direct_callable(plain) is main
+    assert tl_internals.direct_callable(plain) is main
     with_output = FakeKernel(TVMFFIKernelAdapter([3], main))
-    assert ssu_recipe.direct_callable(with_output) is with_output
+    assert tl_internals.direct_callable(with_output) is with_output
     other = FakeKernel(type("CythonKernelAdapter", (), {"result_idx": []})())
-    assert ssu_recipe.direct_callable(other) is other
-    assert ssu_recipe.direct_callable(lambda *a: None) is not main
+    assert tl_internals.direct_callable(other) is other
+    assert tl_internals.direct_callable(lambda *a: None) is not main
 
 
 def test_recipes_launch_through_the_direct_function(stub, monkeypatch):
@@ -433,7 +434,7 @@ def test_direct_function_of_a_compiled_kernel():
     kern = CACHE.compile_only(
         key, key.build, target={"kind": "cuda", "arch": "sm_90a"}, pass_configs=key.pass_configs()
     )
-    fn = ssu_recipe.direct_callable(kern)
+    fn = tl_internals.direct_callable(kern)
     assert fn is not kern and callable(fn)
     errors = []
     for f in (kern, fn):

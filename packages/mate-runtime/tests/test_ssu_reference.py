@@ -14,7 +14,7 @@ import pytest
 import torch
 from mate.mamba import selective_state_update
 from mate.mamba._contract.ssu import normalize_ssu
-from mate.mamba.ssu import run_ssu
+from mate.mamba._dispatch import run
 from mate.mamba.testing import ssu_recurrence
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -156,7 +156,7 @@ RECURRENCE_ARGS = (
 def check(kw, *, page=None, expect_writes=None, expect_ibuf_writes=None, out=None, adapter=None):
     """Run the reference and the recurrence on the same arguments and compare everything observable.
     ``adapter`` holds the normaliser's adapter-only arguments (then the call goes through
-    ``normalize_ssu`` + ``run_ssu``, as the adapters do)."""
+    ``normalize_ssu`` + the dispatcher's ``run``, as the adapters do)."""
     exp = ssu_recurrence(**{k: v for k, v in kw.items() if k in RECURRENCE_ARGS}, **(adapter or {}))
     state = kw["state"]
     page_before = None if page is None else page.clone()
@@ -164,7 +164,7 @@ def check(kw, *, page=None, expect_writes=None, expect_ibuf_writes=None, out=Non
     if adapter is None:
         y = selective_state_update(**kw, out=out, backend="torch")
     else:
-        y = run_ssu(normalize_ssu(**kw, out=out, **adapter), "torch")
+        y = run("ssu", normalize_ssu(**kw, out=out, **adapter), "torch")
 
     # output rows the call covers
     x = kw["x"]
@@ -837,7 +837,7 @@ def test_eagle_tree_parents_change_the_result():
     outs = []
     for parent in ([[-1, -1, -1, -1]] * 2, [[-1, 0, 0, 0]] * 2):
         kw = _parent_case("5d")
-        outs.append(run_ssu(normalize_ssu(**kw, retrieve_parent_token=i64(parent)), "torch"))
+        outs.append(run("ssu", normalize_ssu(**kw, retrieve_parent_token=i64(parent)), "torch"))
     assert not torch.allclose(outs[0], outs[1])
 
 

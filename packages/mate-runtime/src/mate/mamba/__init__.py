@@ -7,28 +7,70 @@ compiled lazily on CUDA/MUSA devices, and the pure-PyTorch reference serves ever
 Layers, top to bottom (calls only go down): the public functions here -> the custom ops (``_ops``) -> the
 dispatcher (``_dispatch``: run, prewarm, plan) -> the backends (``_reference``, ``_tilelang``) -> the call
 contract (``_contract``: validation, canonical calls, dtype tables) and the kernel factories (``mate_kernels``).
+
+The public names load on first use: the adapters' start-up hooks (``.pth`` lines, run in every interpreter of an
+environment) import ``mate.mamba.settings`` and ``mate.mamba.adapters``, which must cost no torch import. Nothing
+below imports this package's names (``tests/test_layers.py`` checks the graph as if they loaded eagerly).
 """
 
 from __future__ import annotations
 
-from mate.mamba._version import __version__
-from mate.mamba.planning import plan_replay_state_update, plan_selective_state_update, plan_ssd_combined_fwd_varlen
-from mate.mamba.replay import (
-    advance_replay_ring,
-    materialize_replayed_state,
-    prewarm_replay_state_update,
-    replay_state_update,
-)
-from mate.mamba.ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
-from mate.mamba.ssu import prewarm_selective_state_update, selective_state_update
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "__version__",
+from mate.mamba._version import __version__  # noqa: F401  (mate.mamba.__version__)
+
+# public name -> the submodule defining it
+_PUBLIC = {
+    "advance_replay_ring": "replay",
+    "materialize_replayed_state": "replay",
+    "plan_replay_state_update": "planning",
+    "plan_selective_state_update": "planning",
+    "plan_ssd_combined_fwd_varlen": "planning",
+    "prewarm_replay_state_update": "replay",
+    "prewarm_selective_state_update": "ssu",
+    "prewarm_ssd_combined_fwd_varlen": "ssd",
+    "replay_state_update": "replay",
+    "selective_state_update": "ssu",
+    "ssd_combined_fwd_varlen": "ssd",
+}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from mate.mamba.planning import (
+        plan_replay_state_update,
+        plan_selective_state_update,
+        plan_ssd_combined_fwd_varlen,
+    )
+    from mate.mamba.replay import (
+        advance_replay_ring,
+        materialize_replayed_state,
+        prewarm_replay_state_update,
+        replay_state_update,
+    )
+    from mate.mamba.ssd import prewarm_ssd_combined_fwd_varlen, ssd_combined_fwd_varlen
+    from mate.mamba.ssu import prewarm_selective_state_update, selective_state_update
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mate.mamba' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"mate.mamba.{module}"), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+__all__ = [  # = _PUBLIC's names
     "advance_replay_ring",
     "materialize_replayed_state",
+    "plan_replay_state_update",
     "plan_selective_state_update",
     "plan_ssd_combined_fwd_varlen",
-    "plan_replay_state_update",
     "prewarm_replay_state_update",
     "prewarm_selective_state_update",
     "prewarm_ssd_combined_fwd_varlen",

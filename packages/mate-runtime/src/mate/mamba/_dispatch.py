@@ -1,7 +1,20 @@
-"""Dispatch: which backend serves a normalised call, and the call into it.
+"""The one door between the public functions and the backends: run, prewarm, plan.
 
-``"tilelang"`` on a CUDA/MUSA device where TileLang is installed, else ``"torch"`` (the pure-PyTorch
-reference). The backends are imported on first use, so ``import mate.mamba`` never imports TileLang.
+Every public function of ``mate.mamba`` reaches a backend through this module only. A backend is a module with
+the same entry points for every op (``"ssu"``, ``"ssd"``, ``"replay"``, ``"materialize"``):
+
+* ``run(op, call, sources)`` -> ``(result, launcher)``: runs a normalised call; ``launcher`` (or None) replays it
+  for new tensors of the same metadata (``launcher(tensors) -> result``), built from the plan this very call made;
+* ``prewarm(op, device, config)`` and ``plan(op, call)`` (TileLang only: the reference compiles nothing).
+
+``"tilelang"`` serves CUDA/MUSA tensors where TileLang is installed, ``"torch"`` (the pure-PyTorch reference)
+everything else. The backends are imported on first use, so ``import mate.mamba`` never imports TileLang.
+
+The eager fast path (:class:`FastPath`, one per op): validation depends only on metadata (shapes, strides,
+dtypes, devices, which arguments are None, the scalar options), never on tensor data, so a call whose metadata
+equals an earlier call's skips normalisation, planning and backend choice and runs the launcher the earlier call
+left. The reference backend leaves none (it checks index data on every call), nor does a TileLang call made with
+``MATE_CHECK_INPUTS=1``; such metadata is remembered as slow so it is not analysed twice.
 """
 
 from __future__ import annotations
@@ -11,10 +24,7 @@ import importlib.util
 
 import torch
 from mate.mamba._contract.errors import bad_arg
-from mate.mamba._contract.replay import ReplayCall
-from mate.mamba._contract.ssd import SSDCall
-from mate.mamba._contract.ssu import SSUCall
-from mate.mamba._device import is_accelerator
+from mate.mamba._device import default_accelerator, is_accelerator
 
 BACKENDS = ("auto", "tilelang", "torch")
 
@@ -44,35 +54,122 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     return "tilelang"
 
 
-def run_ssu(call: SSUCall, backend: str = "auto") -> torch.Tensor:
-    """Run a normalised ``selective_state_update`` on the backend ``backend`` resolves to; returns ``y``."""
-    if resolve_backend(backend, call.state.device) == "torch":
-        from mate.mamba._reference import ssu as naive_ssu
+def backend(name: str):
+    """The backend module ``name`` (``"torch"`` or ``"tilelang"``), imported on first use."""
+    if name == "tilelang":
+        from mate.mamba._tilelang import backend as tilelang_backend
 
-        return naive_ssu.selective_state_update(call)
-    from mate.mamba._tilelang import ssu as tl_ssu
+        return tilelang_backend
+    from mate.mamba._reference import backend as reference_backend
 
-    return tl_ssu.selective_state_update(call)
-
-
-def run_replay(call: ReplayCall, backend: str = "auto") -> torch.Tensor:
-    """Run a normalised ``replay_state_update`` on the backend ``backend`` resolves to; returns ``out``."""
-    if resolve_backend(backend, call.state.device) == "torch":
-        from mate.mamba._reference import replay as naive_replay
-
-        return naive_replay.replay_state_update(call)
-    from mate.mamba._tilelang import replay as tl_replay
-
-    return tl_replay.replay_state_update(call)
+    return reference_backend
 
 
-def run_ssd(call: SSDCall, backend: str = "auto") -> torch.Tensor | None:
-    """Run a normalised ``ssd_combined_fwd_varlen`` on the backend ``backend`` resolves to; returns the states
-    (None when they were written into ``final_states_out``)."""
-    if resolve_backend(backend, call.x.device) == "torch":
-        from mate.mamba._reference import ssd as naive_ssd
+def run(op: str, call, requested: str = "auto"):
+    """Run a normalised call on the backend ``requested`` resolves to; returns the op's result."""
+    return _run(op, call, requested, None)[0]
 
-        return naive_ssd.ssd_combined_fwd_varlen(call)
-    from mate.mamba._tilelang import ssd as tl_ssd
 
-    return tl_ssd.ssd_combined_fwd_varlen(call)
+def _run(op: str, call, requested: str, sources):
+    return backend(resolve_backend(requested, device_of(call))).run(op, call, sources)
+
+
+def device_of(call) -> torch.device:
+    """The device a normalised call runs on: its state pool's (the prefill's: its tokens')."""
+    t = getattr(call, "state", None)
+    return (call.x if t is None else t).device
+
+
+def plan(op: str, call) -> tuple:
+    """The kernel specs the TileLang backend launches for a normalised call, in launch order (nothing compiled or
+    launched; TileLang need not be installed)."""
+    return backend("tilelang").plan(op, call)
+
+
+def prewarm(op: str, **config) -> None:
+    """Compile the TileLang kernels of one serving configuration of ``op`` (arguments validated by the caller)
+    on this machine's accelerator; nothing to do without one or without TileLang."""
+    device = default_accelerator()
+    if device is None or not tilelang_installed():
+        return
+    backend("tilelang").prewarm(op, device, config)
+
+
+# ---------------------------------------------------------------------------------------- the eager fast path
+
+
+class FastPath:
+    """The eager entry of one op: call metadata -> the launcher an earlier call with that metadata left.
+
+    Called as ``fast(tensors, scalars, args)`` by the op table's split entry (``mate.mamba._ops.OpTable.entry``):
+    the keyed tensors in table order, and either the scalar options (every scalar of its exact class, every
+    unimplemented option None: the call can be keyed) or, for a call that cannot be keyed, the whole argument
+    tuple (the normaliser then decides: a truthy int is valid but not keyed; an unimplemented option raises)."""
+
+    SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, no launcher)
+
+    def __init__(self, op: str, table, normalize, *, size: int = 1024):
+        self.op, self.table, self.normalize = op, table, normalize
+        self.size = size  # metadata keys remembered (oldest dropped first): batch sizes x call forms
+        self.enabled = True  # False: every call normalises (the behaviour before the fast path; benchmarks)
+        self.cache: dict = {}
+        self._last: tuple = (None, None)  # (key, launcher) of the latest hit: consecutive calls share metadata
+
+    def clear(self) -> None:
+        """Forget every remembered call metadata (the next call of each form takes the slow path again)."""
+        self.cache.clear()
+        self._last = (None, None)
+
+    def __call__(self, tensors: tuple, scalars: tuple | None, args: tuple | None):
+        key = None
+        if scalars is not None:
+            if self.enabled:
+                key = fast_key(tensors, scalars)
+                if key is not None:
+                    last = self._last
+                    if key == last[0]:  # an equality test is half the cost of hashing the key for the lookup
+                        return last[1](tensors)
+                    launcher = self.cache.get(key)
+                    if launcher is not None:
+                        if launcher is not self.SLOW:
+                            self._last = (key, launcher)
+                            return launcher(tensors)
+                        key = None
+            args = self.table.join(tensors, scalars)
+        call = self.normalize(*args[:-1])
+        sources = None if key is None else dict(zip(self.table.tensor_names, tensors, strict=True))
+        result, launcher = _run(self.op, call, args[-1], sources)
+        if key is not None:
+            if len(self.cache) >= self.size:
+                self.cache.pop(next(iter(self.cache), None), None)
+            self.cache[key] = self.SLOW if launcher is None else launcher
+        return result
+
+
+def fast_key(tensors: tuple, scalars: tuple, _tensor=torch.Tensor, _parameter=torch.nn.Parameter):
+    """The metadata key of a call, or None when a value cannot be keyed exactly (the call is then not cached): a
+    tensor subclass other than ``nn.Parameter``, or a non-tensor where a tensor belongs.
+
+    Per tensor: shape, strides, dtype and device index; the first tensor's full device adds the device type (every
+    tensor of a valid call is on one device). Storage offsets are left out on purpose: no validation reads them,
+    the pointer alignment they feed is re-checked by the launchers per call, and views are rebuilt relative to the
+    new tensor's own offset."""
+    first = tensors[0]
+    cls = first.__class__
+    if cls is not _tensor and cls is not _parameter:
+        return None
+    key = [scalars, first.device]
+    append = key.append
+    for t in tensors:
+        if t is None:
+            append(None)
+            continue
+        cls = t.__class__
+        if cls is not _tensor and cls is not _parameter:
+            return None
+        append((t.shape, t.stride(), t.dtype, t.get_device()))
+    return tuple(key)
+
+
+__all__ = ["BACKENDS", "FastPath", "backend", "device_of", "fast_key", "plan", "prewarm", "resolve_backend", "run",
+           "tilelang_installed"]  # fmt: skip

@@ -31,6 +31,8 @@ from __future__ import annotations
 import inspect
 import linecache
 import math
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,7 +40,7 @@ import torch
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
 from mate.mamba._contract.ssu import normalize_ssu
-from mate.mamba._dispatch import run_replay, run_ssd, run_ssu
+from mate.mamba._dispatch import run
 
 REQUIRED = inspect.Parameter.empty  # the default of a parameter the caller must pass
 
@@ -228,11 +230,7 @@ class OpTable:
         if split:
             terms = []
             for i, cls in self.exact:
-                if cls is None:
-                    terms.append(f"{self.names[i]} is None")
-                else:
-                    names[f"_{cls.__name__}"] = cls
-                    terms.append(f"{self.names[i]}.__class__ is _{cls.__name__}")
+                terms.append(_keyable(self.names[i], cls, names))
             tensors = ", ".join(self.tensor_names)
             scalars = ", ".join(self.scalar_names)
             src = (
@@ -278,6 +276,21 @@ class OpTable:
         return vals
 
 
+def _keyable(name: str, cls, names: dict) -> str:
+    """The source test that argument ``name`` of schema type ``cls`` can be keyed exactly (``names``: the globals
+    the test reads): None for an unimplemented row, an exact class, None or an exact class for an optional one,
+    a tuple of Python numbers for a sequence of floats."""
+    if cls is None:
+        return f"{name} is None"
+    if typing.get_origin(cls) is Sequence:  # Sequence[float]
+        return f"({name}.__class__ is tuple and all(v.__class__ is float or v.__class__ is int for v in {name}))"
+    optional = isinstance(cls, types.UnionType)
+    (exact,) = [c for c in typing.get_args(cls) if c is not type(None)] if optional else (cls,)
+    alias = f"_{exact.__name__}"
+    names[alias] = exact
+    return f"({name} is None or {name}.__class__ is {alias})" if optional else f"{name}.__class__ is {alias}"
+
+
 SSU = OpTable(SSU_PARAMS)
 SSD = OpTable(SSD_PARAMS)
 REPLAY = OpTable(REPLAY_PARAMS)
@@ -287,7 +300,7 @@ REPLAY = OpTable(REPLAY_PARAMS)
 
 def _ssu_impl(*args, **kwargs) -> None:
     args = SSU.ordered(args, kwargs)
-    run_ssu(normalize_ssu(*args[:-1]), args[-1])
+    run("ssu", normalize_ssu(*args[:-1]), args[-1])
 
 
 _ssu_impl.__signature__ = SSU.signature(None)
@@ -322,7 +335,7 @@ trace_ssu = SSU.entry("trace_ssu", _traced_out(SSU, torch.ops.mate.selective_sta
 def _ssd_impl(*args, **kwargs) -> torch.Tensor:
     args = SSD.ordered(args, kwargs)
     call = normalize_ssd(*args[:-1])
-    states = run_ssd(call, args[-1])
+    states = run("ssd", call, args[-1])
     if states is None:  # written into final_states_out
         return torch.empty((0,), dtype=call.state_dtype, device=call.x.device)
     return states
@@ -361,7 +374,7 @@ __all__ = ["SSD", "SSD_PARAMS", "SSU", "SSU_PARAMS", "OpTable", "Param", "trace_
 
 def _replay_impl(*args, **kwargs) -> None:
     args = REPLAY.ordered(args, kwargs)
-    run_replay(normalize_replay(*args[:-1]), args[-1])
+    run("replay", normalize_replay(*args[:-1]), args[-1])
 
 
 _replay_impl.__signature__ = REPLAY.signature(None)

@@ -17,17 +17,14 @@ from __future__ import annotations
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
 from mate.mamba._contract.ssu import normalize_ssu
+from mate.mamba._dispatch import plan
 
 
 def plan_selective_state_update(*args, backend: str = "auto", **kwargs) -> tuple:
     """The kernel specs ``selective_state_update(*args, **kwargs)`` launches on the TileLang backend (one, or
     none for a call with nothing to run). Nothing is written to the arguments."""
-    from mate.mamba._tilelang import ssu_plan
-
     del backend  # the TileLang backend's plan whatever the call would pick
-    call = normalize_ssu(*args, **kwargs)
-    planned = ssu_plan.plan(call)
-    return () if planned is None else (planned[0],)
+    return plan("ssu", normalize_ssu(*args, **kwargs))
 
 
 def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tuple:
@@ -35,22 +32,15 @@ def plan_ssd_combined_fwd_varlen(*args, backend: str = "auto", **kwargs) -> tupl
     the dt pre-pass, then the chunk scan (which also reads ``bounds[::seqs_per_cta]``, a launch-time choice that is
     the same compiled kernel for every value); with the split design (few heads per rank on long sequences) the
     scan over even runs of chunks, then the hand-over and the fix-up."""
-    from mate.mamba._tilelang import ssd_plan, ssu_plan
-
     del backend
-    call = normalize_ssd(*args, **kwargs)
-    p = ssd_plan.plan(call, ssu_plan.hardware(call.x.device))
-    return p.specs()
+    return plan("ssd", normalize_ssd(*args, **kwargs))
 
 
 def plan_replay_state_update(*args, backend: str = "auto", **kwargs) -> tuple:
     """The kernel specs ``replay_state_update(*args, **kwargs)`` launches on the TileLang backend (one, or none for
     a call with nothing to run). Nothing is written to the arguments."""
-    from mate.mamba._tilelang import replay_plan
-
     del backend
-    planned = replay_plan.plan(normalize_replay(*args, **kwargs))
-    return () if planned is None else (planned[0],)
+    return plan("replay", normalize_replay(*args, **kwargs))
 
 
 __all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen", "plan_replay_state_update"]

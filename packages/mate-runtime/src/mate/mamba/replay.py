@@ -12,10 +12,10 @@ ring's window is full (a flush). ``mate.mamba._reference.replay`` holds the refe
 from __future__ import annotations
 
 import torch
+from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
 from mate.mamba._contract.replay import normalize_materialize, normalize_replay
-from mate.mamba._contract.ssu import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
-from mate.mamba._dispatch import resolve_backend, run_replay
+from mate.mamba._dispatch import FastPath, prewarm, run
 from mate.mamba._ops import REPLAY, trace_replay
 
 
@@ -60,12 +60,10 @@ def replay_state_update(
     )  # fmt: skip
 
 
-def _eager(args: tuple) -> torch.Tensor:
-    return run_replay(normalize_replay(*args[:-1]), args[-1])
-
-
-# The eager replay_state_update (the table's parameters, positionally): normalise, then the backend.
-eager_replay = REPLAY.entry("eager_replay", _eager)
+# The eager call: the dispatcher's fast path (a call whose metadata equals an earlier one's is rebuilt without
+# validation), else normalise, dispatch and remember.
+FAST = FastPath("replay", REPLAY, normalize_replay)
+eager_replay = REPLAY.entry("eager_replay", FAST, split=True)
 
 
 def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
@@ -82,14 +80,7 @@ def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start,
     (``MATE_CHECK_INPUTS=1`` checks them first, as the reference does)."""
     call = normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
                                  dst_slots, state_scale, pad_slot_id)  # fmt: skip
-    if resolve_backend(backend, state.device) == "tilelang":
-        from mate.mamba._tilelang import replay as tl_replay
-
-        tl_replay.materialize_replayed_state(call)
-        return
-    from mate.mamba._reference import replay as naive_replay
-
-    naive_replay.materialize_replayed_state(call)
+    run("materialize", call, backend)
 
 
 def advance_replay_ring(ring_start: torch.Tensor, prev_num_accepted_tokens: torch.Tensor,
@@ -148,17 +139,10 @@ def prewarm_replay_state_update(*, state_dtype: torch.dtype, io_dtype: torch.dty
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     check_jobs(jobs)
     check_philox_rounds(philox_rounds, state_dtype)
-    from mate.mamba._device import default_accelerator
-    from mate.mamba._dispatch import tilelang_installed
-
-    device = default_accelerator()
-    if device is None or not tilelang_installed():
-        return
-    from mate.mamba._tilelang import replay as tl_replay
-
-    tl_replay.prewarm(device, state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
-                      groups=groups, slot_dtype=slot_dtype, philox_rounds=philox_rounds, window=window,
-                      tokens=tokens, jobs=jobs)  # fmt: skip
+    prewarm(
+        "replay", state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate, groups=groups,
+        slot_dtype=slot_dtype, philox_rounds=philox_rounds, window=window, tokens=tokens, jobs=jobs,
+    )  # fmt: skip
 
 
 __all__ = ["replay_state_update", "materialize_replayed_state", "advance_replay_ring", "prewarm_replay_state_update"]

@@ -1,6 +1,7 @@
 """``ssd_combined_fwd_varlen``: packed variable-length SSD prefill (public signature), and its prewarm.
 
-Eager calls normalise (``_ssd_call``) and run on a backend; while ``torch.compile`` traces, the call becomes
+Eager calls take the dispatcher's fast path, else normalise (``mate.mamba._contract.ssd``) and run on a backend;
+while ``torch.compile`` traces, the call becomes
 the ``mate::ssd_combined_fwd_varlen`` custom op (``mate.mamba._ops``, whose parameter table this signature matches).
 """
 
@@ -9,10 +10,10 @@ from __future__ import annotations
 import math
 
 import torch
+from mate.mamba._contract.dtypes import IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs
 from mate.mamba._contract.ssd import check_chunk_size, normalize_ssd
-from mate.mamba._contract.ssu import IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
-from mate.mamba._dispatch import run_ssd
+from mate.mamba._dispatch import FastPath, prewarm
 from mate.mamba._ops import SSD, trace_ssd
 
 
@@ -81,11 +82,10 @@ def ssd_combined_fwd_varlen(
     )  # fmt: skip
 
 
-def _eager(args: tuple) -> torch.Tensor | None:
-    return run_ssd(normalize_ssd(*args[:-1]), args[-1])
-
-
-eager_ssd = SSD.entry("eager_ssd", _eager)  # the eager call: normalise, run on a backend
+# The eager call: the dispatcher's fast path (a call whose metadata equals an earlier one's is rebuilt without
+# validation and launched under the plan that call made), else normalise, dispatch and remember.
+FAST = FastPath("ssd", SSD, normalize_ssd)
+eager_ssd = SSD.entry("eager_ssd", FAST, split=True)
 
 
 def prewarm_ssd_combined_fwd_varlen(
@@ -123,26 +123,10 @@ def prewarm_ssd_combined_fwd_varlen(
         ("dt_dtype", dt_dtype, PARAM_DTYPES),
     ))  # fmt: skip
 
-    from mate.mamba._device import default_accelerator
-    from mate.mamba._dispatch import tilelang_installed
-
-    device = default_accelerator()
-    if device is None or not tilelang_installed():
-        return
-    from mate.mamba._tilelang import ssd as tl_ssd
-
-    tl_ssd.prewarm(
-        device,
-        heads=heads,
-        groups=groups,
-        dim=dim,
-        dstate=dstate,
-        chunk_size=chunk_size,
-        io_dtype=io_dtype,
-        state_dtype=state_dtype,
-        dt_dtype=dt_dtype,
-        jobs=jobs,
-    )
+    prewarm(
+        "ssd", heads=heads, groups=groups, dim=dim, dstate=dstate, chunk_size=chunk_size, io_dtype=io_dtype,
+        state_dtype=state_dtype, dt_dtype=dt_dtype, jobs=jobs,
+    )  # fmt: skip
 
 
-__all__ = ["prewarm_ssd_combined_fwd_varlen", "run_ssd", "ssd_combined_fwd_varlen"]
+__all__ = ["prewarm_ssd_combined_fwd_varlen", "ssd_combined_fwd_varlen"]

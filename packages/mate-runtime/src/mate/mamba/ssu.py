@@ -1,6 +1,7 @@
 """``selective_state_update``: the Mamba2 decode step (public signature, eager fast path), and its prewarm.
 
-Eager calls run here: the fast path below, else normalise (``_ssu_call``) and run on a backend. While
+Eager calls take the dispatcher's fast path (``mate.mamba._dispatch.FastPath``), else normalise
+(``mate.mamba._contract.ssu``) and run on a backend. While
 ``torch.compile`` traces, the call becomes the ``mate::selective_state_update`` custom op (``mate.mamba._ops``,
 whose parameter table this signature matches).
 """
@@ -8,10 +9,10 @@ whose parameter table this signature matches).
 from __future__ import annotations
 
 import torch
-from mate.mamba import settings
+from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
-from mate.mamba._contract.ssu import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES, normalize_ssu
-from mate.mamba._dispatch import resolve_backend, run_ssu
+from mate.mamba._contract.ssu import normalize_ssu
+from mate.mamba._dispatch import FastPath, prewarm
 from mate.mamba._ops import SSU, trace_ssu
 
 
@@ -108,110 +109,16 @@ def selective_state_update(
     )  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------- the eager fast path
-#
-# Validation depends only on metadata (shapes, strides, dtypes, devices, which arguments are None, the scalar
-# options), never on tensor data. A call whose metadata equals an earlier TileLang call's
-# therefore skips normalisation and planning and replays that call's launch recipe
-# (``mate.mamba._tilelang.ssu_recipe.make_recipe``, derived from the slow path's own result) with the new
-# tensors; the only per-call decision left, the pointer alignment part of the kernel key, is re-evaluated on
-# every call. The reference backend keeps its full validation (it also checks index data): its metadata is remembered as
-# slow so the key is not analysed twice; so is a TileLang call made with ``MATE_CHECK_INPUTS=1``, whose index data
-# is checked on every call (a form remembered with a recipe before the setting was turned on keeps replaying it:
-# ``clear_fast_path_cache`` forgets it). ``eager_ssu`` (generated from the op's parameter table,
-# ``mate.mamba._ops.SSU_PARAMS``, whose order it takes) hands ``_eager`` the keyed tensors and either the scalar options
-# (every scalar of its exact class, every unimplemented option None) or, for a call that cannot be keyed, the
-# whole argument tuple: the normaliser then decides (a truthy int is valid but not keyed; an unimplemented
-# option raises).
-
-FAST_TENSOR_ARGS = SSU.tensor_names  # the tensors a call is keyed on, in the order the key and the recipes see
-FAST_PATH = True  # False: every call normalises (the pre-fast-path behaviour; benchmarks compare both)
-FAST_CACHE_SIZE = 1024  # metadata keys remembered (oldest dropped first): batch sizes x call forms
-_SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, non-replayable launch)
-_fast: dict = {}
-_last: tuple = (None, None)  # (key, recipe) of the latest hit: consecutive calls usually share metadata
+# The eager call: a call whose metadata equals an earlier one's replays the launch that call left (the TileLang
+# backend's recipe, built from its own plan), anything else is normalised, dispatched and remembered
+# (mate.mamba._dispatch.FastPath). ``FAST.enabled = False`` makes every call normalise (benchmarks compare both).
+FAST = FastPath("ssu", SSU, normalize_ssu)
+eager_ssu = SSU.entry("eager_ssu", FAST, split=True)
 
 
 def clear_fast_path_cache() -> None:
     """Forget every remembered call metadata (the next call of each form takes the slow path again)."""
-    global _last
-    _fast.clear()
-    _last = (None, None)
-
-
-def fast_key(tensors: tuple, scalars: tuple, _tensor=torch.Tensor, _parameter=torch.nn.Parameter):
-    """The metadata key of a call, or None when a value cannot be keyed exactly (the call is then not cached): a
-    tensor subclass other than ``nn.Parameter``, or a non-tensor where a tensor belongs.
-
-    Per tensor: shape, strides, dtype and device index; the state's full device adds the device type (every
-    tensor of a valid call is on the state's device). Storage offsets are left out on purpose: no validation
-    reads them, the pointer alignment they feed is re-checked per call, and a recipe's views are rebuilt
-    relative to the new tensor's own offset."""
-    state = tensors[0]
-    cls = state.__class__
-    if cls is not _tensor and cls is not _parameter:
-        return None
-    key = [scalars, state.device]
-    append = key.append
-    for t in tensors:
-        if t is None:
-            append(None)
-            continue
-        cls = t.__class__
-        if cls is not _tensor and cls is not _parameter:
-            return None
-        append((t.shape, t.stride(), t.dtype, t.get_device()))
-    return tuple(key)
-
-
-def _remember(key, value) -> None:
-    if len(_fast) >= FAST_CACHE_SIZE:
-        _fast.pop(next(iter(_fast), None), None)
-    _fast[key] = value
-
-
-def _eager(tensors: tuple, scalars: tuple | None, args: tuple | None) -> torch.Tensor:
-    """The eager call: a remembered call metadata replays its launch recipe, anything else is normalised,
-    dispatched and then remembered. ``scalars`` is None for a call that cannot be keyed, else ``args`` is None
-    (rebuilt here on a miss: a hit does not need it)."""
-    global _last
-    key = None
-    if scalars is not None:
-        if FAST_PATH:
-            key = fast_key(tensors, scalars)
-            if key is not None:
-                last = _last
-                if key == last[0]:  # an equality test is half the cost of hashing the key for the lookup
-                    return last[1].launch(tensors)
-                recipe = _fast.get(key)
-                if recipe is not None:
-                    if recipe is not _SLOW:
-                        _last = (key, recipe)
-                        return recipe.launch(tensors)
-                    key = None
-        args = SSU.join(tensors, scalars)
-    call = normalize_ssu(*args[:-1])
-    chosen = resolve_backend(args[-1], call.state.device)
-    if chosen == "torch":
-        from mate.mamba._reference import ssu as naive_ssu
-
-        result = naive_ssu.selective_state_update(call)
-        if key is not None:
-            _remember(key, _SLOW)
-        return result
-    from mate.mamba._tilelang import ssu as tl_ssu
-    from mate.mamba._tilelang import ssu_recipe
-
-    result = tl_ssu.selective_state_update(call)
-    if key is not None:
-        recipe = None
-        if not settings.get("MATE_CHECK_INPUTS"):  # checking the index data needs the full path on every call
-            recipe = ssu_recipe.make_recipe(call, dict(zip(FAST_TENSOR_ARGS, tensors, strict=True)), FAST_TENSOR_ARGS)
-        _remember(key, _SLOW if recipe is None else recipe)
-    return result
-
-
-eager_ssu = SSU.entry("eager_ssu", _eager, split=True)
+    FAST.clear()
 
 
 def prewarm_selective_state_update(
@@ -269,29 +176,11 @@ def prewarm_selective_state_update(
     check_jobs(jobs)
     check_philox_rounds(philox_rounds, state_dtype)
 
-    from mate.mamba._device import default_accelerator
-    from mate.mamba._dispatch import tilelang_installed
-
-    device = default_accelerator()
-    if device is None or not tilelang_installed():
-        return
-    from mate.mamba._tilelang import ssu as tl_ssu
-
-    tl_ssu.prewarm(
-        device,
-        state_dtype=state_dtype,
-        io_dtype=io_dtype,
-        heads=heads,
-        dim=dim,
-        dstate=dstate,
-        groups=groups,
-        slot_dtype=slot_dtype,
-        packed=packed,
-        meta_dtype=meta_dtype,
-        tie_hdim=dt_dim == 1,
-        jobs=jobs,
+    prewarm(
+        "ssu", state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate, groups=groups,
+        slot_dtype=slot_dtype, packed=packed, meta_dtype=meta_dtype, tie_hdim=dt_dim == 1, jobs=jobs,
         philox_rounds=philox_rounds,
-    )
+    )  # fmt: skip
 
 
-__all__ = ["prewarm_selective_state_update", "run_ssu", "selective_state_update"]
+__all__ = ["clear_fast_path_cache", "prewarm_selective_state_update", "selective_state_update"]

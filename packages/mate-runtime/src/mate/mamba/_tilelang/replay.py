@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from mate.mamba import settings
 from mate.mamba._contract.replay import MaterializeCall, ReplayCall, check_materialize_data, check_replay_data
+from mate.mamba._contract.template import CallTemplate
 from mate.mamba._device import is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import CACHE, compile_missing
 from mate.mamba._tilelang.replay_plan import materialize_spec_for, plan, plan_materialize, serving_specs, spec_for
@@ -31,9 +32,23 @@ def kernel(spec: ReplaySpec | MaterializeSpec, device):
     return kern
 
 
-def replay_state_update(call: ReplayCall) -> torch.Tensor:
-    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+def run(call: ReplayCall, sources: dict | None = None):
+    """Run one normalised call: ``(out, launcher)``. The launcher (None without ``sources``, with
+    ``MATE_CHECK_INPUTS=1`` or for a call whose fields are not the caller's tensors or views of them) runs a call
+    of the same metadata from the caller's tensors, the call rebuilt without validation
+    (:class:`~mate.mamba._contract.template.CallTemplate`); its plan is made per call (it reads the pointers'
+    alignment, and building the launch arguments is most of it)."""
+    checked = settings.get("MATE_CHECK_INPUTS")
+    if checked and not is_capturing(call.state.device):
         check_replay_data(call)
+    result = _launch(call)
+    if sources is None or checked:
+        return result, None
+    template = CallTemplate.of(call, tuple(sources.values()))
+    return result, None if template is None else (lambda tensors: _launch(template.rebuild(tensors)))
+
+
+def _launch(call: ReplayCall) -> torch.Tensor:
     planned = plan(call)
     if planned is not None:
         spec, args = planned
@@ -81,4 +96,4 @@ def compile_grid() -> list[ReplaySpec | MaterializeSpec]:
     return specs
 
 
-__all__ = ["replay_state_update", "materialize_replayed_state", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]
+__all__ = ["run", "materialize_replayed_state", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]

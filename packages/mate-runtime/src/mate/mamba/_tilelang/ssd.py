@@ -13,8 +13,10 @@ import dataclasses
 
 import torch
 from mate.mamba import settings
+from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES
 from mate.mamba._contract.ssd import SSDCall, check_index_data
-from mate.mamba._device import is_capturing, tilelang_target
+from mate.mamba._contract.template import CallTemplate
+from mate.mamba._device import hardware, is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import CACHE, compile_missing
 from mate.mamba._tilelang.specs import KernelSpec
 from mate.mamba._tilelang.ssd_plan import (
@@ -28,8 +30,8 @@ from mate.mamba._tilelang.ssd_plan import (
     serving_specs,
     states_spec,
     tiles,
+    vector_pool,
 )  # fmt: skip
-from mate.mamba._tilelang.ssu_plan import hardware
 from mate.mamba._tilelang.workspace import WORKSPACE
 
 PREWARM_HINT = (
@@ -46,15 +48,53 @@ def _kmod():
     return kmod
 
 
+_kernels: dict = {}  # spec -> compiled kernel (a copy of the CACHE entries, read without locking)
+
+
 def kernel(spec: KernelSpec, device):
-    return CACHE.get(spec, spec.build, device, prewarm_hint=PREWARM_HINT, pass_configs=spec.pass_configs())
+    """The compiled kernel of ``spec`` (compiled on a miss; a miss during graph capture raises)."""
+    kern = _kernels.get(spec)
+    if kern is None:
+        kern = CACHE.get(spec, spec.build, device, prewarm_hint=PREWARM_HINT, pass_configs=spec.pass_configs())
+        _kernels[spec] = kern
+    return kern
 
 
-def ssd_combined_fwd_varlen(call: SSDCall) -> torch.Tensor | None:
-    dev = call.x.device
-    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(dev):
+def run(call: SSDCall, sources: dict | None = None):
+    """Run one normalised call: ``(states or None, launcher)``. The launcher (None without ``sources``, with
+    ``MATE_CHECK_INPUTS=1`` or for a call whose fields are not the caller's tensors or views of them) runs a call
+    of the same metadata from the caller's tensors: the call rebuilt without validation
+    (:class:`~mate.mamba._contract.template.CallTemplate`), the plan made here reused (re-planned only when the
+    pointer alignment of a quantised pool changes)."""
+    checked = settings.get("MATE_CHECK_INPUTS")
+    if checked and not is_capturing(call.x.device):
         check_index_data(call)  # reads the tables back (a sync): the debugging mode only
-    p = plan(call, hardware(dev))
+    plans = {_alignment(call): plan(call, hardware(call.x.device))}
+    result = _launch(call, plans)
+    if sources is None or checked:
+        return result, None
+    template = CallTemplate.of(call, tuple(sources.values()), fresh=("out",))
+    if template is None:
+        return result, None
+    return result, lambda tensors: _launch(template.rebuild(tensors), plans)
+
+
+def _alignment(call: SSDCall) -> tuple:
+    """The data-pointer-dependent part of a plan: 16-byte vector access to the quantised pools."""
+    init, pool = call.initial_states, call.final_states_out
+    return (
+        init is not None and init.dtype in QUANT_STATE_DTYPES and vector_pool(init),
+        pool is not None and pool.dtype in QUANT_STATE_DTYPES and vector_pool(pool),
+    )
+
+
+def _launch(call: SSDCall, plans: dict) -> torch.Tensor | None:
+    """Launch a call's kernels under its plan (``plans``: by pointer alignment, filled on a new one)."""
+    dev = call.x.device
+    align = _alignment(call)
+    p = plans.get(align)
+    if p is None:
+        p = plans[align] = plan(call, hardware(dev))
     H, P, N, L = call.heads, call.dim, call.dstate, call.chunk_size
     batch, nchunks = call.batch, call.nchunks
 
@@ -285,5 +325,5 @@ def _vec1(t: torch.Tensor, skey, name) -> torch.Tensor:
     return t if t.is_contiguous() else _stage(skey, name, t)
 
 
-__all__ = ["ssd_combined_fwd_varlen", "kernel", "prewarm", "compile_grid", "tiles", "_check_supported",
+__all__ = ["run", "kernel", "prewarm", "compile_grid", "tiles", "_check_supported",
            "PREWARM_HINT"]  # fmt: skip

@@ -3,7 +3,7 @@
 :mod:`.ssu_plan` decides the kernel (a :class:`~mate.mamba._tilelang.specs.SSUSpec`) and its arguments; this module
 compiles it on first use through the kernel cache and launches it on the current stream. No host<->device
 synchronisation happens here: nothing is read back from the device (TileLang's ``tvm_ffi`` backend).
-:mod:`.ssu_recipe` holds the eager fast path's replay of a remembered launch.
+:mod:`.ssu_recipe` holds the eager fast path's replay of a launch.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 from mate.mamba import settings
 from mate.mamba._contract.ssu import SSUCall, check_index_data, finish
-from mate.mamba._device import is_capturing, tilelang_target
+from mate.mamba._device import hardware, is_capturing, pdl_for_arch, pdl_for_capability, tilelang_target
 from mate.mamba._tilelang.cache import CACHE, compile_missing
 from mate.mamba._tilelang.specs import SSUSpec
-from mate.mamba._tilelang.ssu_plan import hardware, pdl_for_arch, pdl_for_capability, plan, serving_specs, spec_for
+from mate.mamba._tilelang.ssu_plan import plan, serving_specs, spec_dtypes, spec_for
+from mate.mamba._tilelang.ssu_recipe import make_recipe
 
 PREWARM_HINT = (
     "mate.mamba.prewarm_selective_state_update(state_dtype=..., io_dtype=..., batch=..., heads=..., dim=..., "
@@ -32,10 +33,14 @@ def kernel(spec: SSUSpec, device):
     return kern
 
 
-def selective_state_update(call: SSUCall) -> torch.Tensor:
+def run(call: SSUCall, sources: dict | None = None):
     """Run one normalised call: a single kernel launch on the current stream, no host<->device sync (with
-    ``MATE_CHECK_INPUTS=1`` the index tables are first read back and checked, except during graph capture)."""
-    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+    ``MATE_CHECK_INPUTS=1`` the index tables are first read back and checked, except during graph capture).
+    Returns ``(y, launcher)``: the launcher (None without ``sources`` or with ``MATE_CHECK_INPUTS=1``) replays
+    this launch for the caller's tensors of a call with the same metadata (:mod:`.ssu_recipe`, built from the
+    plan made here)."""
+    checked = settings.get("MATE_CHECK_INPUTS")
+    if checked and not is_capturing(call.state.device):
         check_index_data(call)
     planned = plan(call)
     if planned is not None:
@@ -44,7 +49,11 @@ def selective_state_update(call: SSUCall) -> torch.Tensor:
         if kern is None:
             kern = kernel(spec, call.state.device)
         kern(*args)
-    return finish(call)
+    result = finish(call)
+    if sources is None or checked:  # checking the index data needs the full path on every call
+        return result, None
+    recipe = make_recipe(call, planned, sources, kernel)
+    return result, None if recipe is None else recipe.launch
 
 
 def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim,
@@ -90,18 +99,21 @@ def compile_grid() -> list[SSUSpec]:
         (True, 80, 256, 1, i8, f16, f16, False, False),
     ]
     pdl = pdl_for_arch("sm_90a")
-    specs = []
-    for one_token, P, N, ratio, sdt, iodt, dtdt, tied, small in grid:
-        specs.append(spec_for(one_token, P, N, ratio, sdt, iodt, dtdt, f32, f32, i32, i32 if one_token else i64, i32,
-                              sdt, tied, True, True, small, pdl))  # fmt: skip
-    for one_token, sdt in ((True, f32), (False, bf16)):
-        specs.append(spec_for(one_token, 64, 128, 16, sdt, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32,
-                              sdt, True, True, True, False, not pdl))  # fmt: skip
+
+    def spec(one_token, P, N, ratio, sdt, iodt, dtdt, tied, small=False, pdl=pdl, rounds=0):
+        dtypes = spec_dtypes(state=sdt, io=iodt, dt=dtdt, src=i32, dst=i32 if one_token else i64, meta=i32)
+        return spec_for(one_token=one_token, dim=P, dstate=N, heads_per_group=ratio, dtypes=dtypes, tied=tied,
+                        vector_state=True, vector_io=True, small_grid=small, pdl=pdl, philox_rounds=rounds)  # fmt: skip
+
+    specs = [spec(*row) for row in grid]
+    specs += [
+        spec(one_token, 64, 128, 16, sdt, bf16, f32, True, pdl=not pdl)
+        for one_token, sdt in ((True, f32), (False, bf16))
+    ]
     # fp16 stochastic rounding: both kernels (the packed one with an fp16 buffer), and 7 rounds at P 80 / N 256
     for one_token, P, N, rounds in ((True, 64, 128, 10), (False, 64, 128, 10), (True, 80, 256, 7)):
-        specs.append(spec_for(one_token, P, N, 16, f16, bf16, f32, f32, f32, i32, i32 if one_token else i64, i32,
-                              f16, True, True, True, False, pdl, rounds))  # fmt: skip
+        specs.append(spec(one_token, P, N, 16, f16, bf16, f32, True, rounds=rounds))
     return specs
 
 
-__all__ = ["selective_state_update", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]
+__all__ = ["run", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]

@@ -13,7 +13,7 @@ conversion and the launch are left out. Reported: the median (``--stat min``: th
 * ``plan``: the launcher's ``plan()`` on an already-normalised call;
 * ``mate.mamba``: the public ``mate.mamba.selective_state_update`` end to end (stubbed launch), with the
   metadata-keyed fast path (repeated calls of one form replay its launch recipe) and, as ``slow``, without it
-  (``mate.mamba.ssu.FAST_PATH = False``: every call normalises and plans, the behaviour before the fast path).
+  (``mate.mamba.ssu.FAST.enabled = False``: every call normalises and plans, the behaviour before the fast path).
 
 The runtime does not import its adapters (they import it), so the vLLM adapter's own wrapper is not timed here:
 it adds its argument checks and one Python call with keywords to the ``mate.mamba`` figures.
@@ -32,7 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from mate.mamba import _dispatch as dispatch
 from mate.mamba import settings
+from mate.mamba._ops import SSU
 
 H, P, N, G = 128, 64, 128, 8  # Nemotron-H 8B at TP1, the headline shape of the targets
 NULL_BLOCK = 0  # vLLM 0.33's sentinel
@@ -144,7 +146,7 @@ def stubbed_launch(wrapper: bool = False):
     def noop(*args):
         launched.append(len(args))
 
-    saved = (api.resolve_backend, tl_ssu.kernel, dict(tl_ssu._kernels))
+    saved = (dispatch.resolve_backend, tl_ssu.kernel, dict(tl_ssu._kernels))
 
     def fake_get(spec, device):
         kern = noop
@@ -161,7 +163,7 @@ def stubbed_launch(wrapper: bool = False):
             return saved[0](requested, device)
         return "torch" if requested == "torch" else "tilelang"
 
-    api.resolve_backend = fake_resolve
+    dispatch.resolve_backend = fake_resolve
     tl_ssu.kernel = fake_get
     tl_ssu._kernels.clear()
     api.clear_fast_path_cache()
@@ -169,7 +171,7 @@ def stubbed_launch(wrapper: bool = False):
         with settings.override(MATE_CHECK_INPUTS="0"):  # the production path: no host check of the index data
             yield launched
     finally:
-        api.resolve_backend, tl_ssu.kernel = saved[0], saved[1]
+        dispatch.resolve_backend, tl_ssu.kernel = saved[0], saved[1]
         tl_ssu._kernels.clear()
         tl_ssu._kernels.update(saved[2])
         for adapter, executable in patched:
@@ -182,12 +184,12 @@ def slow_path():
     """The fast path switched off: every call normalises and plans."""
     from mate.mamba import ssu as api
 
-    saved = api.FAST_PATH
-    api.FAST_PATH = False
+    saved = api.FAST.enabled
+    api.FAST.enabled = False
     try:
         yield
     finally:
-        api.FAST_PATH = saved
+        api.FAST.enabled = saved
 
 
 def median_us(fn: Callable[[], object], iters: int, repeats: int) -> float:
@@ -231,19 +233,19 @@ def hit_breakdown(call: Call, iters: int = 2000, repeats: int = 7) -> dict:
 
     pos, kw = call.positional(), call.keywords()
     full = {**dict(zip(("state", "x", "dt", "A", "B", "C", "D"), pos, strict=True)), **kw}
-    tensors = tuple(full.get(n) for n in api.FAST_TENSOR_ARGS)
+    tensors = tuple(full.get(n) for n in SSU.tensor_names)
     scalars = (full["dt_softplus"], full["pad_slot_id"], False, 10, 0, "auto", False, True, "auto")
     with stubbed_launch():
         selective_state_update(*pos, **kw)
-        key = api.fast_key(tensors, scalars)
-        recipe = api._fast.get(key)
-        if recipe is None or recipe is api._SLOW:
+        key = dispatch.fast_key(tensors, scalars)
+        launcher = api.FAST.cache.get(key)
+        if launcher is None or launcher is api.FAST.SLOW:
             raise RuntimeError(f"{call.label}: no launch recipe was remembered")
         return {
             "call": call.label,
-            "key": median_us(lambda: api.fast_key(tensors, scalars), iters, repeats),
-            "lookup": median_us(lambda: api._fast.get(key), iters, repeats),
-            "recipe args": median_us(lambda: recipe.build(tensors), iters, repeats),
+            "key": median_us(lambda: dispatch.fast_key(tensors, scalars), iters, repeats),
+            "lookup": median_us(lambda: api.FAST.cache.get(key), iters, repeats),
+            "recipe args": median_us(lambda: launcher.__self__.build(tensors), iters, repeats),
             "public call": median_us(lambda: selective_state_update(*pos, **kw), iters, repeats),
         }
 

@@ -1,0 +1,39 @@
+"""The TileLang backend's entry points, the same for every op (``mate.mamba._dispatch`` calls them): run, plan,
+prewarm. Each op's launcher module (:mod:`.ssu`, :mod:`.ssd`, :mod:`.replay`) plans with its planner and launches
+on the current stream."""
+
+from __future__ import annotations
+
+from mate.mamba._device import hardware
+from mate.mamba._tilelang import replay, replay_plan, ssd, ssd_plan, ssu, ssu_plan
+
+
+def run(op: str, call, sources: dict | None = None):
+    """``(result, launcher)`` of a normalised call (see ``mate.mamba._dispatch``)."""
+    if op == "ssu":
+        return ssu.run(call, sources)
+    if op == "ssd":
+        return ssd.run(call, sources)
+    if op == "replay":
+        return replay.run(call, sources)
+    if op == "materialize":
+        return replay.materialize_replayed_state(call), None
+    raise ValueError(f"op: expected ssu, ssd, replay or materialize, got {op!r}")
+
+
+def plan(op: str, call) -> tuple:
+    """The kernel specs a normalised call launches, in launch order (the SSU and ReplaySSM: one, or none for a call
+    with nothing to run; the SSD: the dt pre-pass, then the scan, with the split design's state pass and hand-over
+    between them, and a quantised pool's conversions)."""
+    if op == "ssd":
+        return ssd_plan.plan(call, hardware(call.x.device)).specs()
+    planned = ssu_plan.plan(call) if op == "ssu" else replay_plan.plan(call)
+    return () if planned is None else (planned[0],)
+
+
+def prewarm(op: str, device, config: dict) -> None:
+    """Compile (without launching) every kernel one serving configuration of ``op`` uses on ``device``."""
+    {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm}[op](device, **config)
+
+
+__all__ = ["plan", "prewarm", "run"]

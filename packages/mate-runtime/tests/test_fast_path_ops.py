@@ -1,0 +1,228 @@
+"""The eager fast path of the prefill and of ReplaySSM (``mate.mamba._dispatch.FastPath``), on CPU tensors.
+
+The same mechanism as the decode's (``test_ssu_fast_path.py``): a call whose metadata equals an earlier TileLang
+call's is not normalised again; the TileLang backend's launcher rebuilds the call from the new tensors
+(``mate.mamba._contract.template.CallTemplate``) and launches it, the prefill under the plan the first call made.
+For each call form, the launches of a hit must equal those of the slow path on the same tensors. The TileLang
+backend is picked for CPU tensors and every kernel is a recorder (nothing compiles or runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mate.mamba import _dispatch as dispatch
+from mate.mamba import replay as replay_api
+from mate.mamba import settings
+from mate.mamba import ssd as ssd_api
+from mate.mamba._contract.template import CallTemplate
+from mate.mamba._device import Hardware
+from mate.mamba._tilelang import replay as tl_replay
+from mate.mamba._tilelang import ssd as tl_ssd
+from mate.mamba._tilelang import ssd_plan
+from mate.mamba.chunking import chunk_metadata
+
+BF16, F32, I8 = torch.bfloat16, torch.float32, torch.int8
+H, P, N, G = 4, 64, 128, 2
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    """TileLang for CPU tensors, recording kernels; yields (launches, normalisations)."""
+    launches, normalised = [], []
+    rec = lambda spec, dev: lambda *args: launches.append((spec, args))  # noqa: E731
+    monkeypatch.setattr(dispatch, "resolve_backend", lambda b, d: "torch" if b == "torch" else "tilelang")
+    monkeypatch.setattr(tl_ssd, "kernel", rec)
+    monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, 132))
+    monkeypatch.setattr(tl_replay, "kernel", rec)
+    for fast in (ssd_api.FAST, replay_api.FAST):
+        norm = fast.normalize
+        monkeypatch.setattr(fast, "normalize", lambda *a, _n=norm: normalised.append(1) or _n(*a))
+        fast.clear()
+    with settings.override(MATE_CHECK_INPUTS="0"):
+        yield launches, normalised
+    ssd_api.FAST.clear()
+    replay_api.FAST.clear()
+
+
+def same(a, b, caller: set) -> bool:
+    """The same launch argument on both paths: equal scalars; tensors of equal geometry, at the same address where
+    either is (a view of) a caller's tensor (fresh outputs differ from call to call)."""
+    if not isinstance(a, torch.Tensor):
+        return type(a) is type(b) and a == b
+    if not isinstance(b, torch.Tensor) or (a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype):
+        return False
+    ours = {a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()} & caller
+    return not ours or a.data_ptr() == b.data_ptr()
+
+
+def storages(kw) -> set:
+    return {t.untyped_storage().data_ptr() for t in kw if isinstance(t, torch.Tensor)}
+
+
+# --------------------------------------------------------------------------------------------------- prefill
+
+
+def ssd_call(lens=(5, 300), chunk=128, pool=False, quant=False, z=False):
+    meta = chunk_metadata(list(lens), chunk)
+    T = sum(lens)
+    buf = torch.randn(T, H * P + 2 * G * N).to(BF16)  # x/B/C as row views of one projection buffer
+    kw = dict(
+        x=buf[:, : H * P].unflatten(-1, (H, P)), dt=torch.rand(T, H), A=-torch.rand(H),
+        B=buf[:, H * P : H * P + G * N].unflatten(-1, (G, N)), C=buf[:, H * P + G * N :].unflatten(-1, (G, N)),
+        chunk_size=chunk, cu_seqlens=meta.cu_seqlens, cu_chunk_seqlens=meta.cu_chunk_seqlens,
+        last_chunk_indices=meta.last_chunk_indices, seq_idx=meta.seq_idx, D=torch.rand(H), dt_bias=torch.rand(H),
+        dt_softplus=True,
+    )  # fmt: skip
+    if z:
+        kw["z"] = torch.randn(T, H, P).to(BF16)
+    if pool:
+        dtype = I8 if quant else F32
+        kw["final_states_out"] = torch.zeros(6, H, P, N, dtype=dtype)
+        kw["final_state_indices"] = torch.tensor([3, 1], dtype=torch.int32)
+        if quant:
+            kw["final_states_scale"] = torch.ones(6, H, P)
+    return kw
+
+
+SSD_FORMS = {
+    "returned-states": lambda: ssd_call(),
+    "pool-by-index": lambda: ssd_call(pool=True, z=True),
+    "int8-pool": lambda: ssd_call(pool=True, quant=True),
+    "one-long-split": lambda: ssd_call(lens=(4096,)),
+}
+
+
+def run_ssd(kw):
+    names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
+             "seq_idx"]  # fmt: skip
+    rest = {k: v for k, v in kw.items() if k not in names}
+    return ssd_api.ssd_combined_fwd_varlen(*(kw[n] for n in names), **rest)
+
+
+@pytest.mark.parametrize("form", list(SSD_FORMS))
+def test_prefill_hit_equals_the_slow_path(stub, form):
+    launches, normalised = stub
+    kw = SSD_FORMS[form]()
+    run_ssd(kw)  # a miss: normalised, launched, remembered
+    assert len(normalised) == 1
+    kw = SSD_FORMS[form]()  # new tensors, same metadata
+    del launches[:]
+    got = run_ssd(kw)
+    assert len(normalised) == 1, "a hit must not normalise"
+    hit = list(launches)
+    del launches[:]
+    ssd_api.FAST.enabled = False
+    try:
+        want = run_ssd(kw)
+    finally:
+        ssd_api.FAST.enabled = True
+    assert [s for s, _ in hit] == [s for s, _ in launches]
+    if form == "one-long-split":
+        assert ssd_plan.plan(ssd_api.FAST.normalize(*_positional(kw)), Hardware("cuda", 9, 132)).design == "split"
+    for (_, g), (_, e) in zip(hit, launches, strict=True):
+        assert len(g) == len(e)
+        assert all(same(a, b, storages(kw.values())) for a, b in zip(g, e, strict=True))
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.shape == want.shape and got.dtype == want.dtype
+
+
+def _positional(kw):
+    names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
+             "seq_idx", "out", "D", "z", "dt_bias", "dt_softplus"]  # fmt: skip
+    return [kw.get(n, False if n == "dt_softplus" else None) for n in names]
+
+
+def test_prefill_inputs_reach_the_kernels_as_passed(stub):
+    launches, _ = stub
+    run_ssd(ssd_call())
+    kw = ssd_call()
+    del launches[:]
+    run_ssd(kw)
+    (_, dt_args), (_, scan_args) = launches
+    assert dt_args[0] is kw["dt"]
+    assert any(a is kw["cu_chunk_seqlens"] for a in scan_args)
+    x = scan_args[0]  # a view rebuilt over the caller's buffer (TMA-compatible strides: not staged)
+    assert x.data_ptr() == kw["x"].data_ptr() and x.stride() == kw["x"].stride()
+
+
+def test_prefill_metadata_change_misses(stub):
+    _, normalised = stub
+    run_ssd(ssd_call())
+    run_ssd(ssd_call(lens=(6, 300)))  # another token count: other shapes
+    run_ssd(ssd_call(z=True))
+    assert len(normalised) == 3 and len(ssd_api.FAST.cache) == 3
+
+
+def test_prefill_checked_mode_leaves_no_launcher(stub):
+    _, normalised = stub
+    with settings.override(MATE_CHECK_INPUTS="1"):
+        run_ssd(ssd_call())
+        run_ssd(ssd_call())
+    assert len(normalised) == 2 and list(ssd_api.FAST.cache.values()) == [ssd_api.FAST.SLOW]
+
+
+def test_invalid_prefill_is_never_remembered(stub):
+    kw = ssd_call()
+    kw["B"] = kw["B"].float()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="B"):
+            run_ssd(kw)
+    assert not ssd_api.FAST.cache
+
+
+# --------------------------------------------------------------------------------------------------- ReplaySSM
+
+
+def replay_args(batch=2, T=1, L=17, S=8, packed=False):
+    out = torch.zeros(batch, T, H, P)
+    args = [torch.zeros(S, H, P, N), torch.zeros(S, H, L, P), torch.zeros(S, G, L, N), torch.zeros(S, H, L),
+            torch.zeros(S, dtype=torch.int32), torch.zeros(S, dtype=torch.int32), torch.randn(batch, T, H, P),
+            torch.rand(batch, T, H), -torch.rand(H), torch.randn(batch, T, G, N), torch.randn(batch, T, G, N),
+            out]  # fmt: skip
+    kw = dict(D=torch.rand(H), dt_bias=torch.rand(H), dt_softplus=True,
+              state_batch_indices=torch.arange(batch, dtype=torch.int32))  # fmt: skip
+    return args, kw
+
+
+@pytest.mark.parametrize("T", [1, 6], ids=["one-token", "mtp6"])
+def test_replay_hit_equals_the_slow_path(stub, T):
+    launches, normalised = stub
+    args, kw = replay_args(T=T)
+    replay_api.replay_state_update(*args, **kw)
+    args, kw = replay_args(T=T)
+    del launches[:]
+    out = replay_api.replay_state_update(*args, **kw)
+    assert len(normalised) == 1 and out is args[-1]
+    hit = list(launches)
+    del launches[:]
+    replay_api.FAST.enabled = False
+    try:
+        replay_api.replay_state_update(*args, **kw)
+    finally:
+        replay_api.FAST.enabled = True
+    (gs, ga), (es, ea) = hit[0], launches[0]
+    assert gs == es and all(same(a, b, storages([*args, *kw.values()])) for a, b in zip(ga, ea, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------- the template
+
+
+def test_template_refuses_a_copy():
+    """A field that is a copy the normaliser made (not the caller's tensor or a view of it) cannot be rebuilt."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Call:
+        a: torch.Tensor
+        b: torch.Tensor
+        n: int
+
+    src = torch.randn(4, 3)
+    assert CallTemplate.of(Call(src, src[:, 1:], 3), (src,)) is not None
+    assert CallTemplate.of(Call(src, src.t().contiguous(), 3), (src,)) is None
+    t = CallTemplate.of(Call(src, src[:, 1:], 3), (src,))
+    new = torch.randn(4, 3)
+    call = t.rebuild((new,))
+    assert call.a is new and call.n == 3 and torch.equal(call.b, new[:, 1:])
