@@ -63,7 +63,7 @@ def _torch():
 
 
 def _sync():
-    from mate.mamba._device import synchronize
+    from mate.mamba._platform.device import synchronize
 
     synchronize(_torch().device(DEV))
 
@@ -198,8 +198,8 @@ SSD_DESIGNS = [
 def _ssd_call(opts: dict, check: bool, garbage: bool, gen):
     torch = _torch()
     from mate.mamba import ssd_combined_fwd_varlen
+    from mate.mamba._platform.device import Hardware
     from mate.mamba._tilelang import ssd as tl_ssd
-    from mate.mamba._device import Hardware
     from mate.mamba.chunking import chunk_metadata
 
     Pd, Nd, L = opts.get("P", P), opts.get("N", N), opts.get("chunk", 128)

@@ -16,7 +16,7 @@ from mate.mamba import replay as replay_api
 from mate.mamba import settings
 from mate.mamba import ssd as ssd_api
 from mate.mamba._contract.template import CallTemplate
-from mate.mamba._device import Hardware
+from mate.mamba._platform.device import Hardware
 from mate.mamba._tilelang import replay as tl_replay
 from mate.mamba._tilelang import ssd as tl_ssd
 from mate.mamba._tilelang import ssd_plan

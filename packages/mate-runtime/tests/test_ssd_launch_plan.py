@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from mate.mamba._contract.ssd import normalize_ssd
-from mate.mamba._device import Hardware
+from mate.mamba._platform.device import Hardware
 from mate.mamba._tilelang import ssd as tl_ssd
 from mate.mamba._tilelang import ssd_plan
 from mate.mamba.chunking import chunk_metadata

@@ -12,7 +12,7 @@ import torch
 from mate.mamba import settings
 from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES, STATE_FORMATS
 from mate.mamba._contract.ssu import normalize_ssu
-from mate.mamba._device import PLANNING_DEFAULT, pdl_for_capability
+from mate.mamba._platform.device import PLANNING_DEFAULT, pdl_for_capability
 from mate.mamba._tilelang import ssu_plan as tl_ssu
 from mate_kernels import ssu as kssu
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import selective_state_update
-from mate.mamba.rounding import philox4x32, random_bits, round_to_fp16
+from mate.mamba._reference.rounding import philox4x32, random_bits, round_to_fp16
 from mate.mamba.testing import ssu_recurrence
 from test_ssu_reference import make_inputs
 

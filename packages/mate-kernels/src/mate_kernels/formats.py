@@ -15,7 +15,7 @@ their block-scaled cases), the quantised tests' cases follow from it. Besides th
 * its kernel branch where the kernels have none: a block-scaled format's widening to fp32 and narrowing back
   (:func:`.ssu_parts.row_ops`' ``quant_ops``: integers of 1 and 2 bytes, floats by the conversion); stochastic
   rounding (``"stochastic"`` in ``rounding``) its own kernel and reference code (float16's: ``philox_rounds``,
-  ``mate.mamba.rounding``);
+  ``mate.mamba._reference.rounding``);
 * rows ``(tuning_key, "one_token")`` and ``(tuning_key, "packed")`` in ``mate.mamba._tilelang.ssu_plan.TUNING``
   for a new ``tuning_key`` (and ``(sr_tuning_key, ...)`` with stochastic rounding); ``replay_plan.tuning`` tunes
   by fp32 / 2-byte / block-scaled;

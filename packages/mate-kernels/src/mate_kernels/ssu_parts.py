@@ -435,10 +435,10 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
 
     def sr_ops(rounds):
         """Stochastic rounding of the fp32 rows ``s`` into an fp16 tensor (the reference's rule,
-        ``mate.mamba.rounding``): the value at flat offset ``o`` of the ``[rows, heads, P, N]`` tensor written takes
-        the 16-bit half ``o % 2`` of word ``(o % 8) // 2`` of Philox-4x32-``rounds`` for key ``(k0, k1)`` and
-        counter ``(o - o % 8, 0, 0)`` (one Philox call per eight values of a chunk); 13 of those bits are added
-        below the fp16 mantissa of ``|v|``, then the value is truncated, in integer operations only.
+        ``mate.mamba._reference.rounding``): the value at flat offset ``o`` of the ``[rows, heads, P, N]`` tensor
+        written takes the 16-bit half ``o % 2`` of word ``(o % 8) // 2`` of Philox-4x32-``rounds`` for key
+        ``(k0, k1)`` and counter ``(o - o % 8, 0, 0)`` (one Philox call per eight values of a chunk); 13 of those
+        bits are added below the fp16 mantissa of ``|v|``, then the value is truncated, in integer operations only.
 
         ``draw`` computes a thread's words for a slot ahead of the update (the one-token kernel draws while the
         state loads are in flight, so the generator's integer work overlaps their latency; ``NS / 2`` registers);

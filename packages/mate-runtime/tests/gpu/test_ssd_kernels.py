@@ -289,7 +289,7 @@ SPC_CASES = [
 
 def _one_sm(monkeypatch) -> list:
     """Plan as for a device with one SM and record each launch's plan."""
-    from mate.mamba._device import Hardware
+    from mate.mamba._platform.device import Hardware
     from mate.mamba._tilelang import ssd_plan
 
     monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, 1))

@@ -372,7 +372,7 @@ PDL_CASES = [ONE[1], ONE[3], ONE[21], PACKED[2], PACKED[18]]
 
 def test_pdl_is_off_by_default_and_auto_takes_it_here():
     from mate.mamba import settings
-    from mate.mamba._device import hardware, pdl_for_capability
+    from mate.mamba._platform.device import hardware, pdl_for_capability
 
     hw = hardware(torch.device("cuda"))
     assert pdl_for_capability(hw.kind, hw.major) is False

@@ -2,7 +2,7 @@
 reference backend, over call forms of ``test_ssu_kernels`` (whose input builder this reuses).
 
 Both backends draw the same random bits for every value (Philox-4x32, one counter per eight consecutive elements of
-the tensor written, ``mate.mamba.rounding``) and round by the same rule, so a value comes out bit-identical
+the tensor written, ``mate.mamba._reference.rounding``) and round by the same rule, so a value comes out bit-identical
 wherever the two fp32 recurrences agree; where they differ by an ulp (exp, softplus, the order of a sum) the noise
 may carry one of them over a boundary, so a small share of values may sit one fp16 step apart. Compared: ``y``; the
 pool and buffer bit-identical in at least 99.9 % of their values and every value within one fp16 step; every value

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mate.mamba._version import __version__  # noqa: F401  (mate.mamba.__version__)
+from mate.mamba._platform.version import __version__  # noqa: F401  (mate.mamba.__version__)
 
 # public name -> the submodule defining it
 _PUBLIC = {

@@ -24,7 +24,7 @@ import importlib.util
 
 import torch
 from mate.mamba._contract.errors import bad_arg
-from mate.mamba._device import default_accelerator, is_accelerator
+from mate.mamba._platform.device import default_accelerator, is_accelerator
 
 BACKENDS = ("auto", "tilelang", "torch")
 

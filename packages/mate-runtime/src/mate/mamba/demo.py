@@ -54,7 +54,7 @@ class Recurrence:
 
 
 def _sync(device):
-    from mate.mamba._device import synchronize
+    from mate.mamba._platform.device import synchronize
 
     synchronize(device)
 
@@ -105,7 +105,7 @@ def parse_device(text: str):
     """The ``--device`` value as a usable torch device, else a UsageError in one line (an unknown name, or an
     accelerator this torch build or machine does not have)."""
     import torch
-    from mate.mamba._device import ACCELERATOR_TYPES
+    from mate.mamba._platform.device import ACCELERATOR_TYPES
 
     try:
         device = torch.device(text)
@@ -133,8 +133,8 @@ def parse_device(text: str):
 def cmd_demo(args: argparse.Namespace) -> int:
     import torch
     from mate.mamba import selective_state_update, ssd_combined_fwd_varlen
-    from mate.mamba._device import default_accelerator
     from mate.mamba._dispatch import resolve_backend
+    from mate.mamba._platform.device import default_accelerator
     from mate.mamba.chunking import chunk_metadata
 
     if args.device == "auto":

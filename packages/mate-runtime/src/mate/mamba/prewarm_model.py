@@ -160,7 +160,7 @@ def per_rank(m: ModelSSM, tp: int) -> tuple[int, int]:
 
 def plan_kernels(m: ModelSSM, *, tp, state_dtype, io_dtype, mtp_tokens, pdl=False):
     """(heads, groups, [(label, spec)]) for one rank of the model; ``pdl``: the SSU kernels' PDL build
-    (``mate.mamba._device.pdl_for_capability`` / ``pdl_for_arch`` decide it for the device or target)."""
+    (``mate.mamba._platform.device.pdl_for_capability`` / ``pdl_for_arch`` decide it for the device or target)."""
     from mate.mamba._tilelang import ssd_plan, ssu_plan
 
     heads, groups = per_rank(m, tp)
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         model = read_config(path)
         if args.mtp_tokens < 0:
             raise ValueError(f"--mtp-tokens: got {args.mtp_tokens}; expected >= 0")
-        from mate.mamba import _device
+        from mate.mamba._platform import device as _device
 
         # the kernels as the target or this machine's accelerator runs them (the SSU kernels' PDL build); an
         # architecture the kernels cannot run on, or a missing TileLang, is refused before anything compiles
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.target:
         target = {"kind": "cuda", "arch": args.target}
     else:
-        from mate.mamba._device import tilelang_target
+        from mate.mamba._platform.device import tilelang_target
 
         target = tilelang_target(device)
     st = store()

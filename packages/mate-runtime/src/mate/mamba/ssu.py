@@ -85,7 +85,7 @@ def selective_state_update(
       with ``intermediate_state_scales`` ``[entries, cache_steps, H, P]``.
     - ``rand_seed``: a one-element int64 tensor on the state's device, with an fp16 state: every fp16 value
       written (pool and intermediate buffer) is rounded stochastically from Philox-4x32 with ``philox_rounds``
-      rounds keyed by the seed (``mate.mamba.rounding``); deterministic for a seed, unbiased; the caller
+      rounds keyed by the seed (``mate.mamba._reference.rounding``); deterministic for a seed, unbiased; the caller
       changes the seed between steps.
 
     Keyword-only extensions (what the serving engines' own ops mean, for their adapters):

@@ -374,8 +374,8 @@ def consumer_tensors(rows, H=4, P=4, N=8, G=2, S=10, seed=0, z=False, io_dtype=t
 def gpu_skip_reason() -> str | None:
     """None where a test marked ``gpu`` can run (a CUDA or MUSA device and TileLang, the conditions under which
     ``backend="auto"`` picks the kernels), else why not."""
-    from mate.mamba._device import default_accelerator
     from mate.mamba._dispatch import tilelang_installed
+    from mate.mamba._platform.device import default_accelerator
 
     if default_accelerator() is None:
         return "needs a CUDA or MUSA device"

@@ -99,7 +99,7 @@ class SSUCall:
     pad_slot_id: int
     ibuf: torch.Tensor | None  # [K, H, P, N]: flattened (slot, step) intermediate buffer
     state_scale: torch.Tensor | None  # [slots, H, P] fp32 with a quantised state (QUANT_STATE_DTYPES), else None
-    rand_seed: torch.Tensor | None  # one int64: stochastic rounding of fp16 state writes (mate.mamba.rounding)
+    rand_seed: torch.Tensor | None  # one int64: stochastic rounding of fp16 writes (mate.mamba._reference.rounding)
     philox_rounds: int
     ibuf_scale: torch.Tensor | None  # [K, H, P] fp32 with a quantised intermediate buffer, else None
     ibuf_indices: torch.Tensor | None  # [nseq]

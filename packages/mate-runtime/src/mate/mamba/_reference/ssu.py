@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from mate.mamba._contract.dtypes import STATE_FORMATS
 from mate.mamba._contract.ssu import SlotTable, SSUCall, check_index_data, finish
-from mate.mamba.rounding import round_to_fp16
+from mate.mamba._reference.rounding import round_to_fp16
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -68,8 +68,8 @@ def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Ten
     """Write fp32 ``values`` into rows of a state tensor; a block-scaled one takes new per-(row, head, dim) scales,
     max|row| / qmax (1 for an all-zero row), and the values divided by them, rounded to nearest (even) and
     clamped to +-qmax (its format's rule and qmax: ``mate_kernels.formats``). ``sr`` (seed, Philox rounds): an
-    fp16 tensor's values are rounded stochastically (:mod:`mate.mamba.rounding`), each by its element offset in
-    the ``[rows, H, P, N]`` tensor."""
+    fp16 tensor's values are rounded stochastically (:mod:`mate.mamba._reference.rounding`), each by its element
+    offset in the ``[rows, H, P, N]`` tensor."""
     if scale is None:
         if sr is not None and tensor.dtype == torch.float16:
             inner = math.prod(values.shape[1:])

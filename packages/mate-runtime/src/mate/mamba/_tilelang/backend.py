@@ -4,7 +4,7 @@ on the current stream."""
 
 from __future__ import annotations
 
-from mate.mamba._device import hardware
+from mate.mamba._platform.device import hardware
 from mate.mamba._tilelang import replay, replay_plan, ssd, ssd_plan, ssu, ssu_plan
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
-from mate.mamba._device import is_capturing, tilelang_target
+from mate.mamba._platform.device import is_capturing, tilelang_target
 from mate.mamba._tilelang.tl_internals import wrap_compile_stages
 
 

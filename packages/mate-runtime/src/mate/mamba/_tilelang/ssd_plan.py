@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES
 from mate.mamba._contract.ssd import SSDCall
-from mate.mamba._device import Hardware
+from mate.mamba._platform.device import Hardware
 from mate.mamba._tilelang.specs import SSDCombineSpec, SSDDtSpec, SSDScanSpec, SSDStatesSpec, StateCodecSpec
 
 H200_SMS = 132  # the SM count prewarm plans for without a device (the compile-only target)

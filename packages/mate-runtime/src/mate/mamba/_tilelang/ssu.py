@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from mate.mamba import settings
 from mate.mamba._contract.ssu import SSUCall, check_index_data, finish
-from mate.mamba._device import hardware, is_capturing, pdl_for_arch, pdl_for_capability, tilelang_target
+from mate.mamba._platform.device import hardware, is_capturing, pdl_for_arch, pdl_for_capability, tilelang_target
 from mate.mamba._tilelang.cache import CACHE, compile_missing
 from mate.mamba._tilelang.specs import SSUSpec
 from mate.mamba._tilelang.ssu_plan import plan, serving_specs, spec_dtypes, spec_for

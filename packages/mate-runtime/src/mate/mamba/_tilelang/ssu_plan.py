@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from mate.mamba._contract.dtypes import DTYPE_NAMES, STATE_FORMATS
 from mate.mamba._contract.ssu import SSUCall
-from mate.mamba._device import Hardware, hardware, pdl_for_capability
+from mate.mamba._platform.device import Hardware, hardware, pdl_for_capability
 from mate.mamba._tilelang.specs import SSUSpec
 from mate_kernels.abi import ONE_TOKEN, PACKED, SSU_ARGS, args_of, launch_args
 from mate_kernels.formats import FORMATS

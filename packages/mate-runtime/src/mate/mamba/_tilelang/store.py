@@ -97,7 +97,7 @@ def _kernels_source_digest() -> str:
 @functools.cache
 def _toolkit_versions() -> dict:
     import tilelang
-    from mate.mamba._version import __version__
+    from mate.mamba._platform.version import __version__
 
     try:
         from tilelang.contrib.nvcc import get_cuda_version

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from mate.mamba._device import device_module, graph_class, graph_context
+from mate.mamba._platform.device import device_module, graph_class, graph_context
 
 L2_BYTES = 60 * 1024 * 1024
 
