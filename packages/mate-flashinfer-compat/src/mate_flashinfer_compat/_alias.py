@@ -4,7 +4,7 @@ real FlashInfer, and the ``flashinfer`` alias package.
 ``MATE_FLASHINFER_COMPAT`` (parsed by ``mate.mamba.settings``) decides:
 
 * ``auto`` (default): nothing is imported until the process imports ``flashinfer.mamba``. If that is a real
-  FlashInfer, a post-import hook (:func:`mate.mamba._import_hooks.when_imported`) rebinds the package attributes MATE
+  FlashInfer, a post-import hook (:func:`mate.mamba.adapters.when_imported`) rebinds the package attributes MATE
   serves (``flashinfer.mamba.selective_state_update``) to MATE's functions right after the package executes,
   before whoever imported it reads them; every other FlashInfer name stays FlashInfer's. The implementation
   submodule ``flashinfer.mamba.selective_state_update`` keeps FlashInfer's own function, which is what
@@ -33,17 +33,10 @@ import importlib.machinery
 import os
 import sys
 import types
-import warnings
 
-from ._names import PACKAGE, SERVED, STANDALONE, SUBMODULES, not_served_message
+from ._adapter import ENV, WARNING, adapter, report_once
+from ._names import PACKAGE, PROVIDED, SERVED, STANDALONE, SUBMODULES, TARGET, not_served_message
 
-ENV = "MATE_FLASHINFER_COMPAT"
-OWNER = "mate-flashinfer-compat"
-TARGET = "mate_flashinfer_compat.mamba"
-PROVIDED = "flashinfer.mamba"
-
-INFO, WARNING = 20, 30  # logging's levels; logging itself is imported only to report
-_reported: set = set()
 _armed = {"hook": False}
 _served: dict = {}  # what the provider hook did in the real flashinfer.mamba: name -> "mate" or why not
 
@@ -51,22 +44,7 @@ _served: dict = {}  # what the provider hook did in the real flashinfer.mamba: n
 def _mode() -> str:
     """``MATE_FLASHINFER_COMPAT`` through ``mate.mamba.settings`` (stdlib only). ``ValueError`` naming a malformed
     value; ``ImportError`` without a MATE runtime."""
-    from mate.mamba import settings
-
-    return settings.get(ENV)
-
-
-def report_once(key: str, message: str, level: int = INFO) -> None:
-    """One line per process and event: an INFO log for what is served, a warning for what is not as asked."""
-    if key in _reported:
-        return
-    _reported.add(key)
-    if level >= WARNING:
-        warnings.warn(message, stacklevel=4)
-    else:
-        import logging
-
-        logging.getLogger("mate_flashinfer_compat").info(message)
+    return adapter().setting(ENV)
 
 
 def real_flashinfer_spec():
@@ -226,10 +204,9 @@ def install(mode: str | None = None) -> None:
     if mode == "alias" and _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     if not _armed["hook"]:
-        from mate.mamba._import_hooks import when_imported  # stdlib only
-
+        a = adapter()
         _armed["hook"] = True
-        when_imported(PROVIDED, _on_flashinfer_mamba, owner=OWNER)
+        a.when_imported(PROVIDED, _on_flashinfer_mamba)
 
 
 def uninstall() -> None:
@@ -237,9 +214,7 @@ def uninstall() -> None:
     while _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     if _armed["hook"] or _served:
-        from mate.mamba._import_hooks import ledger
-
-        ledger(OWNER, "flashinfer.").restore()
+        adapter().restore()
     _armed["hook"] = False
     _served.clear()
 

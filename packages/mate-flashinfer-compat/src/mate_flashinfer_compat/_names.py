@@ -3,6 +3,10 @@ and the alias finder read it without importing torch)."""
 
 from __future__ import annotations
 
+# FlashInfer's Mamba package, and MATE's package shaped like it.
+PROVIDED = "flashinfer.mamba"
+TARGET = "mate_flashinfer_compat.mamba"
+
 # flashinfer.mamba names that MATE serves with FlashInfer's exact contract (signature, defaults, semantics), in
 # its own package and inside a real FlashInfer's flashinfer.mamba.
 SERVED = ("selective_state_update",)

@@ -1,15 +1,13 @@
-"""Serving MATE's functions inside a real FlashInfer's ``flashinfer.mamba`` (called by the post-import hook in
-:mod:`mate_flashinfer_compat._alias`, once that package has executed)."""
+"""Serving MATE's functions inside a real FlashInfer's ``flashinfer.mamba`` (called by the post-import hook that
+:mod:`mate_flashinfer_compat._alias` arms, once that package has executed)."""
 
 from __future__ import annotations
 
 import inspect
 import sys
 
-from ._alias import ENV, OWNER, PROVIDED, WARNING, report_once
-from ._names import NOT_SERVED, SERVED, STANDALONE
-
-KNOWN_VERSIONS = ("0.7.2",)  # the FlashInfer releases whose flashinfer.mamba contract MATE reproduces
+from ._adapter import ENV, WARNING, adapter, report_once
+from ._names import NOT_SERVED, PROVIDED, SERVED, STANDALONE
 
 
 def _params(fn) -> tuple[str, ...] | None:
@@ -30,10 +28,9 @@ def serve(module, served: dict) -> None:
     Only the package attribute changes: FlashInfer's implementation submodules and everything else in
     ``flashinfer`` stay FlashInfer's. A name whose signature is not the one MATE reproduces is left to FlashInfer
     with a warning naming the version."""
-    from mate.mamba._import_hooks import ledger
-
     from . import mamba as mate_fm
 
+    a = adapter()
     version = _version()
     done = []
     for name in SERVED:
@@ -52,13 +49,16 @@ def serve(module, served: dict) -> None:
                 WARNING,
             )
             continue
-        ledger(OWNER, "flashinfer.").set_entry(module.__dict__, f"{PROVIDED}.{name}", name, mine)
+        a.ledger.set_entry(module.__dict__, f"{PROVIDED}.{name}", name, mine)
         served[name] = "mate"
         done.append(name)
     if not done:
         return
-    known = any(version == v or version.startswith(v + ".") for v in KNOWN_VERSIONS)
-    note = "" if known else f" (FlashInfer {version}: not a version this adapter was checked against; same signature)"
+    note = (
+        ""
+        if a.is_tested(version)
+        else f" (FlashInfer {version}: not a version this adapter was checked against; same signature)"
+    )
     rest = [n for n in STANDALONE + NOT_SERVED if n in module.__dict__]
     report_once(
         "served",

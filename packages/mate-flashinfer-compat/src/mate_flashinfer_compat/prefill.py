@@ -3,8 +3,8 @@
 never in a ``flashinfer`` namespace.
 
 ``mamba_chunk_scan_combined_varlen`` is vLLM's prefill op (names, order, and its return dtype: ``state_dtype``,
-else ``C``'s dtype); ``ssd_combined_fwd_varlen`` is ``mate.mamba``'s (``state_dtype``, else the initial
-states' dtype, else ``C``'s).
+else ``C``'s dtype), the one :mod:`mate.mamba.adapters` holds for every adapter that serves it;
+``ssd_combined_fwd_varlen`` is ``mate.mamba``'s (``state_dtype``, else the initial states' dtype, else ``C``'s).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 
 import torch
+from mate.mamba.adapters import mamba_chunk_scan_combined_varlen
 
-from ._runtime import mate_mamba
-from .mamba.selective_state_update import _BACKENDS, _bad
+from ._adapter import adapter
+from .mamba.selective_state_update import _BACKENDS
 
 
 def ssd_combined_fwd_varlen(
@@ -46,51 +47,13 @@ def ssd_combined_fwd_varlen(
     backend: str = "auto",
 ) -> torch.Tensor | None:
     """The packed SSD prefill under the seed's name and order (= ``mate.mamba.ssd_combined_fwd_varlen``)."""
-    return mate_mamba().ssd_combined_fwd_varlen(
+    return adapter().runtime().ssd_combined_fwd_varlen(
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
         dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
         return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
         checkpoint_token_indices=checkpoint_token_indices, checkpoint_state_slots=checkpoint_state_slots,
         checkpoint_states=checkpoint_states, final_states_out=final_states_out,
         final_state_indices=final_state_indices, backend=_BACKENDS.get(backend, backend),
-    )  # fmt: skip
-
-
-def mamba_chunk_scan_combined_varlen(
-    x,
-    dt,
-    A,
-    B,
-    C,
-    chunk_size,
-    cu_seqlens,
-    cu_chunk_seqlens,
-    last_chunk_indices,
-    seq_idx,
-    out,
-    D=None,
-    z=None,
-    dt_bias=None,
-    initial_states=None,
-    dt_softplus=False,
-    dt_limit=(0.0, float("inf")),
-    return_intermediate_states=False,
-    state_dtype=None,
-    final_states_out=None,
-    final_state_indices=None,
-):
-    """vLLM's name and positional order for the same prefill (``initial_states`` right after ``dt_bias``);
-    ``out`` is required and written in place. Returns the final states ``[batch, H, P, N]``, every chunk's
-    end state with ``return_intermediate_states``, or None when they went into ``final_states_out``."""
-    if out is None:
-        _bad("out", out, "a preallocated [tokens, heads, dim] tensor (vLLM's prefill writes it in place)")
-    if state_dtype is None and isinstance(C, torch.Tensor):
-        state_dtype = C.dtype  # vLLM: the states come back in C's dtype unless state_dtype says otherwise
-    return mate_mamba().ssd_combined_fwd_varlen(
-        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
-        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
-        final_states_out=final_states_out, final_state_indices=final_state_indices,
     )  # fmt: skip
 
 

@@ -32,11 +32,8 @@ from __future__ import annotations
 import os
 import warnings
 
-OWNER = "mate-sglang"
-ENV_ENABLE = "MATE_SGLANG_ENABLE"
-ENV_SSU = "MATE_SGLANG_SSU_BACKENDS"
-ENV_PREFILL = "MATE_SGLANG_PREFILL"
-TESTED_VERSIONS = ("0.5.23",)
+from ._adapter import ENV_ENABLE, ENV_PREFILL, ENV_SSU, NAME, adapter
+
 MAMBA_OPS = "sglang.kernels.ops.mamba.triton_ops"
 SSU_DISPATCH = f"{MAMBA_OPS}.ssu_dispatch"
 SSD_COMBINED = f"{MAMBA_OPS}.ssd_combined"
@@ -54,35 +51,6 @@ PREFILL_PARAMS = (
     "chunk_offsets", "cu_seqlens", "dt_softplus", "dt_limit", "out", "return_final_states", "return_varlen_states",
     "return_intermediate_states", "state_dtype", "return_track_states", "track_seq_idx", "track_end_locs",
 )  # fmt: skip
-
-
-def _ledger():
-    from mate.mamba._import_hooks import ledger  # imported on use: module import stays stdlib-only
-
-    return ledger(OWNER, "sglang.")
-
-
-_state = {"version": None, "ssu": None, "choices": None, "prefill": None}
-
-
-def _warn(msg: str) -> None:
-    warnings.warn(f"mate-sglang: {msg}", stacklevel=3)
-
-
-def _when_imported(name: str, callback) -> None:
-    from mate.mamba._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
-
-    _hook(name, callback, owner=OWNER)
-
-
-def _guard(fn):
-    def run(module):
-        try:
-            fn(module)
-        except Exception as e:  # noqa: BLE001  (a hook must never take SGLang down)
-            _warn(f"{fn.__name__} failed and was skipped: {e!r}")
-
-    return run
 
 
 # ------------------------------------------------------------------------------------------------ SSU
@@ -141,29 +109,23 @@ def make_backend_class(base):
     return MateSSUBackend
 
 
-def _setting(name: str):
-    """A MATE_* switch, parsed by ``mate.mamba.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
-    from mate.mamba import settings  # imported on use: the .pth line imports this module in every interpreter
-
-    return settings.get(name)
-
-
 def _patch_ssu_dispatch(sd) -> None:
     import inspect  # (here, not at module import: the .pth line runs in every interpreter)
 
+    a = adapter()
     registry = getattr(sd, "_BACKEND_REGISTRY", None)
     base = getattr(sd, "MambaSSUBackend", None)
     if not isinstance(registry, dict) or not inspect.isclass(base) or any(not isinstance(k, str) for k in registry):
-        _state["ssu"] = "skipped: no str-keyed _BACKEND_REGISTRY / MambaSSUBackend"
-        _warn(
+        a.state["ssu"] = "skipped: no str-keyed _BACKEND_REGISTRY / MambaSSUBackend"
+        a.warn(
             f"{sd.__name__} has no str-keyed _BACKEND_REGISTRY / MambaSSUBackend class (an SGLang version this hook "
             "does not know); the MATE SSU backend is not registered"
         )
         return
     params = tuple(inspect.signature(base.__call__).parameters)[1:]
     if params != SSU_CALL_PARAMS:
-        _state["ssu"] = "skipped: MambaSSUBackend.__call__ signature differs"
-        _warn(f"SGLang's MambaSSUBackend.__call__ takes {params}, expected {SSU_CALL_PARAMS}; MATE is not registered")
+        a.state["ssu"] = "skipped: MambaSSUBackend.__call__ signature differs"
+        a.warn(f"SGLang's MambaSSUBackend.__call__ takes {params}, expected {SSU_CALL_PARAMS}; MATE is not registered")
         return
     triton = registry.get("triton")
     init = tuple(
@@ -171,21 +133,23 @@ def _patch_ssu_dispatch(sd) -> None:
         if p.kind is p.KEYWORD_ONLY
     )  # fmt: skip
     if triton is not None and init != BACKEND_INIT_PARAMS:
-        _state["ssu"] = "skipped: backend constructor differs"
-        _warn(f"SGLang constructs its SSU backends with {init}, expected {BACKEND_INIT_PARAMS}; MATE is not registered")
+        a.state["ssu"] = "skipped: backend constructor differs"
+        a.warn(
+            f"SGLang constructs its SSU backends with {init}, expected {BACKEND_INIT_PARAMS}; MATE is not registered"
+        )
         return
     cls = make_backend_class(base)
     names = []
-    for name in ["mate", *_setting(ENV_SSU)]:
+    for name in ["mate", *a.setting(ENV_SSU)]:
         if name != "mate" and name not in registry:
-            _warn(f"{ENV_SSU}: SGLang has no mamba backend named {name!r}; valid: {sorted(registry)}")
+            a.warn(f"{ENV_SSU}: SGLang has no mamba backend named {name!r}; valid: {sorted(registry)}")
             continue
-        _ledger().set_entry(registry, name, name, cls)
+        a.ledger.set_entry(registry, name, name, cls)
         names.append(name)
     current = getattr(sd, "_mamba_ssu_backend", None)
     if current is not None and not isinstance(current, cls):
-        _warn(f"SGLang's SSU backend was initialised ({type(current).__name__}) before MATE registered; it stays")
-    _state["ssu"] = f"registered as {names}"
+        a.warn(f"SGLang's SSU backend was initialised ({type(current).__name__}) before MATE registered; it stays")
+    a.state["ssu"] = f"registered as {names}"
 
 
 # ---------------------------------------------------------------------------------- --mamba-backend
@@ -198,23 +162,24 @@ def _patch_server_fields(mod) -> None:
     every call, so the hint itself is replaced by an evaluated one whose ``Arg`` lists ``mate``."""
     import typing
 
+    a = adapter()
     cls = getattr(mod, "ExecMamba", None)
     try:
         hint = typing.get_type_hints(cls, include_extras=True)["mamba_backend"]
         (arg,) = [m for m in getattr(hint, "__metadata__", ()) if isinstance(getattr(m, "choices", None), list)]
     except Exception:  # noqa: BLE001  (any other shape is a layout this hook does not know)
-        _state["choices"] = "skipped: no ExecMamba.mamba_backend with choices"
-        _warn(f"{mod.__name__} has no ExecMamba.mamba_backend field with choices; --mamba-backend mate is unavailable")
+        a.state["choices"] = "skipped: no ExecMamba.mamba_backend with choices"
+        a.warn(f"{mod.__name__} has no ExecMamba.mamba_backend field with choices; --mamba-backend mate is unavailable")
         return
     if BACKEND_CHOICE in arg.choices:
         return
     fields = {f: getattr(arg, f) for f in arg.__struct_fields__}
     fields["choices"] = [*arg.choices, BACKEND_CHOICE]
     fields["help"] = f"{fields.get('help', '')} 'mate': MATE's TileLang kernels (mate-sglang).".strip()
-    _ledger().set_entry(cls.__annotations__, "ExecMamba.mamba_backend", "mamba_backend", typing.Annotated[
+    a.ledger.set_entry(cls.__annotations__, "ExecMamba.mamba_backend", "mamba_backend", typing.Annotated[
         hint.__origin__, type(arg)(**fields)
     ])  # fmt: skip
-    _state["choices"] = f"--mamba-backend choices {fields['choices']}"
+    a.state["choices"] = f"--mamba-backend choices {fields['choices']}"
 
 
 # ------------------------------------------------------------------------------------------- version
@@ -222,21 +187,16 @@ def _patch_server_fields(mod) -> None:
 
 def _check_sglang(mod) -> bool:
     """Whether this SGLang has the layout the hook patches; warns naming the version when it is not 0.5.23."""
-    version = str(getattr(mod, "__version__", "unknown"))
-    _state["version"] = version
+    a = adapter()
     roots = list(getattr(mod, "__path__", ()))
     layout = os.path.join(*MAMBA_OPS.split(".")[1:], "ssu_dispatch.py")
     if not any(os.path.exists(os.path.join(r, layout)) for r in roots):
-        _warn(
-            f"SGLang {version} has no {SSU_DISPATCH} (mate-sglang knows the layout of SGLang "
-            f"{', '.join(TESTED_VERSIONS)}); nothing is patched and SGLang serves its own kernels"
+        a.warn(
+            f"SGLang {a.engine_version(mod)} has no {SSU_DISPATCH} (mate-sglang knows the layout of SGLang "
+            f"{', '.join(a.tested)}); nothing is patched and SGLang serves its own kernels"
         )
         return False  # (the other modules' hooks are armed only after this check)
-    if version not in TESTED_VERSIONS:
-        _warn(
-            f"mate-sglang is tested against SGLang {', '.join(TESTED_VERSIONS)}, found {version}: MATE is registered "
-            "where SGLang's registry and signatures match, and each patch that does not match is skipped with a warning"
-        )
+    a.check_version(mod)
     return True
 
 
@@ -248,11 +208,12 @@ def _patch_ssd_combined(mod) -> None:
 
     from . import ops
 
+    a = adapter()
     orig = getattr(mod, "mamba_chunk_scan_combined", None)
     if orig is None or not callable(orig) or orig is ops.mamba_chunk_scan_combined:
         if orig is None:
-            _state["prefill"] = "skipped: no mamba_chunk_scan_combined"
-            _warn(f"{mod.__name__} has no mamba_chunk_scan_combined; the prefill is not routed to MATE")
+            a.state["prefill"] = "skipped: no mamba_chunk_scan_combined"
+            a.warn(f"{mod.__name__} has no mamba_chunk_scan_combined; the prefill is not routed to MATE")
         return
     try:
         params = tuple(inspect.signature(orig).parameters)
@@ -260,14 +221,14 @@ def _patch_ssd_combined(mod) -> None:
         params = ()
     known = set(PREFILL_PARAMS)
     if params[:6] != PREFILL_PARAMS[:6] or params[6:10] != PREFILL_PARAMS[6:10] or not set(params) <= known:
-        _state["prefill"] = "skipped: signature differs"
-        _warn(
+        a.state["prefill"] = "skipped: signature differs"
+        a.warn(
             f"SGLang's mamba_chunk_scan_combined takes {params}; MATE serves {PREFILL_PARAMS} (per-token seq_idx "
             "scheme); the prefill is not routed to MATE"
         )
         return
-    patched = _ledger().rebind(mod, "mamba_chunk_scan_combined", orig, ops.mamba_chunk_scan_combined)
-    _state["prefill"] = f"routed in {patched}"
+    patched = a.ledger.rebind(mod, "mamba_chunk_scan_combined", orig, ops.mamba_chunk_scan_combined)
+    a.state["prefill"] = f"routed in {patched}"
 
 
 # ---------------------------------------------------------------------------------------------- entry
@@ -277,18 +238,19 @@ def enable() -> None:
     """Arm the registry and prefill patches in this interpreter (applied when SGLang imports the modules).
 
     A malformed ``MATE_SGLANG_SSU_BACKENDS`` / ``MATE_SGLANG_PREFILL`` raises ``ValueError`` naming it."""
-    prefill = _setting(ENV_PREFILL)
-    _setting(ENV_SSU)  # a malformed value raises here, not later inside SGLang's imports
+    a = adapter()
+    prefill = a.setting(ENV_PREFILL)
+    a.setting(ENV_SSU)  # a malformed value raises here, not later inside SGLang's imports
 
     def arm(sglang) -> None:
         if not _check_sglang(sglang):
             return
-        _when_imported(SERVER_FIELDS, _guard(_patch_server_fields))
-        _when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))
+        a.when_imported(SERVER_FIELDS, _patch_server_fields)
+        a.when_imported(SSU_DISPATCH, _patch_ssu_dispatch)
         if prefill:
-            _when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
+            a.when_imported(SSD_COMBINED, _patch_ssd_combined)
 
-    _when_imported("sglang", _guard(arm))
+    a.when_imported("sglang", arm)
 
 
 def enable_from_env() -> None:
@@ -300,17 +262,16 @@ def enable_from_env() -> None:
         # the start of every interpreter of the environment
         return
     try:
-        if _setting(ENV_ENABLE):
+        if adapter().setting(ENV_ENABLE):
             enable()
     except Exception as e:  # noqa: BLE001  (a start-up line must never break an interpreter)
-        _warn(f"the SGLang hook is not armed: {e}")
+        warnings.warn(f"{NAME}: the SGLang hook is not armed: {e}", stacklevel=2)
 
 
 def disable() -> None:
     """Restore what was replaced and drop pending hooks."""
-    _ledger().restore()
-    _state.update(version=None, ssu=None, choices=None, prefill=None)
+    adapter().restore()
 
 
 def status() -> dict:
-    return dict(_state)
+    return adapter().status()

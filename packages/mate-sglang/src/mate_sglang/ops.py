@@ -16,7 +16,7 @@
   kernel, the final state store is rounded stochastically with a fresh seed per call (``torch.randint`` on the
   state's device: a captured graph draws a new one per replay) and ``cache_philox_rounds`` Philox rounds (0: 10);
   the intermediate buffer's stores round to nearest, as there. The random bits are MATE's
-  (``mate.mamba.rounding``), not Triton's: the same distribution, other values.
+  (``mate.mamba._reference.rounding``), not Triton's: the same distribution, other values.
 * Speculative verify: with ``intermediate_states_buffer`` (``[entries, cache_steps, H, P, N]``, contiguous) the
   state after token ``t`` is written to ``buf[idx, t]``, ``idx`` = ``intermediate_state_indices[b]``, else the
   read slot; ``retrieve_parent_token [batch, T]`` (EAGLE trees) reloads the state before token ``t > 0`` from
@@ -50,7 +50,7 @@ import math
 
 import torch
 
-from ._runtime import mate_mamba
+from ._adapter import adapter
 
 PAD_SLOT_ID = -1
 
@@ -145,7 +145,7 @@ def selective_state_update(
     x, B, C, z, run_out, copy_to = _ssu_io(x, B, C, z, out)
     if isinstance(A, torch.Tensor) and A.dtype != torch.float32:
         A = _f32_keep_broadcast(A)  # SGLang's kernel loads A as fp32: a bf16/fp16 A upcasts exactly
-    mate_mamba().selective_state_update(
+    adapter().runtime().selective_state_update(
         state, canon(x), canon(dt), A, canon(B), canon(C), D, z=canon(z), dt_bias=dt_bias, dt_softplus=dt_softplus,
         state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(run_out),
         disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
@@ -251,7 +251,7 @@ def mamba_chunk_scan_combined(
     Dtypes as SGLang's: ``final_states`` fp32; the chunk, varlen and track states in ``state_dtype``, default
     C's dtype. A bf16/fp16 ``A`` is upcast to fp32 (exact).
     """
-    mamba = mate_mamba()
+    mamba = adapter().runtime()
     for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C)):
         if not isinstance(t, torch.Tensor):
             _bad(name, t, "a torch.Tensor")

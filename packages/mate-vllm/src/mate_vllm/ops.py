@@ -24,22 +24,24 @@
   the final state store is rounded stochastically with a fresh seed per call (``torch.randint`` on the state's
   device, so a captured graph draws a new one per replay) and ``cache_philox_rounds`` Philox rounds (0: 10, as
   ``tl.randint``); the per-token stores of speculative decoding (``num_accepted_tokens``) round to nearest, as
-  there. The random bits are MATE's (``mate.mamba.rounding``), not Triton's: the same distribution, other values.
+  there. The random bits are MATE's (``mate.mamba._reference.rounding``), not Triton's: the same distribution, other
+  values.
 
 Difference kept on purpose: when the source slot is live but the final-write destination ``dst[b, 0]`` is the
 null block, vLLM's kernel writes into the null block (slot 0, whose contents vLLM never reads); MATE skips it.
 
-``mamba_chunk_scan_combined_varlen`` takes vLLM's positional order (``initial_states`` right after
-``dt_bias``) and vLLM 0.33's ``final_states_out`` / ``final_state_indices`` (the final states go straight into
-the state pool and None is returned). The returned states are in ``state_dtype``, else in ``C``'s dtype (vLLM's
-rule, also with fp32 ``initial_states``).
+``mamba_chunk_scan_combined_varlen`` is :func:`mate.mamba.adapters.mamba_chunk_scan_combined_varlen`: vLLM's
+positional order (``initial_states`` right after ``dt_bias``), vLLM 0.33's ``final_states_out`` /
+``final_state_indices`` (the final states go straight into the state pool and None is returned), the returned
+states in ``state_dtype``, else in ``C``'s dtype (vLLM's rule, also with fp32 ``initial_states``).
 """
 
 from __future__ import annotations
 
 import torch
+from mate.mamba.adapters import mamba_chunk_scan_combined_varlen
 
-from ._runtime import mate_mamba
+from ._adapter import adapter
 
 NULL_BLOCK_ID = 0
 _HALF = (torch.bfloat16, torch.float16)
@@ -121,7 +123,7 @@ def selective_state_update(
         # vLLM masks only loaded table entries: implicit slots 0..b-1 are all live (slot 0 included), and a
         # destination table without a source table is never read. -1 is no slot, so nothing is masked.
         null_block_id, dst_state_batch_indices = -1, None
-    mate_mamba().selective_state_update(
+    adapter().runtime().selective_state_update(
         state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
         state_batch_indices=state_batch_indices, pad_slot_id=null_block_id, out=out,
         dst_state_batch_indices=dst_state_batch_indices, cu_seqlens=cu_seqlens,
@@ -131,49 +133,12 @@ def selective_state_update(
     return None
 
 
-def mamba_chunk_scan_combined_varlen(
-    x,
-    dt,
-    A,
-    B,
-    C,
-    chunk_size,
-    cu_seqlens,
-    cu_chunk_seqlens,
-    last_chunk_indices,
-    seq_idx,
-    out,
-    D=None,
-    z=None,
-    dt_bias=None,
-    initial_states=None,
-    dt_softplus=False,
-    dt_limit=(0.0, float("inf")),
-    return_intermediate_states=False,
-    state_dtype=None,
-    final_states_out=None,
-    final_state_indices=None,
-):
-    """vLLM's packed SSD prefill. Returns ``[batch, H, P, N]`` final states, every chunk's end state with
-    ``return_intermediate_states``, or None when they were written into ``final_states_out``."""
-    if out is None:
-        raise ValueError("out: got None; expected a preallocated [tokens, heads, dim] tensor (written in place)")
-    if state_dtype is None and isinstance(C, torch.Tensor):
-        state_dtype = C.dtype  # vLLM: the states come back in C's dtype unless state_dtype says otherwise
-    return mate_mamba().ssd_combined_fwd_varlen(
-        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
-        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
-        final_states_out=final_states_out, final_state_indices=final_state_indices,
-    )  # fmt: skip
-
-
 def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
     """vLLM 0.33's ReplaySSM decode kernel slot (``ssu_dispatch._flashinfer_replayssm_kernel``): called with
     FlashInfer 0.7.2's ``checkpointing_ssu`` arguments (vLLM passes the scratch trio and ``pad_slot_id`` 0, the
     null block; D / dt_bias bf16 ``[H, P]`` of stride 0 over P; dt of stride 0 over P), which are
     ``mate.mamba.replay_state_update``'s; returns ``out``. The scratch tensors are validated and unused."""
-    return mate_mamba().replay_state_update(*args, **kwargs)
+    return adapter().runtime().replay_state_update(*args, **kwargs)
 
 
 __all__ = ["selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "NULL_BLOCK_ID"]

@@ -29,14 +29,10 @@ from __future__ import annotations
 import inspect
 import warnings
 
-OWNER = "mate-vllm"
-ENV_ENABLE = "MATE_VLLM_ENABLE"
-ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
-ENV_PREFILL = "MATE_VLLM_PREFILL"
-ENV_REPLAYSSM = "MATE_VLLM_REPLAYSSM"
+from ._adapter import ENV_ENABLE, ENV_PREFILL, ENV_REPLAYSSM, ENV_SSU, adapter
+
 SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
-TESTED_VERSIONS = ("0.33.0",)
 
 SSU_CALL_PARAMS = (
     "state", "x", "dt", "A", "B", "C", "D", "dt_bias", "z", "dt_softplus", "state_batch_indices",
@@ -47,29 +43,6 @@ PREFILL_PARAMS = (
     "out", "D", "z", "dt_bias", "initial_states", "dt_softplus", "dt_limit", "return_intermediate_states",
     "state_dtype", "final_states_out", "final_state_indices",
 )  # fmt: skip
-
-
-def _ledger():
-    from mate.mamba._import_hooks import ledger  # imported on use: module import stays stdlib-only
-
-    return ledger(OWNER, "vllm.")
-
-
-# what happened, for mate_vllm.plugin.status()
-_state = {"version": None, "ssu": None, "prefill": None, "replayssm": None}
-
-
-def _warn(msg: str) -> None:
-    warnings.warn(f"mate-vllm: {msg}", stacklevel=3)
-
-
-# --------------------------------------------------------------------------------------- post-import hook
-
-
-def when_imported(name: str, callback) -> None:
-    from mate.mamba._import_hooks import when_imported as _hook  # imported on use: module import stays stdlib-only
-
-    _hook(name, callback, owner=OWNER)
 
 
 # ------------------------------------------------------------------------------------------------ SSU
@@ -122,51 +95,44 @@ def make_backend_class(base, null_block_id=0):
     return MateSSUBackend
 
 
-def _setting(name: str):
-    """A MATE_* switch, parsed by ``mate.mamba.settings`` (stdlib only; ``ValueError`` naming a malformed variable)."""
-    from mate.mamba import settings  # imported on use: importing the plugin imports nothing
-
-    return settings.get(name)
-
-
 def _patch_ssu_dispatch(sd) -> None:
+    a = adapter()
     registry = getattr(sd, "_BACKEND_REGISTRY", None)
     base = getattr(sd, "MambaSSUBackend", None)
     if not isinstance(registry, dict) or not registry or not inspect.isclass(base):
-        _state["ssu"] = "skipped: no _BACKEND_REGISTRY / MambaSSUBackend"
-        _warn(
+        a.state["ssu"] = "skipped: no _BACKEND_REGISTRY / MambaSSUBackend"
+        a.warn(
             f"{sd.__name__} has no _BACKEND_REGISTRY dict / MambaSSUBackend class (a vLLM version this plugin does "
             "not know); the MATE SSU backend is not registered"
         )
         return
     params = tuple(inspect.signature(base.__call__).parameters)[1:]
     if params != SSU_CALL_PARAMS:
-        _state["ssu"] = "skipped: MambaSSUBackend.__call__ signature differs"
-        _warn(
+        a.state["ssu"] = "skipped: MambaSSUBackend.__call__ signature differs"
+        a.warn(
             f"vLLM's MambaSSUBackend.__call__ takes {params}, expected {SSU_CALL_PARAMS}; the MATE SSU backend is "
             "not registered"
         )
         return
     cls = make_backend_class(base, getattr(sd, "NULL_BLOCK_ID", 0))
     key_type = type(next(iter(registry)))
-    names = _setting(ENV_SSU)
     done = []
-    for name in ["mate", *names]:
+    for name in ["mate", *a.setting(ENV_SSU)]:
         try:
             key = key_type(name)
         except (ValueError, KeyError, TypeError):
             if name != "mate":
-                _warn(f"{ENV_SSU}: vLLM has no mamba backend named {name!r}; valid: {[str(k) for k in registry]}")
+                a.warn(f"{ENV_SSU}: vLLM has no mamba backend named {name!r}; valid: {[str(k) for k in registry]}")
             continue
-        _ledger().set_entry(registry, name, key, cls)
+        a.ledger.set_entry(registry, name, key, cls)
         done.append(name)
     current = getattr(sd, "_mamba_ssu_backend", None)
     if current is not None and not isinstance(current, cls):
-        _warn(
+        a.warn(
             f"vLLM's SSU backend was already initialised ({type(current).__name__}) before the plugin ran; it keeps "
             "serving this process"
         )
-    _state["ssu"] = f"registered for {done}" if done else "skipped: no matching backend names"
+    a.state["ssu"] = f"registered for {done}" if done else "skipped: no matching backend names"
 
 
 # -------------------------------------------------------------------------------------------- prefill
@@ -175,10 +141,11 @@ def _patch_ssu_dispatch(sd) -> None:
 def _patch_ssd_combined(mod) -> None:
     from . import ops
 
+    a = adapter()
     orig = getattr(mod, "mamba_chunk_scan_combined_varlen", None)
     if orig is None or not callable(orig):
-        _state["prefill"] = "skipped: no mamba_chunk_scan_combined_varlen"
-        _warn(f"{mod.__name__} has no mamba_chunk_scan_combined_varlen; the prefill is not routed to MATE")
+        a.state["prefill"] = "skipped: no mamba_chunk_scan_combined_varlen"
+        a.warn(f"{mod.__name__} has no mamba_chunk_scan_combined_varlen; the prefill is not routed to MATE")
         return
     if orig is ops.mamba_chunk_scan_combined_varlen:
         return
@@ -187,14 +154,14 @@ def _patch_ssd_combined(mod) -> None:
     except (TypeError, ValueError):
         params = ()
     if params != PREFILL_PARAMS[: len(params)] or len(params) < PREFILL_PARAMS.index("state_dtype") + 1:
-        _state["prefill"] = "skipped: signature differs"
-        _warn(
+        a.state["prefill"] = "skipped: signature differs"
+        a.warn(
             f"vLLM's mamba_chunk_scan_combined_varlen takes {params}, which is not a prefix of {PREFILL_PARAMS}; the "
             "prefill is not routed to MATE"
         )
         return
-    patched = _ledger().rebind(mod, "mamba_chunk_scan_combined_varlen", orig, ops.mamba_chunk_scan_combined_varlen)
-    _state["prefill"] = f"routed in {patched}"
+    patched = a.ledger.rebind(mod, "mamba_chunk_scan_combined_varlen", orig, ops.mamba_chunk_scan_combined_varlen)
+    a.state["prefill"] = f"routed in {patched}"
 
 
 # ------------------------------------------------------------------------------------------ ReplaySSM
@@ -215,24 +182,27 @@ def _patch_replayssm(sd) -> None:
 
     from . import ops
 
+    a = adapter()
     orig = getattr(sd, "initialize_mamba_ssu_backend", None)
     if orig is None or "use_replayssm" not in inspect.signature(orig).parameters:
-        _state["replayssm"] = "skipped: no initialize_mamba_ssu_backend(use_replayssm=...)"
-        _warn(f"{sd.__name__} has no initialize_mamba_ssu_backend(..., use_replayssm=); --use-replayssm is not watched")
+        a.state["replayssm"] = "skipped: no initialize_mamba_ssu_backend(use_replayssm=...)"
+        a.warn(
+            f"{sd.__name__} has no initialize_mamba_ssu_backend(..., use_replayssm=); --use-replayssm is not watched"
+        )
         return
     if "_flashinfer_replayssm_kernel" not in vars(sd):
-        _warn(f"{sd.__name__} has no _flashinfer_replayssm_kernel; --use-replayssm stays vLLM's")
+        a.warn(f"{sd.__name__} has no _flashinfer_replayssm_kernel; --use-replayssm stays vLLM's")
 
     @functools.wraps(orig)
     def initialize_mamba_ssu_backend(*args, **kwargs):
         orig(*args, **kwargs)
         if not kwargs.get("use_replayssm"):
             return
-        if _setting(ENV_REPLAYSSM) and getattr(sd, "_flashinfer_replayssm_kernel", None) is not None:
-            _ledger().set_attr(sd, "_flashinfer_replayssm_kernel", ops.checkpointing_ssu)
-            _state["replayssm"] = "served by MATE (FlashInfer's checkpointing_ssu contract)"
-        elif _state["replayssm"] != "left to vLLM":
-            _state["replayssm"] = "left to vLLM"
+        if a.setting(ENV_REPLAYSSM) and getattr(sd, "_flashinfer_replayssm_kernel", None) is not None:
+            a.ledger.set_attr(sd, "_flashinfer_replayssm_kernel", ops.checkpointing_ssu)
+            a.state["replayssm"] = "served by MATE (FlashInfer's checkpointing_ssu contract)"
+        elif a.state["replayssm"] != "left to vLLM":
+            a.state["replayssm"] = "left to vLLM"
             if getattr(sd, "_flashinfer_replayssm_kernel", None) is None:
                 why = (
                     "the Triton backend's ReplaySSM keeps a linear buffer on the host's schedule, a contract MATE "
@@ -240,21 +210,11 @@ def _patch_replayssm(sd) -> None:
                 )
             else:
                 why = f"{ENV_REPLAYSSM}=1 would serve its FlashInfer kernel's calls"
-            _warn(f"--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel ({why}); the prefill is "
-                  "still MATE's")  # fmt: skip
+            a.warn(f"--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel ({why}); the prefill is "
+                   "still MATE's")  # fmt: skip
 
-    _ledger().rebind(sd, "initialize_mamba_ssu_backend", orig, initialize_mamba_ssu_backend)
-    _state["replayssm"] = "watched"
-
-
-def _check_vllm(mod) -> None:
-    version = str(getattr(mod, "__version__", "unknown"))
-    _state["version"] = version
-    if version not in TESTED_VERSIONS:
-        _warn(
-            f"mate-vllm is tested against vLLM {', '.join(TESTED_VERSIONS)}, found {version}: MATE is registered where "
-            "vLLM's registry and signatures match, and each patch that does not match is skipped with a warning"
-        )
+    a.ledger.rebind(sd, "initialize_mamba_ssu_backend", orig, initialize_mamba_ssu_backend)
+    a.state["replayssm"] = "watched"
 
 
 # ---------------------------------------------------------------------------------------------- entry
@@ -267,40 +227,30 @@ def register() -> None:
     typo must not leave vLLM's kernels serving silently); nothing else raises: a failure to patch warns and
     leaves vLLM as it is."""
     try:
-        enabled = _setting(ENV_ENABLE)
-    except ImportError as e:  # no MATE runtime: nothing can be served
-        _warn(f"the MATE runtime cannot be imported ({e!r}); the plugin does nothing")
+        a = adapter()
+        enabled = a.setting(ENV_ENABLE)
+    except ImportError as e:  # no usable MATE runtime: nothing can be served
+        warnings.warn(f"{e}; the plugin does nothing", stacklevel=2)
         return
     if not enabled:
         return
     for name in (ENV_SSU, ENV_PREFILL, ENV_REPLAYSSM):  # a malformed value raises here, not later inside vLLM's imports
-        _setting(name)
+        a.setting(name)
     try:
-        when_imported("vllm", _guard(_check_vllm))
-        when_imported(SSU_DISPATCH, _guard(_patch_ssu_dispatch))  # also registers a 'mate' key where one exists
-        when_imported(SSU_DISPATCH, _guard(_patch_replayssm))
-        if _setting(ENV_PREFILL):
-            when_imported(SSD_COMBINED, _guard(_patch_ssd_combined))
+        a.when_imported("vllm", a.check_version)
+        a.when_imported(SSU_DISPATCH, _patch_ssu_dispatch)  # also registers a 'mate' key where one exists
+        a.when_imported(SSU_DISPATCH, _patch_replayssm)
+        if a.setting(ENV_PREFILL):
+            a.when_imported(SSD_COMBINED, _patch_ssd_combined)
     except Exception as e:  # noqa: BLE001  (a plugin must never take vLLM down)
-        _warn(f"registration failed and was skipped: {e!r}")
-
-
-def _guard(fn):
-    def run(module):
-        try:
-            fn(module)
-        except Exception as e:  # noqa: BLE001
-            _warn(f"{fn.__name__} failed and was skipped: {e!r}")
-
-    return run
+        a.warn(f"registration failed and was skipped: {e!r}")
 
 
 def unregister() -> None:
     """Restore every registry entry and prefill function the plugin replaced, and drop pending hooks."""
-    _ledger().restore()
-    _state.update(version=None, ssu=None, prefill=None, replayssm=None)
+    adapter().restore()
 
 
 def status() -> dict:
     """What :func:`register` did in this process (None: the module was not imported yet, or disabled)."""
-    return dict(_state)
+    return adapter().status()

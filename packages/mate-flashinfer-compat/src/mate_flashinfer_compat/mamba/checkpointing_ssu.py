@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import mate_mamba
+from .._adapter import adapter
 
 MAX_TOKENS = 16  # FlashInfer 0.7.2's bounds on the scratch's token counts
 MAX_WINDOW = 16
@@ -31,7 +31,7 @@ def checkpointing_ssu(
     """One ReplaySSM decode step (FlashInfer 0.7.2's ``checkpointing_ssu``): ``mate.mamba.replay_state_update``
     with these arguments, on MATE's automatic backend (TileLang on a CUDA/MUSA device, the reference elsewhere).
     Shapes and semantics: that function's docstring. Returns ``out``."""
-    return mate_mamba().replay_state_update(
+    return adapter().runtime().replay_state_update(
         state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out, D, z, dt_bias,
         dt_softplus, state_batch_indices, pad_slot_id, state_scale, rand_seed, philox_rounds, d_split, cu_seqlens,
         max_seqlen, enable_pdl, cb_scaled, cumAdt_vec, cb_old, precompute_heads_per_cta, algorithm,

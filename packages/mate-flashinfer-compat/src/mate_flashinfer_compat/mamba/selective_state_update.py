@@ -27,10 +27,11 @@ differ from ``mate.mamba``:
   ``torch`` select that backend. ``rand_seed`` / ``philox_rounds`` round an fp16 state's writes
   stochastically with FlashInfer's generator (Philox-4x32) and rule (13 random bits below the fp16 mantissa,
   truncated); MATE draws one counter per eight values where FlashInfer draws one per four, so the bits differ
-  from FlashInfer's, the distribution does not (``mate.mamba.rounding``); another state dtype with a seed raises
-  ``NotImplementedError``. An int16 ``state`` with ``state_scale`` (and an int16 ``intermediate_states_buffer``
-  with ``intermediate_state_scales``) is FlashInfer's block-scaled state, served by both of MATE's backends;
-  unlike FlashInfer, a scale beside a float state, or an int16 tensor without its scales, is a ``ValueError``.
+  from FlashInfer's, the distribution does not (``mate.mamba._reference.rounding``); another state dtype with a
+  seed raises ``NotImplementedError``. An int16 ``state`` with ``state_scale`` (and an int16
+  ``intermediate_states_buffer`` with ``intermediate_state_scales``) is FlashInfer's block-scaled state, served
+  by both of MATE's backends; unlike FlashInfer, a scale beside a float state, or an int16 tensor without its
+  scales, is a ``ValueError``.
 
 * **Dtypes.** FlashInfer compiles its kernel per (state, x, dt, A, index) dtype: B/C/z/out in x's dtype,
   D/dt_bias in dt's dtype, A in fp32/bf16/fp16. A bf16/fp16 ``A`` is cast to fp32 here (exact: FlashInfer
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import mate_mamba
+from .._adapter import adapter
 
 ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
 _BACKENDS = {"auto": "auto", "flashinfer": "auto", "cake": "auto", "tilelang": "tilelang", "torch": "torch"}
@@ -102,7 +103,7 @@ def selective_state_update(
 ) -> torch.Tensor:
     """FlashInfer 0.7.2's ``flashinfer.mamba.selective_state_update``, served by MATE (see the module docstring
     for the semantics). Returns ``out`` (or a new tensor shaped like FlashInfer's normalised ``x``)."""
-    mamba = mate_mamba()
+    mamba = adapter().runtime()
     if algorithm == "async_horizontal":  # FlashInfer's backward-compatible alias
         algorithm = "simple"
     if algorithm not in ALGORITHMS:

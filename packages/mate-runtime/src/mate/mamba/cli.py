@@ -11,7 +11,7 @@
 - ``mate-mamba cache list|verify|clear|export FILE|import FILE``: MATE's compiled-kernel cache (``MATE_CACHE_DIR``).
 
 A user's mistake (a bad option value, a file that cannot be read, a capability the device lacks) ends in one
-line on stderr and exit status 2; ``mate --debug COMMAND ...`` shows the traceback instead.
+line on stderr and exit status 2; ``mate-mamba --debug COMMAND ...`` shows the traceback instead.
 
 Heavy imports (torch work, TileLang, the benchmark modules) happen inside the subcommands.
 """
@@ -29,13 +29,10 @@ import textwrap
 
 from mate.mamba.demo import DTYPES, UsageError
 
-# (distribution, import name) of every MATE package, in the order `mate-mamba info` lists them.
+# (distribution, import name) of MATE's own packages; `mate-mamba info` lists the installed adapters after them.
 DISTRIBUTIONS = (
     ("mate-kernels", "mate_kernels"),
     ("mate-runtime", "mate.mamba"),
-    ("mate-flashinfer-compat", "mate_flashinfer_compat"),
-    ("mate-sglang", "mate_sglang"),
-    ("mate-vllm", "mate_vllm"),
 )
 
 # Commands whose arguments belong to another module's own parser: (module, what it does).
@@ -79,14 +76,22 @@ def tilelang_status() -> tuple[str | None, str]:
     return version, f"{version} ({getattr(tilelang, '__file__', '?')})"
 
 
+def _distributions() -> list[tuple[str, str]]:
+    """:data:`DISTRIBUTIONS`, then each installed adapter (entry point group ``mate.mamba.adapters``)."""
+    from mate.mamba import settings
+
+    adapters = [(ep.dist.name, ep.module.partition(".")[0]) for ep in settings.adapters()]
+    return [*DISTRIBUTIONS, *adapters]
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import mate.mamba
     import torch
-    from mate.mamba._device import default_accelerator, device_module
+    from mate.mamba._platform.device import default_accelerator, device_module
     from mate.mamba._tilelang.cache import cache_dir
 
     rows: list[tuple[str, str]] = [("mate.mamba", f"{mate.mamba.__version__} ({mate.mamba.__path__[0]})")]
-    for dist, module in DISTRIBUTIONS:
+    for dist, module in _distributions():
         rows.append((f"  {dist}", _package_line(dist, module)))
     rows.append(("python", f"{platform.python_version()} ({sys.executable})"))
     rows.append(("torch", torch.__version__))
@@ -114,7 +119,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if reasons:
         rows.append(("backend tilelang", "not usable: " + "; ".join(reasons)))
     else:
-        from mate.mamba._device import tilelang_target
+        from mate.mamba._platform.device import tilelang_target
 
         rows.append(("backend tilelang", f"usable on {device} (target {tilelang_target(device)})"))
     rows.append(("backend auto", "tilelang" if not reasons else "torch"))
@@ -248,7 +253,7 @@ def run_module_main(module: str, argv: list[str], debug: bool = False) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mate.mamba._version import __version__
+    from mate.mamba._platform.version import __version__
 
     p = argparse.ArgumentParser(prog="mate-mamba", description="MATE: Mamba2 state-space kernels in TileLang.")
     p.add_argument(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from mate.mamba import settings
+from mate.mamba._platform import settings
 
 ACCELERATOR_TYPES = ("cuda", "musa")
 

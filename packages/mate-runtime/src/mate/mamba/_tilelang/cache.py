@@ -232,7 +232,7 @@ def _compile_worker(spec, target, cache_root) -> tuple[float, str | None, str, d
     a ``settings.override`` there does not pass through the environment) or compiled and stored there (and in
     TileLang's). Returns (seconds, error or None, source, phases); errors come back as text (TVM errors do not
     pickle)."""
-    from mate.mamba import settings
+    from mate.mamba._platform import settings
 
     t0 = time.perf_counter()
     try:
@@ -267,7 +267,7 @@ def compile_parallel(
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    from mate.mamba import settings
+    from mate.mamba._platform import settings
 
     cache_root = settings.get("MATE_CACHE_DIR")
     target = target or {"kind": "cuda", "arch": "sm_90a"}

@@ -9,9 +9,9 @@ the tables are read back and checked first, outside graph capture).
 from __future__ import annotations
 
 import torch
-from mate.mamba import settings
 from mate.mamba._contract.replay import MaterializeCall, ReplayCall, check_materialize_data, check_replay_data
 from mate.mamba._contract.template import CallTemplate
+from mate.mamba._platform import settings
 from mate.mamba._platform.device import is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import CACHE, compile_missing
 from mate.mamba._tilelang.replay_plan import materialize_spec_for, plan, plan_materialize, serving_specs, spec_for

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from mate.mamba import settings
 from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES
 from mate.mamba._contract.ssd import SSDCall, check_index_data
 from mate.mamba._contract.template import CallTemplate
+from mate.mamba._platform import settings
 from mate.mamba._platform.device import hardware, is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import CACHE, compile_missing
 from mate.mamba._tilelang.specs import KernelSpec

@@ -9,8 +9,8 @@ synchronisation happens here: nothing is read back from the device (TileLang's `
 from __future__ import annotations
 
 import torch
-from mate.mamba import settings
 from mate.mamba._contract.ssu import SSUCall, check_index_data, finish
+from mate.mamba._platform import settings
 from mate.mamba._platform.device import hardware, is_capturing, pdl_for_arch, pdl_for_capability, tilelang_target
 from mate.mamba._tilelang.cache import CACHE, compile_missing
 from mate.mamba._tilelang.specs import SSUSpec

@@ -441,7 +441,7 @@ def write_kernel_files(kernel, d: str) -> None:
 
 def store() -> Store | None:
     """The store under ``MATE_CACHE_DIR`` (None when it is ``off``)."""
-    from mate.mamba import settings
+    from mate.mamba._platform import settings
 
     root = settings.get("MATE_CACHE_DIR")
     return Store(root) if root else None

@@ -1,0 +1,63 @@
+"""mate-vllm as MATE's adapter helper knows it (:class:`mate.mamba.adapters.Adapter`): its release, the vLLM
+releases it was written against, the settings it reads. Standard library only at import: vLLM imports the
+plugin in every process, and the plugin and the ops reach MATE through :func:`adapter` on first use."""
+
+from __future__ import annotations
+
+NAME = "mate-vllm"
+ENV_ENABLE = "MATE_VLLM_ENABLE"
+ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
+ENV_PREFILL = "MATE_VLLM_PREFILL"
+ENV_REPLAYSSM = "MATE_VLLM_REPLAYSSM"
+
+_adapter = None
+
+
+def settings() -> tuple:
+    """The settings mate-vllm reads (its ``mate.mamba.adapters`` entry point: MATE's settings table and
+    ``mate-mamba info`` list them)."""
+    from mate.mamba.settings import ON_OFF, Setting, names, on_off
+
+    return (
+        Setting(ENV_ENABLE, "0", ON_OFF, "1: the vLLM plugin routes Mamba2 SSU/SSD to MATE.", on_off),
+        Setting(
+            ENV_SSU,
+            "triton,flashinfer",
+            None,
+            "The vLLM SSU backend names MATE serves (comma-separated; none: leave the registry alone).",
+            names,
+        ),
+        Setting(ENV_PREFILL, "1", ON_OFF, "0: leave vLLM's SSD prefill to vLLM.", on_off),
+        Setting(
+            ENV_REPLAYSSM,
+            "0",
+            ON_OFF,
+            "1: vLLM's --use-replayssm decode on its FlashInfer backend runs MATE's replay_state_update instead of "
+            "FlashInfer's checkpointing_ssu. Off by default: on the H200 MATE's kernel is slower than FlashInfer's "
+            "(docs/ssu-kernels.md, ReplaySSM decode).",
+            on_off,
+        ),
+    )
+
+
+def adapter():
+    """mate-vllm's :class:`mate.mamba.adapters.Adapter`, made on first use; ``ImportError`` when MATE does not
+    import."""
+    global _adapter
+    if _adapter is None:
+        try:
+            from mate.mamba.adapters import Adapter
+        except Exception as e:  # noqa: BLE001  (MATE fails before its helper can say how: the cause is in e)
+            raise ImportError(f"{NAME}: the MATE runtime is missing, or installed but broken: {e!r}") from e
+        from . import __version__
+
+        _adapter = Adapter(
+            NAME,
+            __version__,
+            package="vllm",
+            engine="vLLM",
+            tested=("0.33.0",),
+            settings=settings,
+            status=("version", "ssu", "prefill", "replayssm"),
+        )
+    return _adapter
