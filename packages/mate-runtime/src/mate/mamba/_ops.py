@@ -298,19 +298,25 @@ REPLAY = OpTable(REPLAY_PARAMS)
 # ------------------------------------------------------------------------------------------------ SSU
 
 
-def _ssu_impl(*args, **kwargs) -> None:
-    args = SSU.ordered(args, kwargs)
-    run("ssu", normalize_ssu(*args[:-1]), args[-1])
+def _out_op(name: str, op: str, table: OpTable, normalize):
+    """The custom op ``mate::name`` of an op that writes ``out`` in place and returns nothing: its real
+    implementation normalises and dispatches, its fake validates only (nothing is allocated)."""
+
+    def impl(*args, **kwargs) -> None:
+        args = table.ordered(args, kwargs)
+        run(op, normalize(*args[:-1]), args[-1])
+
+    impl.__signature__ = table.signature(None)
+    custom = torch.library.custom_op(f"mate::{name}", impl, mutates_args=table.mutated)
+
+    @custom.register_fake
+    def fake(*args, **kwargs) -> None:
+        normalize(*table.ordered(args, kwargs)[:-1])
+
+    return custom
 
 
-_ssu_impl.__signature__ = SSU.signature(None)
-_ssu_op = torch.library.custom_op("mate::selective_state_update", _ssu_impl, mutates_args=SSU.mutated)
-
-
-@_ssu_op.register_fake
-def _ssu_fake(*args, **kwargs) -> None:
-    # Validation only (shapes, dtypes, forms, unsupported capabilities); nothing is allocated.
-    normalize_ssu(*SSU.ordered(args, kwargs)[:-1])
+_out_op("selective_state_update", "ssu", SSU, normalize_ssu)
 
 
 def _traced_out(table: OpTable, op):
@@ -372,18 +378,7 @@ __all__ = ["SSD", "SSD_PARAMS", "SSU", "SSU_PARAMS", "OpTable", "Param", "trace_
 # ------------------------------------------------------------------------------------------------ ReplaySSM
 
 
-def _replay_impl(*args, **kwargs) -> None:
-    args = REPLAY.ordered(args, kwargs)
-    run("replay", normalize_replay(*args[:-1]), args[-1])
-
-
-_replay_impl.__signature__ = REPLAY.signature(None)
-_replay_op = torch.library.custom_op("mate::replay_state_update", _replay_impl, mutates_args=REPLAY.mutated)
-
-
-@_replay_op.register_fake
-def _replay_fake(*args, **kwargs) -> None:
-    normalize_replay(*REPLAY.ordered(args, kwargs)[:-1])  # validation only
+_out_op("replay_state_update", "replay", REPLAY, normalize_replay)
 
 
 # The traced replay_state_update (the table's parameters, positionally): emits the op, returns out.

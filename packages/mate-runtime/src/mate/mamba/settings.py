@@ -5,34 +5,7 @@ The table itself lives below every layer (:mod:`mate.mamba._platform.settings`, 
 the backends read it; this is its public face.
 """
 
-from mate.mamba._platform.settings import (
-    ADAPTERS,
-    ON_OFF,
-    SETTINGS,
-    Setting,
-    adapters,
-    declare,
-    describe,
-    get,
-    names,
-    on_off,
-    override,
-    parse,
-    reset,
-)
+from mate.mamba._platform import settings as _table
+from mate.mamba._platform.settings import *  # noqa: F403  (the table's public names, __all__ below)
 
-__all__ = [
-    "ADAPTERS",
-    "ON_OFF",
-    "SETTINGS",
-    "Setting",
-    "adapters",
-    "declare",
-    "describe",
-    "get",
-    "names",
-    "on_off",
-    "override",
-    "parse",
-    "reset",
-]
+__all__ = _table.__all__
