@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import itertools
 import linecache
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ONE_TOKEN, PACKED = "one_token", "packed"
+REPLAY, MATERIALIZE = "replay", "materialize"
 VARIANTS = (None, "scaled", "sr")
 
 
@@ -73,6 +74,59 @@ SSU_ARGS = (
 )
 
 
+def _one_kernel(kernel: str, *args: Arg) -> tuple[Arg, ...]:
+    """The description of a family of one kernel: every argument taken by ``kernel``."""
+    return tuple(replace(a, kernels=(kernel,)) for a in args)
+
+
+# The ReplaySSM decode kernel (mate_kernels.ssu_replay). D, z, dt_bias, slots and cu are dummies when absent
+# (``flags``); ``ntok`` is the tokens per sequence (``max_seqlen`` packed), ``window`` the ring's L - T.
+REPLAY_ARGS = _one_kernel(
+    REPLAY,
+    Arg("state", dtype_field="state_dtype"),
+    Arg("x_cache"),
+    Arg("B_cache"),
+    Arg("dt_cache"),
+    Arg("ring_start"),
+    Arg("pnat"),
+    Arg("x", dtype_field="io_dtype"),
+    Arg("dt", dtype_field="dt_dtype"),
+    Arg("A"),
+    Arg("B"),
+    Arg("C"),
+    Arg("D"),
+    Arg("z"),
+    Arg("dt_bias"),
+    Arg("out"),
+    Arg("slots", dtype_field="slot_dtype"),
+    Arg("cu"),
+    Arg("nseq", "int32"),
+    Arg("ntok", "int32"),
+    Arg("window", "int32"),
+    Arg("pad", "int64"),
+    Arg("flags", "int32"),
+    Arg("state_scale", variant="scaled"),
+    Arg("rand_seed", variant="sr"),
+)
+
+# The ReplaySSM materialisation kernel (mate_kernels.ssu_materialize): the four request tables share one dtype.
+MATERIALIZE_ARGS = _one_kernel(
+    MATERIALIZE,
+    Arg("state", dtype_field="state_dtype"),
+    Arg("x_cache", dtype_field="io_dtype"),
+    Arg("B_cache"),
+    Arg("dt_cache"),
+    Arg("A"),
+    Arg("ring_start", dtype_field="index_dtype"),
+    Arg("prefix"),
+    Arg("src"),
+    Arg("dst"),
+    Arg("batch", "int32"),
+    Arg("pad", "int64"),
+    Arg("state_scale", variant="scaled"),
+)
+
+
 def args_of(family: tuple[Arg, ...], kernel: str, variant: str | None = None) -> tuple[Arg, ...]:
     """The arguments of one kernel and variant of ``family``, in launch order."""
     if variant not in VARIANTS:
@@ -110,4 +164,5 @@ def prim_func(T, name: str, family: tuple[Arg, ...], kernel: str, variant: str |
     return T.prim_func(scope[name])
 
 
-__all__ = ["Arg", "SSU_ARGS", "ONE_TOKEN", "PACKED", "VARIANTS", "args_of", "launch_args", "prim_func"]
+__all__ = ["Arg", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "ONE_TOKEN", "PACKED", "REPLAY", "MATERIALIZE",
+           "VARIANTS", "args_of", "launch_args", "prim_func"]  # fmt: skip

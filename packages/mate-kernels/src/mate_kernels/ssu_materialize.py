@@ -15,8 +15,9 @@ leaves the tensors (the planner launches rings of at most ``ring_rows`` rows). T
 prefix-cache event, not a decode step), so the fold is the plain recurrence.
 """
 
-# no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
+from types import SimpleNamespace
 
+from .abi import MATERIALIZE, MATERIALIZE_ARGS, prim_func
 from .formats import QMAX
 from .ssu_common import SSUTiling, choose_tiling
 
@@ -36,9 +37,10 @@ def materialize_kernel(
 ):
     """Return the ``T.prim_func`` of one materialisation configuration (see the module docstring).
 
-    Argument order: ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``, ``B_cache [S, G, L, N]``, ``dt_cache [S, H,
-    L]`` fp32, ``A [H]`` fp32, ``ring_start``, ``prefix``, ``src``, ``dst`` ``[batch]`` (``index_dtype``), then
-    ``batch``, ``pad`` (int64), then ``state_scale [S, H, P]`` fp32 for a block-scaled state.
+    Arguments (:data:`.abi.MATERIALIZE_ARGS`, in launch order): ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``,
+    ``B_cache [S, G, L, N]``, ``dt_cache [S, H, L]`` fp32, ``A [H]`` fp32, ``ring_start``, ``prefix``, ``src``,
+    ``dst`` ``[batch]`` (``index_dtype``), then ``batch``, ``pad`` (int64), then ``state_scale [S, H, P]`` fp32 for
+    a block-scaled state.
 
     ``ring_rows``: the staged ring rows (a power of two >= ``L``); ``tiling`` (default
     :func:`.ssu_common.choose_tiling`) and ``vector_state`` mean what they mean for :func:`.ssu.ssu_kernel`,
@@ -65,16 +67,18 @@ def materialize_kernel(
     s_s0, s_s1, q_s0, q_s1 = T.dynamic("s_s0, s_s1, q_s0, q_s1", i64)
     xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2 = T.dynamic("xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2", i64)
     sa0 = T.dynamic("sa0")
-    state_t = T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype)
-    xc_t = T.StridedTensor((S, H, L, P), (xc0, xc1, xc2, 1), io_dtype)
-    bc_t = T.StridedTensor((S, G, L, N), (bc0, bc1, bc2, 1), io_dtype)
-    dc_t = T.StridedTensor((S, H, L), (dc0, dc1, dc2), f32)
-    A_t = T.StridedTensor((H,), (sa0,), f32)
-    rs_t = T.Tensor((NREQ,), index_dtype)
-    pre_t = T.Tensor((NREQ,), index_dtype)
-    src_t = T.Tensor((NREQ,), index_dtype)
-    dst_t = T.Tensor((NREQ,), index_dtype)
-    scale_t = T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32)
+    ty = SimpleNamespace(
+        state=T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype),
+        x_cache=T.StridedTensor((S, H, L, P), (xc0, xc1, xc2, 1), io_dtype),
+        B_cache=T.StridedTensor((S, G, L, N), (bc0, bc1, bc2, 1), io_dtype),
+        dt_cache=T.StridedTensor((S, H, L), (dc0, dc1, dc2), f32),
+        A=T.StridedTensor((H,), (sa0,), f32),
+        ring_start=T.Tensor((NREQ,), index_dtype),
+        prefix=T.Tensor((NREQ,), index_dtype),
+        src=T.Tensor((NREQ,), index_dtype),
+        dst=T.Tensor((NREQ,), index_dtype),
+        state_scale=T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32),
+    )
 
     @T.macro
     def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale):
@@ -148,22 +152,9 @@ def materialize_kernel(
                     else:
                         ops.store_state(s, buf, pool, dl, h, pb, tx)
 
-    if quant:
-
-        @T.prim_func
-        def ssu_materialize_scaled(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, A: A_t,
-                                   ring_start: rs_t, prefix: pre_t, src: src_t, dst: dst_t, batch: T.int32,
-                                   pad: T.int64, state_scale: scale_t):  # fmt: skip
-            body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, state_scale)
-
-        return ssu_materialize_scaled
-
-    @T.prim_func
-    def ssu_materialize(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, A: A_t, ring_start: rs_t,
-                        prefix: pre_t, src: src_t, dst: dst_t, batch: T.int32, pad: T.int64):  # fmt: skip
-        body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, None)
-
-    return ssu_materialize
+    # the scaled kernel is the same body with the scales as one more argument
+    name = "ssu_materialize_scaled" if quant else "ssu_materialize"
+    return prim_func(T, name, MATERIALIZE_ARGS, MATERIALIZE, "scaled" if quant else None, ty, body)
 
 
 __all__ = ["materialize_kernel"]

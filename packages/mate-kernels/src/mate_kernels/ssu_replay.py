@@ -40,8 +40,9 @@ x's rows and into ``new_rows``. Whatever the tables hold, no access leaves the t
 of at most ``ring_rows`` rows and at most ``new_rows`` tokens per sequence).
 """
 
-# no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
+from types import SimpleNamespace
 
+from .abi import REPLAY, REPLAY_ARGS, prim_func
 from .formats import QMAX
 from .ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, SSUTiling, choose_tiling
 
@@ -65,7 +66,7 @@ def replay_kernel(
 ):
     """Return the ``T.prim_func`` of one ReplaySSM decode configuration (see the module docstring).
 
-    Argument order (the launcher passes them positionally): ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``,
+    Arguments (:data:`.abi.REPLAY_ARGS`, in launch order): ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``,
     ``B_cache [S, G, L, N]``, ``dt_cache [S, H, L]`` fp32, ``ring_start [S]``, ``pnat [S]`` int32, ``x [XB, XT,
     H, P]``, ``dt [XB, XT, H]``, ``A [H]`` fp32, ``B, C [XB, XT, G, N]``, ``D [HD]``, ``z [.., .., .., ..]``,
     ``dt_bias [HB]`` (fp32; D, z, dt_bias dummies when absent), ``out`` like x, ``slots [LS]``, ``cu [LC]`` int32,
@@ -114,25 +115,28 @@ def replay_kernel(
     sb0, sb1, sb2, sc0, sc1, sc2 = T.dynamic("sb0, sb1, sb2, sc0, sc1, sc2")
     so0, so1, so2, so3, sz0, sz1, sz2, sz3 = T.dynamic("so0, so1, so2, so3, sz0, sz1, sz2, sz3")
     sa0, sD0, sB0 = T.dynamic("sa0, sD0, sB0")
-    state_t = T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype)
-    xc_t = T.StridedTensor((S, H, L, P), (xc0, xc1, xc2, 1), io_dtype)
-    bc_t = T.StridedTensor((S, G, L, N), (bc0, bc1, bc2, 1), io_dtype)
-    dc_t = T.StridedTensor((S, H, L), (dc0, dc1, dc2), f32)
     # (one type object per parameter: TileLang binds parameters of one annotation object to one buffer)
-    rs_t = T.Tensor((S,), "int32")
-    pk_t = T.Tensor((S,), "int32")
-    x_t = T.StridedTensor((XB, XT, H, P), (sx0, sx1, sx2, sx3), io_dtype)
-    dt_t = T.StridedTensor((XB, XT, H), (sd0, sd1, sd2), dt_dtype)
-    A_t = T.StridedTensor((H,), (sa0,), f32)
-    B_t = T.StridedTensor((XB, XT, G, N), (sb0, sb1, sb2, 1), io_dtype)
-    C_t = T.StridedTensor((XB, XT, G, N), (sc0, sc1, sc2, 1), io_dtype)
-    D_t = T.StridedTensor((HD,), (sD0,), f32)
-    z_t = T.StridedTensor((ZB, ZT, HZ, PZ), (sz0, sz1, sz2, sz3), io_dtype)
-    dtb_t = T.StridedTensor((HB,), (sB0,), f32)
-    out_t = T.StridedTensor((XB, XT, H, P), (so0, so1, so2, so3), io_dtype)
-    slots_t = T.Tensor((LS,), slot_dtype)
-    cu_t = T.Tensor((LC,), "int32")
-    scale_t = T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32)
+    ty = SimpleNamespace(
+        state=T.StridedTensor((S, H, P, N), (s_s0, s_s1, N, 1), state_dtype),
+        x_cache=T.StridedTensor((S, H, L, P), (xc0, xc1, xc2, 1), io_dtype),
+        B_cache=T.StridedTensor((S, G, L, N), (bc0, bc1, bc2, 1), io_dtype),
+        dt_cache=T.StridedTensor((S, H, L), (dc0, dc1, dc2), f32),
+        ring_start=T.Tensor((S,), "int32"),
+        pnat=T.Tensor((S,), "int32"),
+        x=T.StridedTensor((XB, XT, H, P), (sx0, sx1, sx2, sx3), io_dtype),
+        dt=T.StridedTensor((XB, XT, H), (sd0, sd1, sd2), dt_dtype),
+        A=T.StridedTensor((H,), (sa0,), f32),
+        B=T.StridedTensor((XB, XT, G, N), (sb0, sb1, sb2, 1), io_dtype),
+        C=T.StridedTensor((XB, XT, G, N), (sc0, sc1, sc2, 1), io_dtype),
+        D=T.StridedTensor((HD,), (sD0,), f32),
+        z=T.StridedTensor((ZB, ZT, HZ, PZ), (sz0, sz1, sz2, sz3), io_dtype),
+        dt_bias=T.StridedTensor((HB,), (sB0,), f32),
+        out=T.StridedTensor((XB, XT, H, P), (so0, so1, so2, so3), io_dtype),
+        slots=T.Tensor((LS,), slot_dtype),
+        cu=T.Tensor((LC,), "int32"),
+        state_scale=T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32),
+        rand_seed=T.Tensor((1,), i64),
+    )
 
     def softplus(d):
         return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
@@ -382,40 +386,11 @@ def replay_kernel(
                         if ti < tb:
                             dt_cache[slot, h, (rs + pk + ti) % L] = dtn[ti]
 
-    # TileLang reads a kernel's parameters from the Python signature: one signature per trailing argument
-    if quant:
-
-        @T.prim_func
-        def ssu_replay_scaled(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, ring_start: rs_t,
-                              pnat: pk_t, x: x_t, dt: dt_t, A: A_t, B: B_t, C: C_t, D: D_t, z: z_t, dt_bias: dtb_t,
-                              out: out_t, slots: slots_t, cu: cu_t, nseq: T.int32, ntok: T.int32, window: T.int32,
-                              pad: T.int64, flags: T.int32, state_scale: scale_t):  # fmt: skip
-            body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
-                 nseq, ntok, window, pad, flags, state_scale, None)  # fmt: skip
-
-        return ssu_replay_scaled
-
-    if sr is not None:
-
-        @T.prim_func
-        def ssu_replay_sr(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, ring_start: rs_t,
-                          pnat: pk_t, x: x_t, dt: dt_t, A: A_t, B: B_t, C: C_t, D: D_t, z: z_t, dt_bias: dtb_t,
-                          out: out_t, slots: slots_t, cu: cu_t, nseq: T.int32, ntok: T.int32, window: T.int32,
-                          pad: T.int64, flags: T.int32, rand_seed: T.Tensor((1,), i64)):  # fmt: skip
-            body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
-                 nseq, ntok, window, pad, flags, None, rand_seed)  # fmt: skip
-
-        return ssu_replay_sr
-
-    @T.prim_func
-    def ssu_replay(state: state_t, x_cache: xc_t, B_cache: bc_t, dt_cache: dc_t, ring_start: rs_t, pnat: pk_t,
-                   x: x_t, dt: dt_t, A: A_t, B: B_t, C: C_t, D: D_t, z: z_t, dt_bias: dtb_t, out: out_t,
-                   slots: slots_t, cu: cu_t, nseq: T.int32, ntok: T.int32, window: T.int32, pad: T.int64,
-                   flags: T.int32):  # fmt: skip
-        body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
-             nseq, ntok, window, pad, flags, None, None)  # fmt: skip
-
-    return ssu_replay
+    # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
+    # with the seed
+    variant = "scaled" if quant else "sr" if sr is not None else None
+    name = {None: "ssu_replay", "scaled": "ssu_replay_scaled", "sr": "ssu_replay_sr"}[variant]
+    return prim_func(T, name, REPLAY_ARGS, REPLAY, variant, ty, body)
 
 
 __all__ = ["replay_kernel"]

@@ -80,19 +80,27 @@ def compile_grid() -> list[ReplaySpec | MaterializeSpec]:
     on vLLM's default ring of 16 + 1 rows), MTP 6 on a ring of 16 + 6, fp16 with stochastic rounding, bf16 dt with
     int64 slots, and P 80 / N 256 untied groups with an fp16 state on a ring of 64 rows."""
     f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
-    one, mtp = (32, 1), (32, 8)
-    grid = [(64, 128, 16, sdt, bf16, f32, i32, 0, one) for sdt in (f32, bf16, f16, torch.int16, torch.int8,
-                                                                   torch.float8_e4m3fn)]  # fmt: skip
-    grid += [(64, 128, 16, bf16, bf16, f32, i32, 0, mtp), (64, 128, 16, f32, bf16, f32, i32, 0, mtp),
-             (64, 128, 16, f16, bf16, f32, i32, 10, one), (64, 128, 16, bf16, bf16, bf16, i64, 0, one),
-             (80, 256, 1, f16, f16, f16, i32, 0, (64, 4))]  # fmt: skip
-    specs = [spec_for(P, N, ratio, sdt, io, dt, slot, rounds, True, True, rows)
-             for P, N, ratio, sdt, io, dt, slot, rounds, rows in grid]  # fmt: skip
-    # the materialisation kernel: every state format at the Nemotron-H shape, int64 tables, P 80 / N 256 fp16
-    specs += [materialize_spec_for(64, 128, 16, sdt, bf16, i32, 32, True, True)
-              for sdt in (f32, bf16, f16, torch.int16, torch.int8, torch.float8_e4m3fn)]  # fmt: skip
-    specs += [materialize_spec_for(64, 128, 16, bf16, bf16, i64, 32, True, False),
-              materialize_spec_for(80, 256, 1, f16, f16, i32, 64, True, True)]  # fmt: skip
+    formats = (f32, bf16, f16, torch.int16, torch.int8, torch.float8_e4m3fn)
+
+    def decode(state, *, rows=(32, 1), dim=64, dstate=128, ratio=16, io=bf16, dt=f32, slot=i32, rounds=0):
+        dtypes = {"state_dtype": state, "io_dtype": io, "dt_dtype": dt, "slot_dtype": slot}
+        return spec_for(dim=dim, dstate=dstate, heads_per_group=ratio, dtypes=dtypes, vector_state=True,
+                        vector_io=True, ring_rows=rows[0], new_rows=rows[1], philox_rounds=rounds)  # fmt: skip
+
+    def materialize(state, *, ring_rows=32, dim=64, dstate=128, ratio=16, io=bf16, index=i32, vector_io=True):
+        dtypes = {"state_dtype": state, "io_dtype": io, "index_dtype": index}
+        return materialize_spec_for(dim=dim, dstate=dstate, heads_per_group=ratio, dtypes=dtypes,
+                                    ring_rows=ring_rows, vector_state=True, vector_io=vector_io)  # fmt: skip
+
+    mtp = (32, 8)
+    specs = [decode(sdt) for sdt in formats]
+    specs += [decode(bf16, rows=mtp), decode(f32, rows=mtp), decode(f16, rounds=10), decode(bf16, dt=bf16, slot=i64),
+              decode(f16, rows=(64, 4), dim=80, dstate=256, ratio=1, io=f16, dt=f16)]  # fmt: skip
+    # the materialisation kernel: every state format at the Nemotron-H shape, int64 tables (with rings off the
+    # 16-byte grid), P 80 / N 256 fp16
+    specs += [materialize(sdt) for sdt in formats]
+    specs += [materialize(bf16, index=i64, vector_io=False),
+              materialize(f16, ring_rows=64, dim=80, dstate=256, ratio=1, io=f16)]  # fmt: skip
     return specs
 
 

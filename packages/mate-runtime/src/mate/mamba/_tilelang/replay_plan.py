@@ -10,13 +10,15 @@ travel as a bitmask plus small dummies, as for the SSU kernels (:mod:`.ssu_plan`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import torch
 from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES
 from mate.mamba._contract.errors import unsupported
 from mate.mamba._contract.replay import MaterializeCall, ReplayCall
 from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
-from mate.mamba._tilelang.ssu_plan import MAX_SEQUENCES, dummy
+from mate.mamba._tilelang.ssu_plan import MAX_SEQUENCES, dtypes_of, dummy
+from mate_kernels.abi import MATERIALIZE, MATERIALIZE_ARGS, REPLAY, REPLAY_ARGS, args_of, launch_args
 from mate_kernels.ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, choose_tiling
 
 
@@ -46,6 +48,7 @@ def tuning(state_dt: torch.dtype, rounds: int) -> Tuning:
 
 
 _SPECS: dict = {}
+_FIELD = itemgetter(0)  # (dtype fields sorted by name into the spec cache's key)
 
 
 def _pow2(n: int, least: int) -> int:
@@ -65,17 +68,22 @@ def staged_rows(L: int, tokens: int) -> tuple[int, int]:
     return ring, min(_pow2(tokens, 1), ring)
 
 
-def spec_for(P, N, ratio, state_dt, io_dt, dt_dt, slot_dt, rounds, vstate, vio, rows=(32, 1)) -> ReplaySpec:
-    static = (P, N, ratio, state_dt, io_dt, dt_dt, slot_dt, rounds, vstate, vio, rows)
+def spec_for(*, dim: int, dstate: int, heads_per_group: int, dtypes: dict, vector_state: bool, vector_io: bool,
+             ring_rows: int = 32, new_rows: int = 1, philox_rounds: int = 0) -> ReplaySpec:  # fmt: skip
+    """The spec of one decode kernel. ``dtypes``: the spec's dtype fields as torch dtypes (:func:`dtypes_of` of
+    the launch values); ``ring_rows`` / ``new_rows``: :func:`staged_rows`; ``philox_rounds``: Philox rounds of
+    fp16 stochastic rounding, 0 for none."""
+    static = (dim, dstate, heads_per_group, tuple(sorted(dtypes.items(), key=_FIELD)), vector_state, vector_io,
+              ring_rows, new_rows, philox_rounds)  # fmt: skip
     spec = _SPECS.get(static)
     if spec is None:
-        t = tuning(state_dt, rounds)
-        n = DTYPE_NAMES
+        state_dt = dtypes["state_dtype"]
+        t = tuning(state_dt, philox_rounds)
+        names = {field: DTYPE_NAMES[dt] for field, dt in dtypes.items()}
         spec = _SPECS[static] = ReplaySpec(
-            dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], dt_dtype=n[dt_dt],
-            slot_dtype=n[slot_dt], ring_rows=rows[0], new_rows=rows[1],
-            tiling=choose_tiling(P, N, n[state_dt], t.per_thread), min_blocks=t.min_blocks,
-            philox_rounds=rounds, vector_state=vstate, vector_io=vio,
+            dim=dim, dstate=dstate, heads_per_group=heads_per_group, **names, ring_rows=ring_rows, new_rows=new_rows,
+            tiling=choose_tiling(dim, dstate, names["state_dtype"], t.per_thread), min_blocks=t.min_blocks,
+            philox_rounds=philox_rounds, vector_state=vector_state, vector_io=vector_io,
         )  # fmt: skip
     return spec
 
@@ -131,8 +139,7 @@ def plan(call: ReplayCall):
     if C.stride(-1) != 1:
         C = C.contiguous()
     bc, xc = call.B_cache, call.x_cache
-    rows = staged_rows(bc.shape[2], call.npredicted)
-    vio = _vector_rings(bc, xc)
+    ring_rows, new_rows = staged_rows(bc.shape[2], call.npredicted)
 
     flags = 0
     f32 = torch.float32
@@ -157,33 +164,42 @@ def plan(call: ReplayCall):
     if slots is not None:
         flags |= FLAG_SRC
         slots = slots if slots.stride(0) == 1 else slots.contiguous()
-        slot_dt = slots.dtype
     else:
-        slot_dt = torch.int32
-        slots = dummy("idx", dev, slot_dt, (1,))
+        slots = dummy("idx", dev, torch.int32, (1,))
     cu = call.cu_seqlens
     if cu is not None:
         flags |= FLAG_CU
         cu = cu if cu.stride(0) == 1 else cu.contiguous()
     else:
         cu = dummy("idx", dev, torch.int32, (1,))
-    ratio = H // B.shape[2]
-    spec = spec_for(P, N, ratio, state.dtype, io_dt, call.dt.dtype, slot_dt, rounds, vstate, vio, rows)
-    args = (state, call.x_cache, bc, call.dt_cache, call.ring_start, call.pnat, call.x, call.dt, call.A, B, C, D, z,
-            dtb, call.out, slots, cu, nseq, call.npredicted, call.window, call.pad_slot_id, flags)  # fmt: skip
+    values = {
+        "state": state, "x_cache": xc, "B_cache": bc, "dt_cache": call.dt_cache, "ring_start": call.ring_start,
+        "pnat": call.pnat, "x": call.x, "dt": call.dt, "A": call.A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dtb,
+        "out": call.out, "slots": slots, "cu": cu, "nseq": nseq, "ntok": call.npredicted, "window": call.window,
+        "pad": call.pad_slot_id, "flags": flags,
+    }  # fmt: skip
+    variant = None
     if call.state_scale is not None:
-        args += (call.state_scale,)
+        variant, values["state_scale"] = "scaled", call.state_scale
     elif rounds:
-        args += (call.rand_seed.reshape(1),)
-    return spec, args
+        variant, values["rand_seed"] = "sr", call.rand_seed.reshape(1)
+    args = args_of(REPLAY_ARGS, REPLAY, variant)
+    spec = spec_for(
+        dim=P, dstate=N, heads_per_group=H // B.shape[2], dtypes=dtypes_of(args, values), vector_state=vstate,
+        vector_io=_vector_rings(bc, xc), ring_rows=ring_rows, new_rows=new_rows, philox_rounds=rounds,
+    )  # fmt: skip
+    return spec, launch_args(args, values)
 
 
-def materialize_spec_for(P, N, ratio, state_dt, io_dt, index_dt, rows, vstate, vio) -> MaterializeSpec:
-    n = DTYPE_NAMES
+def materialize_spec_for(*, dim: int, dstate: int, heads_per_group: int, dtypes: dict, ring_rows: int,
+                         vector_state: bool, vector_io: bool) -> MaterializeSpec:  # fmt: skip
+    """The spec of one materialisation kernel (``dtypes`` as for :func:`spec_for`)."""
+    names = {field: DTYPE_NAMES[dt] for field, dt in dtypes.items()}
+    per_thread = tuning(dtypes["state_dtype"], 0).per_thread
     return MaterializeSpec(
-        dim=P, dstate=N, heads_per_group=ratio, state_dtype=n[state_dt], io_dtype=n[io_dt], index_dtype=n[index_dt],
-        ring_rows=rows, tiling=choose_tiling(P, N, n[state_dt], tuning(state_dt, 0).per_thread), vector_state=vstate,
-        vector_io=vio,
+        dim=dim, dstate=dstate, heads_per_group=heads_per_group, **names, ring_rows=ring_rows,
+        tiling=choose_tiling(dim, dstate, names["state_dtype"], per_thread), vector_state=vector_state,
+        vector_io=vector_io,
     )  # fmt: skip
 
 
@@ -199,17 +215,23 @@ def plan_materialize(call: MaterializeCall):
     if batch > MAX_SEQUENCES:
         unsupported(f"materialize_replayed_state (tilelang) with more than {MAX_SEQUENCES} requests in one call "
                     f"({batch})")  # fmt: skip
-    rows, _ = staged_rows(call.x_cache.shape[2], 1)
+    ring_rows, _ = staged_rows(call.x_cache.shape[2], 1)
     tables = (call.ring_start, call.prefix, call.src, call.dst)
     index_dt = tables[0].dtype if all(t.dtype == tables[0].dtype for t in tables) else torch.int64
-    tables = tuple(t.to(index_dt).contiguous() for t in tables)
-    ratio = H // call.B_cache.shape[1]
-    spec = materialize_spec_for(P, N, ratio, state.dtype, call.x_cache.dtype, index_dt, rows, vstate,
-                                _vector_rings(call.B_cache, call.x_cache))  # fmt: skip
-    args = (state, call.x_cache, call.B_cache, call.dt_cache, call.A, *tables, batch, call.pad_slot_id)
+    ring_start, prefix, src, dst = (t.to(index_dt).contiguous() for t in tables)
+    values = {
+        "state": state, "x_cache": call.x_cache, "B_cache": call.B_cache, "dt_cache": call.dt_cache, "A": call.A,
+        "ring_start": ring_start, "prefix": prefix, "src": src, "dst": dst, "batch": batch, "pad": call.pad_slot_id,
+    }  # fmt: skip
+    variant = None
     if call.state_scale is not None:
-        args += (call.state_scale,)
-    return spec, args
+        variant, values["state_scale"] = "scaled", call.state_scale
+    args = args_of(MATERIALIZE_ARGS, MATERIALIZE, variant)
+    spec = materialize_spec_for(
+        dim=P, dstate=N, heads_per_group=H // call.B_cache.shape[1], dtypes=dtypes_of(args, values),
+        ring_rows=ring_rows, vector_state=vstate, vector_io=_vector_rings(call.B_cache, call.x_cache),
+    )  # fmt: skip
+    return spec, launch_args(args, values)
 
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
@@ -217,11 +239,14 @@ def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dty
     """The specs one serving configuration calls: the decode step with dt fp32 and in the io dtype, and the
     materialisation with ``slot_dtype`` tables, on aligned pools and rings of a ``window`` plus ``tokens`` rows
     (vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative tokens per step)."""
-    ratio = heads // groups
-    rows = staged_rows(window + tokens, tokens)
-    specs = [spec_for(dim, dstate, ratio, state_dtype, io_dtype, dt_dt, slot_dtype, philox_rounds, True, True, rows)
+    ring_rows, new_rows = staged_rows(window + tokens, tokens)
+    shape = {"dim": dim, "dstate": dstate, "heads_per_group": heads // groups, "ring_rows": ring_rows,
+             "vector_state": True, "vector_io": True}  # fmt: skip
+    specs = [spec_for(**shape, dtypes={"state_dtype": state_dtype, "io_dtype": io_dtype, "dt_dtype": dt_dt,
+                                       "slot_dtype": slot_dtype}, new_rows=new_rows, philox_rounds=philox_rounds)
              for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
-    return specs + [materialize_spec_for(dim, dstate, ratio, state_dtype, io_dtype, slot_dtype, rows[0], True, True)]
+    tables = {"state_dtype": state_dtype, "io_dtype": io_dtype, "index_dtype": slot_dtype}
+    return specs + [materialize_spec_for(**shape, dtypes=tables)]
 
 
 __all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for", "spec_for",
