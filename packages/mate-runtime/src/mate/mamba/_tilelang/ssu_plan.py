@@ -13,6 +13,7 @@ docs/design/decisions.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -99,9 +100,13 @@ _SMALL_BLOCKS: dict = {}
 ONE_TOKEN_DTYPES = {"meta_dtype": torch.int32}
 
 
+@functools.cache
 def kernel_args(one_token: bool, variant: str | None) -> tuple:
     """The launch arguments (:class:`mate_kernels.abi.Arg`) of one SSU kernel and variant."""
     return args_of(SSU_ARGS, ONE_TOKEN if one_token else PACKED, variant)
+
+
+DTYPE_FIELDS = tuple(a.dtype_field for a in SSU_ARGS if a.dtype_field is not None)  # the spec's, in ABI order
 
 
 def variant_of(spec: SSUSpec) -> str | None:
@@ -131,8 +136,8 @@ def spec_for(*, one_token: bool, dim: int, dstate: int, heads_per_group: int, dt
     if one_token:
         dtypes = ONE_TOKEN_DTYPES | {"ibuf_dtype": dtypes["state_dtype"]} | dtypes
     small = small_grid and one_token
-    static = (one_token, dim, dstate, heads_per_group, tuple(sorted(dtypes.items(), key=_first)), tied, vector_state,
-              vector_io, small, pdl, philox_rounds)  # fmt: skip
+    static = (one_token, dim, dstate, heads_per_group, tuple(map(dtypes.__getitem__, DTYPE_FIELDS)), tied,
+              vector_state, vector_io, small, pdl, philox_rounds)  # fmt: skip
     spec = _SPECS.get(static)
     if spec is None:
         state_dt = dtypes["state_dtype"]
@@ -145,10 +150,6 @@ def spec_for(*, one_token: bool, dim: int, dstate: int, heads_per_group: int, dt
             min_blocks=t.min_blocks, pdl=pdl, philox_rounds=philox_rounds,
         )  # fmt: skip
     return spec
-
-
-def _first(item):
-    return item[0]
 
 
 def small_grid(nseq: int, heads: int, P: int, N: int, state_dt: torch.dtype, hw: Hardware) -> bool:
@@ -313,7 +314,6 @@ def plan(call: SSUCall):
     if src_t.numel() == 0 or dst_t.numel() == 0:
         raise ValueError("state_batch_indices / dst_state_batch_indices: an empty slot table with sequences to run")
 
-    one = ONE_TOKEN if one_token else PACKED
     variant = "scaled" if scaled else "sr" if rounds else None
     values = {
         "state": state, "x": call.x, "dt": call.dt, "A": call.A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dtb,
@@ -333,7 +333,7 @@ def plan(call: SSUCall):
         )
     elif rounds:
         values["rand_seed"] = call.rand_seed.reshape(1)
-    args = args_of(SSU_ARGS, one, variant)
+    args = kernel_args(one_token, variant)
     spec = spec_for(
         one_token=one_token, dim=P, dstate=N, heads_per_group=H // B.shape[1], dtypes=dtypes_of(args, values),
         tied=call.tie_hdim, vector_state=vstate, vector_io=vio,
