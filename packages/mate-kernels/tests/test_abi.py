@@ -96,3 +96,18 @@ def test_launch_args_by_name():
         launch_args(args, {"state": 0})
     with pytest.raises(ValueError, match="variant"):
         args_of(SSU_ARGS, PACKED, "fp8")
+
+
+SCAN_BASE = ("x", "B", "C", "cu_chunk_seqlens", "seq_idx", "bounds", "dest", "D", "z", "initial_states", "out",
+             "states_out", "dtA", "tmeta", "flags")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "variant, names",
+    [pytest.param(None, SCAN_BASE, id="serial"), pytest.param("split", SCAN_BASE + ("run_states",), id="split")],
+)
+def test_the_ssd_scan_takes_its_arguments_in_order(variant, names):
+    from mate_kernels.abi import SCAN, SSD_SCAN_ARGS
+
+    assert tuple(a.name for a in args_of(SSD_SCAN_ARGS, SCAN, variant)) == names
+    assert [a.name for a in SSD_SCAN_ARGS if a.type != "tensor"] == ["flags"]

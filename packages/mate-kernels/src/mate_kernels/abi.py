@@ -7,8 +7,9 @@ with its type and the kernels and variant it belongs to. From it come
 * the planner's launch arguments (:func:`launch_args`: named values in, the positional tuple out);
 * the tensor dtypes of a kernel spec (``Arg.dtype_field``: the spec field that names the argument's dtype).
 
-A variant is an optional trailing group of arguments: ``"scaled"`` (the fp32 row scales of block-scaled states)
-or ``"sr"`` (the seed of fp16 stochastic rounding). Imports nothing (TileLang is passed in as ``T``).
+A variant is an optional trailing group of arguments: ``"scaled"`` (the fp32 row scales of block-scaled states),
+``"sr"`` (the seed of fp16 stochastic rounding) or ``"split"`` (the SSD scan's run states, the split design).
+Imports nothing (TileLang is passed in as ``T``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import linecache
 from dataclasses import dataclass, replace
 
 ONE_TOKEN, PACKED = "one_token", "packed"
-REPLAY, MATERIALIZE = "replay", "materialize"
-VARIANTS = (None, "scaled", "sr")
+REPLAY, MATERIALIZE, SCAN = "replay", "materialize", "scan"
+VARIANTS = (None, "scaled", "sr", "split")
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,29 @@ MATERIALIZE_ARGS = _one_kernel(
 )
 
 
+# The SSD chunk scan (mate_kernels.ssd_scan): the serial design's kernel, and the split design's with the runs'
+# entering states trailing.
+SSD_SCAN_ARGS = _one_kernel(
+    SCAN,
+    Arg("x"),
+    Arg("B"),
+    Arg("C"),
+    Arg("cu_chunk_seqlens"),
+    Arg("seq_idx"),
+    Arg("bounds"),
+    Arg("dest"),
+    Arg("D"),
+    Arg("z"),
+    Arg("initial_states"),
+    Arg("out"),
+    Arg("states_out"),
+    Arg("dtA"),
+    Arg("tmeta"),
+    Arg("flags", "int32"),
+    Arg("run_states", variant="split"),
+)
+
+
 def args_of(family: tuple[Arg, ...], kernel: str, variant: str | None = None) -> tuple[Arg, ...]:
     """The arguments of one kernel and variant of ``family``, in launch order."""
     if variant not in VARIANTS:
@@ -164,5 +188,5 @@ def prim_func(T, name: str, family: tuple[Arg, ...], kernel: str, variant: str |
     return T.prim_func(scope[name])
 
 
-__all__ = ["Arg", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "ONE_TOKEN", "PACKED", "REPLAY", "MATERIALIZE",
-           "VARIANTS", "args_of", "launch_args", "prim_func"]  # fmt: skip
+__all__ = ["Arg", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "SSD_SCAN_ARGS", "ONE_TOKEN", "PACKED", "REPLAY",
+           "MATERIALIZE", "SCAN", "VARIANTS", "args_of", "launch_args", "prim_func"]  # fmt: skip

@@ -58,6 +58,9 @@ Token, chunk and batch counts are ``T.dynamic``. Factories take plain Python val
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the T.Tensor annotations.
+from types import SimpleNamespace
+
+from .abi import SCAN, SSD_SCAN_ARGS, prim_func
 from .ssd_common import DT_ROWS, LOG2E, META_WIDTH, check_tiling, p_parts
 
 # wgmma issued without waiting for it: the next GEMM's wait completes it
@@ -478,86 +481,26 @@ def ssd_fused_kernel(
                                 states_out[d_row[0], h, p0 + BM + p, n] = state_t[n, p]
             T.tma_store_wait()  # the last tile's store has read shared memory before the CTA exits
 
-    # TileLang reads a kernel's parameters from the Python signature, so the split scan (one more input) is a
-    # second signature around the same body; the plain scan's generated code is unchanged by it.
+    # the split scan is the same body with one more input (its signature from the ABI, abi.SSD_SCAN_ARGS); the plain
+    # scan's generated code is unchanged by it
+    R_ = T.dynamic("R") if split else None
+    ty = SimpleNamespace(
+        x=T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
+        B=T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
+        C=T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
+        cu_chunk_seqlens=T.Tensor((nchunks1,), cu_dtype),
+        seq_idx=T.Tensor((nchunks,), seq_idx_dtype),
+        bounds=T.StridedTensor((batch1,), (bnd_s,), "int32"),
+        dest=T.Tensor((nchunks,), "int32"),
+        D=T.Tensor(D_shape, D_dtype),
+        z=T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
+        initial_states=T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
+        out=T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
+        states_out=T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
+        dtA=T.Tensor((nvt, H, DT_ROWS, BL), accum),
+        tmeta=T.Tensor((nvt, META_WIDTH), "int32"),
+    )
     if split:
-        R_ = T.dynamic("R")
-
-        @T.prim_func
-        def fused_split(
-            x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
-            B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
-            C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
-            cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
-            seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
-            bounds: T.StridedTensor((batch1,), (bnd_s,), "int32"),
-            dest: T.Tensor((nchunks,), "int32"),
-            D: T.Tensor(D_shape, D_dtype),
-            z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
-            initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
-            out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
-            states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
-            dtA: T.Tensor((nvt, H, DT_ROWS, BL), accum),
-            tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
-            flags: T.int32,
-            run_states: T.Tensor((R_, H, P, N), accum),
-        ):
-            scan_body(
-                x,
-                B,
-                C,
-                cu_chunk_seqlens,
-                seq_idx,
-                bounds,
-                dest,
-                D,
-                z,
-                initial_states,
-                out,
-                states_out,
-                dtA,
-                tmeta,
-                flags,
-                run_states,
-            )
-
-        return fused_split
-
-    @T.prim_func
-    def fused(
-        x: T.StridedTensor((T_, H, P), (x_rs, x_hs, 1), io_dtype),
-        B: T.StridedTensor((T_, G, N), (b_rs, b_gs, 1), io_dtype),
-        C: T.StridedTensor((T_, G, N), (c_rs, c_gs, 1), io_dtype),
-        cu_chunk_seqlens: T.Tensor((nchunks1,), cu_dtype),
-        seq_idx: T.Tensor((nchunks,), seq_idx_dtype),
-        bounds: T.StridedTensor((batch1,), (bnd_s,), "int32"),
-        dest: T.Tensor((nchunks,), "int32"),
-        D: T.Tensor(D_shape, D_dtype),
-        z: T.StridedTensor((Tz, H, P), (z_rs, z_hs, 1), io_dtype),
-        initial_states: T.StridedTensor((Bi, H, P, N), (i_bs, P * N, N, 1), init_dtype),
-        out: T.StridedTensor((T_, H, P), (o_rs, o_hs, 1), io_dtype),
-        states_out: T.StridedTensor((So, H, P, N), (s_bs, P * N, N, 1), state_dtype),
-        dtA: T.Tensor((nvt, H, DT_ROWS, BL), accum),
-        tmeta: T.Tensor((nvt, META_WIDTH), "int32"),
-        flags: T.int32,
-    ):
-        scan_body(
-            x,
-            B,
-            C,
-            cu_chunk_seqlens,
-            seq_idx,
-            bounds,
-            dest,
-            D,
-            z,
-            initial_states,
-            out,
-            states_out,
-            dtA,
-            tmeta,
-            flags,
-            None,
-        )
-
-    return fused
+        ty.run_states = T.Tensor((R_, H, P, N), accum)
+        return prim_func(T, "fused_split", SSD_SCAN_ARGS, SCAN, "split", ty, scan_body)
+    return prim_func(T, "fused", SSD_SCAN_ARGS, SCAN, None, ty, scan_body)

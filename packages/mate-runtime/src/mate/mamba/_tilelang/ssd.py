@@ -33,11 +33,13 @@ from mate.mamba._tilelang.ssd_plan import (
     vector_pool,
 )  # fmt: skip
 from mate.mamba._tilelang.workspace import WORKSPACE
+from mate_kernels.abi import SCAN, SSD_SCAN_ARGS, args_of, launch_args
 
 PREWARM_HINT = (
     "mate.mamba.prewarm_ssd_combined_fwd_varlen(heads=..., groups=..., dim=..., dstate=..., chunk_size=..., "
     "io_dtype=..., state_dtype=..., dt_dtype=...)"
 )
+SCAN_ARGS = {v: args_of(SSD_SCAN_ARGS, SCAN, v) for v in (None, "split")}  # the scan's two forms
 DECAY_ROWS = 4  # rows per (tile, head) of the pre-pass's dtA output: dt', cumsum and the two decay rows
 _dummies: dict = {}
 
@@ -171,13 +173,17 @@ def _launch(call: SSDCall, plans: dict) -> torch.Tensor | None:
     dtA = WORKSPACE.get(skey, "dtA", (nvt, H, DECAY_ROWS, BL), torch.float32, dev)
     tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
     dtpass(dt, A, dt_bias, cu, seq_idx, dtA, tmeta, last, scan_fsi, bounds, dest)
+    values = {
+        "x": x, "B": B, "C": C, "cu_chunk_seqlens": cu, "seq_idx": seq_idx, "dest": dest, "D": D, "z": z,
+        "initial_states": init, "out": out, "states_out": st, "dtA": dtA, "tmeta": tmeta, "flags": flags,
+    }  # fmt: skip
     if p.design == "split":
-        _split_scan(p, skey, dev, scan, (x, B, C, cu, seq_idx), (dest, D, z, init, out, st, dtA, tmeta, flags))
+        _split_scan(p, skey, dev, values)
     else:
         # k sequences per CTA: every k-th run bound (k divides the batch, so the view ends on bounds[batch])
         spc = p.seqs_per_cta
-        bounds_k = bounds[::spc] if spc > 1 else bounds
-        scan(x, B, C, cu, seq_idx, bounds_k, dest, D, z, init, out, st, dtA, tmeta, flags)
+        values["bounds"] = bounds[::spc] if spc > 1 else bounds
+        scan(*launch_args(SCAN_ARGS[None], values))
     if out is not call.out:
         call.out.copy_(out)
     if staged_states:
@@ -191,13 +197,14 @@ def _launch(call: SSDCall, plans: dict) -> torch.Tensor | None:
     return None if use_fsi else states
 
 
-def _split_scan(p, skey, dev, scan, inputs, rest) -> None:
+def _split_scan(p, skey, dev, values: dict) -> None:
     """The split design (``mate_kernels.ssd_split``): the state pass and the hand-over over ``p.runs`` even runs
     of chunks, then the scan over the same runs, each entering with the true state. Scratch from the workspace;
-    the run bounds are computed on the device (no host copy: capture-safe)."""
-    x, B, C, cu, seq_idx = inputs
-    dest, D, z, init, out, st, dtA, tmeta, flags = rest
-    R, nchunks = p.runs, seq_idx.shape[0]
+    the run bounds are computed on the device (no host copy: capture-safe). ``values``: the scan's launch values
+    but the runs'."""
+    x, B, cu, init, dtA, tmeta, flags = (values[n] for n in ("x", "B", "cu_chunk_seqlens", "initial_states", "dtA",
+                                                               "tmeta", "flags"))  # fmt: skip
+    R, nchunks = p.runs, values["seq_idx"].shape[0]
     H, P, N = p.scan.heads, p.scan.dim, p.scan.dstate
     runs = WORKSPACE.get(skey, "runs", (R + 1,), torch.int32, dev)
     torch.arange(R + 1, out=runs, dtype=torch.int32)
@@ -206,7 +213,7 @@ def _split_scan(p, skey, dev, scan, inputs, rest) -> None:
     run_dec = WORKSPACE.get(skey, "run_dec", (R, H), torch.float32, dev)
     kernel(p.states, dev)(x, B, cu, runs, init, dtA, tmeta, run_states, run_dec, flags)
     kernel(p.combine, dev)(run_states.view(R, H, P * N), run_dec)
-    scan(x, B, C, cu, seq_idx, runs, dest, D, z, init, out, st, dtA, tmeta, flags, run_states)
+    kernel(p.scan, dev)(*launch_args(SCAN_ARGS["split"], values | {"bounds": runs, "run_states": run_states}))
 
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, target=None,
