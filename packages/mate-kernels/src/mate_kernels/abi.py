@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import operator
 from dataclasses import dataclass, replace
 
 ONE_TOKEN, PACKED = "one_token", "packed"
@@ -151,16 +152,37 @@ SSD_SCAN_ARGS = _one_kernel(
 )
 
 
-def args_of(family: tuple[Arg, ...], kernel: str, variant: str | None = None) -> tuple[Arg, ...]:
-    """The arguments of one kernel and variant of ``family``, in launch order."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
-    return tuple(a for a in family if kernel in a.kernels and a.variant in (None, variant))
+class ArgList(tuple):
+    """The arguments of one kernel and variant, in launch order (a tuple of :class:`Arg`), with what a planner
+    reads of them on every new call form: ``names``, ``dtype_fields`` (``(spec field, argument name)`` pairs) and
+    ``get`` (the launch tuple from named values, one C call)."""
+
+    def __new__(cls, args):
+        self = super().__new__(cls, args)
+        self.names = tuple(a.name for a in self)
+        self.dtype_fields = tuple((a.dtype_field, a.name) for a in self if a.dtype_field is not None)
+        get = operator.itemgetter(*self.names)
+        self.get = get if len(self.names) > 1 else lambda values: (get(values),)
+        return self
 
 
-def launch_args(args: tuple[Arg, ...], values: dict) -> tuple:
+_ARG_LISTS: dict = {}
+
+
+def args_of(family: tuple[Arg, ...], kernel: str, variant: str | None = None) -> ArgList:
+    """The arguments of one kernel and variant of ``family``, in launch order (made once per kernel and variant)."""
+    key = (id(family), kernel, variant)  # (a family is a module constant: its id is its name)
+    found = _ARG_LISTS.get(key)
+    if found is None:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+        found = _ARG_LISTS[key] = ArgList(a for a in family if kernel in a.kernels and a.variant in (None, variant))
+    return found
+
+
+def launch_args(args: ArgList, values: dict) -> tuple:
     """The positional launch arguments of a kernel whose arguments are ``args``, from their named ``values``."""
-    return tuple(values[a.name] for a in args)
+    return args.get(values)
 
 
 _serial = itertools.count()
@@ -188,5 +210,5 @@ def prim_func(T, name: str, family: tuple[Arg, ...], kernel: str, variant: str |
     return T.prim_func(scope[name])
 
 
-__all__ = ["Arg", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "SSD_SCAN_ARGS", "ONE_TOKEN", "PACKED", "REPLAY",
-           "MATERIALIZE", "SCAN", "VARIANTS", "args_of", "launch_args", "prim_func"]  # fmt: skip
+__all__ = ["Arg", "ArgList", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "SSD_SCAN_ARGS", "ONE_TOKEN", "PACKED",
+           "REPLAY", "MATERIALIZE", "SCAN", "VARIANTS", "args_of", "launch_args", "prim_func"]  # fmt: skip

@@ -13,7 +13,6 @@ docs/design/decisions.md.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -100,7 +99,6 @@ _SMALL_BLOCKS: dict = {}
 ONE_TOKEN_DTYPES = {"meta_dtype": torch.int32}
 
 
-@functools.cache
 def kernel_args(one_token: bool, variant: str | None) -> tuple:
     """The launch arguments (:class:`mate_kernels.abi.Arg`) of one SSU kernel and variant."""
     return args_of(SSU_ARGS, ONE_TOKEN if one_token else PACKED, variant)
@@ -124,7 +122,7 @@ def arg_names(spec: SSUSpec) -> tuple[str, ...]:
 
 def dtypes_of(args: tuple, values: dict) -> dict:
     """The spec's dtype fields (torch dtypes) from the named launch values: each argument's ``dtype_field``."""
-    return {a.dtype_field: values[a.name].dtype for a in args if a.dtype_field is not None}
+    return {field: values[name].dtype for field, name in args.dtype_fields}
 
 
 def spec_for(*, one_token: bool, dim: int, dstate: int, heads_per_group: int, dtypes: dict, tied: bool,
