@@ -335,3 +335,19 @@ def cache_dir() -> str:
 
 
 CACHE = KernelCache()
+
+
+def kernel_lookup(prewarm_hint: str):
+    """``(kernel, memo)`` for one launcher module: ``kernel(spec, device)`` is the compiled kernel of ``spec`` from
+    :data:`CACHE` (compiled on a miss; a miss during graph capture raises, naming ``prewarm_hint``), remembered in
+    ``memo`` (spec -> kernel), a plain dict the launch paths read without locking."""
+    memo: dict = {}
+
+    def kernel(spec, device):
+        kern = memo.get(spec)
+        if kern is None:
+            kern = memo[spec] = CACHE.get(spec, spec.build, device, prewarm_hint=prewarm_hint,
+                                          pass_configs=spec.pass_configs())  # fmt: skip
+        return kern
+
+    return kernel, memo

@@ -13,7 +13,7 @@ from mate.mamba._contract.replay import MaterializeCall, ReplayCall, check_mater
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import is_capturing, tilelang_target
-from mate.mamba._tilelang.cache import CACHE, compile_missing
+from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
 from mate.mamba._tilelang.replay_plan import materialize_spec_for, plan, plan_materialize, serving_specs, spec_for
 from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
 
@@ -21,15 +21,7 @@ PREWARM_HINT = (
     "mate.mamba.prewarm_replay_state_update(state_dtype=..., io_dtype=..., heads=..., dim=..., dstate=..., "
     "groups=..., slot_dtype=..., window=..., tokens=...)"
 )
-_kernels: dict = {}
-
-
-def kernel(spec: ReplaySpec | MaterializeSpec, device):
-    kern = _kernels.get(spec)
-    if kern is None:
-        kern = CACHE.get(spec, spec.build, device, prewarm_hint=PREWARM_HINT, pass_configs=spec.pass_configs())
-        _kernels[spec] = kern
-    return kern
+kernel, _kernels = kernel_lookup(PREWARM_HINT)  # kernel(spec, device), and its memo (spec -> kernel)
 
 
 def run(call: ReplayCall, sources: dict | None = None):

@@ -17,7 +17,7 @@ from mate.mamba._contract.ssd import SSDCall, check_index_data
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import hardware, is_capturing, tilelang_target
-from mate.mamba._tilelang.cache import CACHE, compile_missing
+from mate.mamba._tilelang.cache import CACHE, compile_missing, kernel_lookup
 from mate.mamba._tilelang.specs import KernelSpec
 from mate.mamba._tilelang.ssd_plan import (
     VLLM_DT,
@@ -50,16 +50,7 @@ def _kmod():
     return kmod
 
 
-_kernels: dict = {}  # spec -> compiled kernel (a copy of the CACHE entries, read without locking)
-
-
-def kernel(spec: KernelSpec, device):
-    """The compiled kernel of ``spec`` (compiled on a miss; a miss during graph capture raises)."""
-    kern = _kernels.get(spec)
-    if kern is None:
-        kern = CACHE.get(spec, spec.build, device, prewarm_hint=PREWARM_HINT, pass_configs=spec.pass_configs())
-        _kernels[spec] = kern
-    return kern
+kernel, _kernels = kernel_lookup(PREWARM_HINT)  # kernel(spec, device), and its memo (spec -> kernel)
 
 
 def run(call: SSDCall, sources: dict | None = None):
@@ -71,7 +62,7 @@ def run(call: SSDCall, sources: dict | None = None):
     checked = settings.get("MATE_CHECK_INPUTS")
     if checked and not is_capturing(call.x.device):
         check_index_data(call)  # reads the tables back (a sync): the debugging mode only
-    plans = {_alignment(call): plan(call, hardware(call.x.device))}
+    plans: dict = {}  # by pointer alignment, filled by the launches
     result = _launch(call, plans)
     if sources is None or checked:
         return result, None

@@ -12,7 +12,7 @@ import torch
 from mate.mamba._contract.ssu import SSUCall, check_index_data, finish
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import hardware, is_capturing, pdl_for_arch, pdl_for_capability, tilelang_target
-from mate.mamba._tilelang.cache import CACHE, compile_missing
+from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
 from mate.mamba._tilelang.specs import SSUSpec
 from mate.mamba._tilelang.ssu_plan import plan, serving_specs, spec_dtypes, spec_for
 from mate.mamba._tilelang.ssu_recipe import make_recipe
@@ -21,16 +21,7 @@ PREWARM_HINT = (
     "mate.mamba.prewarm_selective_state_update(state_dtype=..., io_dtype=..., batch=..., heads=..., dim=..., "
     "dstate=..., groups=..., slot_dtype=..., packed=..., meta_dtype=..., dt_dim=...)"
 )
-_kernels: dict = {}  # spec -> compiled kernel (a copy of the CACHE entries, read without locking)
-
-
-def kernel(spec: SSUSpec, device):
-    """The compiled kernel of ``spec`` (compiled on a miss; a miss during graph capture raises)."""
-    kern = _kernels.get(spec)
-    if kern is None:
-        kern = CACHE.get(spec, spec.build, device, prewarm_hint=PREWARM_HINT, pass_configs=spec.pass_configs())
-        _kernels[spec] = kern
-    return kern
+kernel, _kernels = kernel_lookup(PREWARM_HINT)  # kernel(spec, device), and its memo (spec -> kernel)
 
 
 def run(call: SSUCall, sources: dict | None = None):
