@@ -157,3 +157,22 @@ def test_replay_prebuilds_one_flashinfer_module_per_configuration(argv, n_config
 def test_replay_rejects_negative_prebuild_jobs(capsys):
     assert bench_replay.main(["--prebuild-jobs", "-1"]) == 2
     assert "--prebuild-jobs" in capsys.readouterr().err
+
+
+def test_ssu_state_list_and_ceiling_column():
+    """``--state int8,bf16``: the cases of both formats (so the int8 line can report the bf16 peers); a bad name
+    exits 2 before any device is needed; MATE's line carries its fraction of the copy ceiling."""
+    args = bench_ssu.build_parser().parse_args(["--state", "int8,bf16", "--quick"])
+    chosen = bench_ssu.selected_cases(True, args.state)
+    assert {c.state_name for c in chosen} == {"int8", "bf16"}
+    with pytest.raises(SystemExit) as exc:
+        bench_ssu.build_parser().parse_args(["--state", "int8,int4"])
+    assert exc.value.code == 2
+    base = dict(op="one-token", shape="s", heads=128, dim=64, dstate=128, groups=8, batch=64)
+    rows = [
+        dict(base, state="int8", impl="mate", us=50.0, tbps=2.5, pct_ceiling=83.3),
+        dict(base, state="bf16", impl="vllm", us=100.0, tbps=2.7, pct_ceiling=90.0),
+    ]
+    lines = {line["state"]: line for line in bench_ssu.pivot(rows)}
+    assert lines["int8"]["MATE % of copy ceiling"] == 83.3 and lines["int8"]["best bf16 peer / MATE"] == 2.0
+    assert "MATE % of copy ceiling" not in lines["bf16"]

@@ -96,6 +96,17 @@ def test_emulated_quantised_state(case, dtype):
     check_quantised(small(case), dtype, kernel=emulated_kernel, dev="cpu")
 
 
+ONE_BYTE = [q for q in QDTYPES if q.values[0].itemsize == 1]
+
+
+@pytest.mark.parametrize("dtype", ONE_BYTE)
+@pytest.mark.parametrize("case", [q for q in QUANTISED if q.id.startswith("one-")])
+def test_emulated_staged_design(case, dtype, monkeypatch):
+    """int8 / fp8: the staged one-token design (large grids), the small-grid rule off so these grids run it."""
+    monkeypatch.setattr(ssu_plan, "SMALL_GRID_CTAS_PER_SM", {})
+    check_quantised(small(case), dtype, kernel=emulated_kernel, dev="cpu")
+
+
 @pytest.mark.parametrize("case", ROUNDED)
 def test_emulated_stochastic_rounding(case):
     check_sr(small(case), kernel=emulated_kernel, dev="cpu")

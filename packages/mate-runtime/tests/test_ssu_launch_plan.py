@@ -176,6 +176,27 @@ def test_small_grid_needs_full_chunks():
     assert not tl_ssu.small_grid(1024, 128, 64, 128, BF16, hw)
 
 
+@pytest.mark.parametrize("dtype", [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")])
+def test_one_byte_states_stage_large_grids(dtype):
+    """int8 / fp8 one-token calls: the staged design above 8 CTAs per SM (its tiling: one CTA per head at P 64),
+    the register design at or below; never staged without 16-byte pool accesses, nor in the packed kernel."""
+    hw = PLANNING_DEFAULT  # 132 SMs: 1056 CTAs are 8 per SM
+    assert tl_ssu.small_grid(8, 128, 64, 128, dtype, hw)
+    assert not tl_ssu.small_grid(9, 128, 64, 128, dtype, hw)
+    for rows, staged in ((132, False), (133, True)):  # H 8: one CTA per (sequence, head)
+        state, x, dt, A, B, C = inputs(rows, state_dtype=dtype, slots=rows + 1)
+        spec, _ = plan_of(state, x, dt, A, B, C, None, state_scale=torch.ones(state.shape[:3]))
+        assert spec.staged is staged
+        assert spec.tiling == kssu.choose_tiling(P, N, spec.state_dtype, 4 if staged else 2)
+    state, x, dt, A, B, C = inputs(200, state_dtype=dtype, slots=201)
+    odd = torch.zeros(state.numel() + 1, dtype=dtype)[1:].view(state.shape)  # off 16-byte alignment
+    spec, _ = plan_of(odd, x, dt, A, B, C, None, state_scale=torch.ones(state.shape[:3]))
+    assert not spec.vector_state and not spec.staged
+    cu = torch.tensor([0, 100, 200], dtype=I32)
+    spec, _ = plan_of(state, x, dt, A, B, C, None, state_scale=torch.ones(state.shape[:3]), cu_seqlens=cu)
+    assert not spec.one_token and not spec.staged
+
+
 @pytest.mark.parametrize(
     ("setting", "kind", "major", "expect"),
     [
@@ -238,7 +259,7 @@ def test_every_state_format_has_its_tuning_rows(dtype):
     f = STATE_FORMATS[dtype]
     assert tl_ssu.tuning(dtype, False) is tl_ssu.TUNING[(f.tuning_key, "packed")]
     assert tl_ssu.tuning(dtype, True) is tl_ssu.TUNING[(f.tuning_key, "one_token")]
-    small = "one_token_small" if dtype in tl_ssu.TWO_BYTE_STATES else "one_token"
+    small = "one_token_small" if (f.tuning_key, "one_token_small") in tl_ssu.TUNING else "one_token"
     assert tl_ssu.tuning(dtype, True, small_grid=True) is tl_ssu.TUNING[(f.tuning_key, small)]
     if f.sr_tuning_key is not None:
         for one_token, kernel in ((True, "one_token"), (False, "packed")):
@@ -331,10 +352,13 @@ def test_stochastic_rounding_needs_four_values_per_counter():
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_serving_specs_of_a_quantised_pool(qdtype):
-    """What prewarm compiles for a block-scaled pool: one-token and packed, dt fp32 and bf16, no small-grid form."""
+    """What prewarm compiles for a block-scaled pool: one-token and packed, dt fp32 and bf16; int8 / fp8 also the
+    small-grid one-token form (the register design beside the staged one)."""
     specs = tl_ssu.serving_specs(state_dtype=qdtype, io_dtype=BF16, heads=H, dim=P, dstate=N, groups=G,
                                  slot_dtype=I32, packed=True, meta_dtype=I32, tie_hdim=True)  # fmt: skip
-    assert len(specs) == 4
+    one_byte = STATE_FORMATS[qdtype].bytes == 1
+    assert len(specs) == (6 if one_byte else 4)
     assert {s.state_dtype for s in specs} == {DTYPE_NAMES[qdtype]}
-    assert sorted(s.one_token for s in specs) == [False, False, True, True]
+    assert sorted(s.one_token for s in specs) == [False, False] + [True] * (4 if one_byte else 2)
+    assert sum(s.staged for s in specs) == (2 if one_byte else 0)
     assert not any(s.pack_early for s in specs)

@@ -70,6 +70,7 @@ def ssu_kernel(
     min_blocks: int = 0,
     pdl: bool = False,
     philox_rounds: int = 0,
+    staged: bool = False,
 ):
     """Return the ``T.prim_func`` of one SSU kernel configuration (see the module docstring).
 
@@ -89,6 +90,9 @@ def ssu_kernel(
     * ``philox_rounds`` (fp16 states): > 0 rounds every fp16 value written (pool, and an fp16 intermediate
       buffer) stochastically with Philox-4x32 of that many rounds, seeded by the trailing ``rand_seed``
       (:func:`.ssu_parts.row_ops`' ``sr_ops``); the one-token kernel then narrows nothing early.
+    * ``staged`` (one-token kernel, block-scaled states with 16-byte accesses): the state is copied into shared
+      memory asynchronously and updated in two passes (:mod:`.ssu_one_token`), so the bytes in flight do not
+      depend on the registers a thread holds.
     * ``pdl``: programmatic dependent launch (CUDA sm_90+): every CTA first allows the next kernel on the stream
       to launch (``T.pdl_trigger()``), then waits for the previous one to complete (``T.pdl_sync()``) before its
       first global read. TileLang then drops ``__restrict__`` from the pointer parameters.
@@ -122,7 +126,7 @@ def ssu_kernel(
         # a float of 2 bytes, rounded to nearest (stochastic rounding needs the fp32 value where it is stored)
         fmt = FORMATS[state_dtype]
         early = bool(pack_early) and fmt.bytes == 2 and not fmt.block_scaled and not philox_rounds
-        return one_token_kernel(T, ops, ty, pack_early=early, **common)
+        return one_token_kernel(T, ops, ty, pack_early=early, staged=staged, **common)
     return packed_kernel(T, ops, ty, ibuf_dtype=ibuf_dtype, **common)
 
 

@@ -23,7 +23,7 @@ from .ssu_common import FLAG_DST, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, MODE_NONE
 
 
 def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied, vector_state, vector_io,
-                     pack_early, min_blocks, pdl, philox_rounds=0):  # fmt: skip
+                     pack_early, min_blocks, pdl, philox_rounds=0, staged=False):  # fmt: skip
     """The ``T.prim_func`` (``ops``: :func:`.ssu_parts.row_ops`, ``ty``: :func:`.ssu_parts.tensor_types`)."""
     ratio = heads_per_group
     VEC, NV, L, R, TH, NB, NS, NA = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.NB, ops.NS, ops.NA
@@ -32,6 +32,8 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
     apply_softplus, recur_and_reduce, write_y = ops.apply_softplus, ops.recur_and_reduce, ops.write_y
     store_raw, store_state, load_io_chunk = ops.store_raw, ops.store_state, ops.load_io_chunk
     quant = state_dtype in QMAX  # block-scaled: the scales are one more argument, ``state_scale``
+    if staged and not (quant and vector_state):
+        raise ValueError("staged: the staged design serves a block-scaled state with 16-byte accesses")
     q = ops.quant_ops(state_dtype) if quant else None
     sr = ops.sr_ops(philox_rounds) if philox_rounds else None  # fp16 stochastic rounding: ``rand_seed`` trails
     H, S = ty.H, ty.S
@@ -51,8 +53,15 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 T.pdl_trigger()
                 T.pdl_sync()
             tx = T.get_thread_binding()
-            s = T.alloc_local((NS,), f32)
-            raw = T.alloc_local((NS,), state_dtype)
+            if staged:
+                stage = T.alloc_shared((NS * TH,), state_dtype)
+                cb = T.alloc_local((VEC,), state_dtype)
+                cw = T.alloc_local((max(VEC // 4, 1),), "uint32")  # an int8 chunk as words
+                sv = T.alloc_local((NV * VEC,), f32)  # one row's values
+                mx = T.alloc_local((R,), f32)
+            else:
+                s = T.alloc_local((NS,), f32)
+                raw = T.alloc_local((NS,), state_dtype)
             Av = T.alloc_local((NA,), f32)
             buf = T.alloc_local((VEC,), state_dtype)
             rb = T.alloc_local((NV * VEC,), io_dtype)
@@ -95,8 +104,14 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
             # a read slot outside the pool reads as the sentinel (zero state, nothing written): no access
             # leaves the pool whatever the table holds
             slot = T.if_then_else(T.And(slot >= 0, slot < T.cast(S, i64)), slot, pad)
+            if staged:
+                ops.stage_state(stage, pool, slot, slot != pad, h, pb, tx)
+                # the write slot, known before the update: each row is stored once it is updated
+                hd = T.cast(bit(flags, FLAG_DST), i64)
+                wslot = T.if_then_else(hd != 0, T.cast(dst[b64 * dst_sb * hd], i64), slot)
             if slot != pad:
-                fetch_state(raw, pool, slot, h, pb, tx)
+                if not staged:
+                    fetch_state(raw, pool, slot, h, pb, tx)
                 if quant:
                     q.fetch_scales(qs, scale, slot, h, pb, tx)
             if sr is not None:
@@ -113,31 +128,41 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                     for k in T.unroll(NS):
                         raw[k] = T.cast(T.float32(0), state_dtype)
             apply_softplus(dtv, 1 if tied else R, flags)
-            if quant:
-                q.dequantize(s, raw, qs, slot != pad)
-            elif not pack_early:
-                convert_state(s, raw, slot != pad)
-            for k in T.unroll(NV * VEC):
-                bv[k] = T.cast(rb[k], f32)
-                cv[k] = T.cast(rc[k], f32)
-            if pack_early:
-                recur_and_reduce(raw, Av, acc, xv, dtv, bv, cv, tx, True)
+            if staged:
+                T.ptx_wait_group(0)  # the thread's own staged chunks (it reads no other thread's)
+                # a destination outside the pool is skipped
+                inside = T.And(wslot != pad, T.And(wslot >= 0, wslot < S))
+                store = T.And(T.And(mode != MODE_NONE, slot != pad), inside)
+                # B and C widened at each use (fewer registers); y and the rows written row by row
+                q.staged_rows(stage, cb, cw, sv, buf, qs, acc, mx, Av, xv, dtv, dv, zv, rb, rc, out, b, pool, scale,
+                              wslot, store, h, pb, tx, flags)  # fmt: skip
             else:
-                recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
-            write_y(acc, xv, dv, zv, out, b, h, pb, tx, flags)
-            if mode != MODE_NONE and slot != pad:
-                wslot = slot
-                if (flags & FLAG_DST) != 0:
-                    wslot = T.cast(dst[b64 * dst_sb], i64)
-                if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):  # a destination outside the pool is skipped
-                    if quant:
-                        q.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
-                    elif sr is not None:
-                        sr.store(s, words, buf, pool, wslot, h, pb, tx)
-                    elif pack_early:
-                        store_raw(raw, pool, wslot, h, pb, tx)
-                    else:
-                        store_state(s, buf, pool, wslot, h, pb, tx)
+                if quant:
+                    q.dequantize(s, raw, qs, slot != pad)
+                elif not pack_early:
+                    convert_state(s, raw, slot != pad)
+                for k in T.unroll(NV * VEC):
+                    bv[k] = T.cast(rb[k], f32)
+                    cv[k] = T.cast(rc[k], f32)
+                if pack_early:
+                    recur_and_reduce(raw, Av, acc, xv, dtv, bv, cv, tx, True)
+                else:
+                    recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
+                write_y(acc, xv, dv, zv, out, b, h, pb, tx, flags)
+                if mode != MODE_NONE and slot != pad:
+                    wslot = slot
+                    if (flags & FLAG_DST) != 0:
+                        wslot = T.cast(dst[b64 * dst_sb], i64)
+                    # a destination outside the pool is skipped
+                    if wslot != pad and wslot >= 0 and wslot < T.cast(S, i64):
+                        if quant:
+                            q.store(s, buf, pool, scale, qs, wslot, h, pb, tx)
+                        elif sr is not None:
+                            sr.store(s, words, buf, pool, wslot, h, pb, tx)
+                        elif pack_early:
+                            store_raw(raw, pool, wslot, h, pb, tx)
+                        else:
+                            store_state(s, buf, pool, wslot, h, pb, tx)
 
     # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
     # with the seed; the float kernel keeps its exact signature (and generated code)

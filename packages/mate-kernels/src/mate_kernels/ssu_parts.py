@@ -166,6 +166,40 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             for i in T.unroll(VEC):
                 buf[i] = src[slot, h, p, n0 + i]
 
+    def stage_at(r, v, tx):
+        """Offset in the stage of the thread's chunk ``v`` of row ``r``: chunk-major, so a warp's 16-byte accesses to
+        one chunk are 512 contiguous bytes (no bank conflict)."""
+        return ((r * NV + v) * TH + tx) * VEC
+
+    @T.macro
+    def stage_state(stage, pool, slot, live, h, pb, tx):
+        """Start the asynchronous copy (``cp.async``, 16 bytes each) of the thread's chunks of ``pool[slot]`` into
+        ``stage`` (``NS * TH`` values in shared memory): the bytes are in flight without registers to land in.
+        Where not ``live`` (the sentinel) the chunks are zero-filled and nothing is read (slot 0's address is
+        formed, never dereferenced). The thread reads back only its own chunks, so ``T.ptx_wait_group(0)`` is the
+        only wait it needs."""
+        lane = tx % L
+        rg = tx // L
+        row = T.if_then_else(live, slot, T.int64(0))
+        for r in T.unroll(R):
+            p = prow(pb, r, rg)
+            for v in T.unroll(NV):
+                src = pool.offset_of([row, h, p, (v * L + lane) * VEC])[0]
+                T.ptx_cp_async(
+                    T.tvm_access_ptr(T.type_annotation(pool.dtype), stage.data, stage_at(r, v, tx), VEC, 2),
+                    T.tvm_access_ptr(T.type_annotation(pool.dtype), pool.data, src, VEC, 1),
+                    VEC,
+                    live,
+                )  # fmt: skip
+        T.ptx_commit_group()
+
+    @T.macro
+    def unstage_chunk(buf, stage, r, v, tx):
+        """buf = the thread's staged chunk ``v`` of row ``r`` (one 16-byte shared-memory read)."""
+        o = stage_at(r, v, tx)
+        for i in T.vectorized(VEC):
+            buf[i] = stage[o + i]
+
     @T.macro
     def store_chunk(buf, dst, slot, h, p, n0):
         """The chunk ``buf`` into row ``p`` of ``dst[slot, h]`` from value ``n0`` (nothing for a row past P)."""
@@ -291,6 +325,18 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                         pool[slot, h, p, n0 + i] = raw[k0 + i]
 
     @T.macro
+    def write_row_y(acc, xv, dv, zv, r, out, row, h, p, flags):
+        """out[row, h, p] = the y of the thread's row ``r`` from its reduced dot product ``acc[r]``."""
+        acc[r] = acc[r] + dv[r] * xv[r]  # dv is 0 without D
+        if (flags & FLAG_Z) != 0:
+            acc[r] = acc[r] * zv[r] / (1.0 + T.exp(-zv[r]))
+        if guard_p:
+            if p < P:
+                out[row, h, p] = T.cast(acc[r], io_dtype)
+        else:
+            out[row, h, p] = T.cast(acc[r], io_dtype)
+
+    @T.macro
     def write_y(acc, xv, dv, zv, out, row, h, pb, tx, flags):
         lane = tx % L
         rg = tx // L
@@ -310,15 +356,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                     out[row, h, p] = T.cast(acc[0], io_dtype)
         elif lane == 0:
             for r in T.unroll(R):
-                p = pb * BP + r * RP + rg
-                acc[r] = acc[r] + dv[r] * xv[r]  # dv is 0 without D
-                if (flags & FLAG_Z) != 0:
-                    acc[r] = acc[r] * zv[r] / (1.0 + T.exp(-zv[r]))
-                if guard_p:
-                    if p < P:
-                        out[row, h, p] = T.cast(acc[r], io_dtype)
-                else:
-                    out[row, h, p] = T.cast(acc[r], io_dtype)
+                write_row_y(acc, xv, dv, zv, r, out, row, h, pb * BP + r * RP + rg, flags)
 
     def quant_ops(qdtype):
         """The helpers of one block-scaled quantised dtype (see the module docstring). ``qs``: ``R`` fp32
@@ -389,6 +427,32 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                             s[k0 + i] = s[k0 + i] * qs[r]
 
         @T.macro
+        def encode(buf, qf, k0):
+            """buf = the scaled values ``qf[k0 : k0 + VEC]`` (fp32, within +-QMAX) as stored numbers."""
+            if integer:
+                for i in T.unroll(VEC):
+                    buf[i] = T.cast(T.reinterpret("int32", qf[k0 + i] + T.float32(12582912.0)), qdtype)
+            elif CV == 1:
+                for i in T.unroll(VEC):
+                    buf[i] = T.cast(qf[k0 + i], qdtype)
+            else:
+                for c in T.unroll(VEC // CV):
+                    for i in T.vectorized(CV):
+                        buf[c * CV + i] = T.cast(qf[k0 + c * CV + i], qdtype)
+
+        @T.macro
+        def write_scale(scale, slot, h, p, qs, r):
+            """scale[slot, h, p] = the stored scale of the row whose encode factor is ``qs[r]``."""
+            # every lane of the row writes the (same) scale: a lane that reads the row back later (the packed
+            # kernel's tree reload of a parent's entry) then reads its own write, with no ordering needed
+            # between the lanes of a warp
+            if guard_p:
+                if p < P:
+                    scale[slot, h, p] = T.float32(1) / qs[r]
+            else:
+                scale[slot, h, p] = T.float32(1) / qs[r]
+
+        @T.macro
         def store(s, buf, dst, scale, qs, slot, h, pb, tx):
             """Quantise the fp32 rows ``s`` into ``dst[slot]`` with new scales (every lane of the CTA calls it:
             the row maximum is a warp shuffle). |s| x QMAX / max|row| is at most QMAX up to the division's
@@ -408,30 +472,85 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             for r in T.unroll(R):
                 p = pb * BP + r * RP + rg
                 for v in T.unroll(NV):
-                    n0 = (v * L + lane) * VEC
                     for i in T.unroll(VEC):
                         qf[i] = s[(r * NV + v) * VEC + i] * qs[r]
-                    if integer:
-                        for i in T.unroll(VEC):
-                            buf[i] = T.cast(T.reinterpret("int32", qf[i] + T.float32(12582912.0)), qdtype)
-                    elif CV == 1:
-                        for i in T.unroll(VEC):
-                            buf[i] = T.cast(qf[i], qdtype)
-                    else:
-                        for c in T.unroll(VEC // CV):
-                            for i in T.vectorized(CV):
-                                buf[c * CV + i] = T.cast(qf[c * CV + i], qdtype)
-                    store_chunk(buf, dst, slot, h, p, n0)
-                # every lane of the row writes the (same) scale: a lane that reads the row back later (the packed
-                # kernel's tree reload of a parent's entry) then reads its own write, with no ordering needed
-                # between the lanes of a warp
-                if guard_p:
-                    if p < P:
-                        scale[slot, h, p] = T.float32(1) / qs[r]
-                else:
-                    scale[slot, h, p] = T.float32(1) / qs[r]
+                    encode(buf, qf, 0)
+                    store_chunk(buf, dst, slot, h, p, (v * L + lane) * VEC)
+                write_scale(scale, slot, h, p, qs, r)
 
-        return SimpleNamespace(fetch_scales=fetch_scales, dequantize=dequantize, reload=reload, store=store)
+        @T.macro
+        def unstage_numbers(sv, cb, cw, stage, r, v, tx, k0):
+            """sv[k0 : k0 + VEC] = the stored numbers of the thread's staged chunk ``v`` of row ``r`` as fp32. An int8
+            chunk is read as 32-bit words and each byte made a float with one byte permute (``__byte_perm``: the
+            biased byte under the exponent bits of 2^23) and one subtraction, two instructions per value."""
+            if qdtype == "int8":
+                EXP23 = 0x4B000000  # the exponent bits of 2^23
+                words = T.view(stage, (NS * TH // 4,), "uint32")
+                o = stage_at(r, v, tx) // 4
+                for w in T.vectorized(VEC // 4):
+                    cw[w] = words[o + w]
+                for w in T.unroll(VEC // 4):
+                    biased = cw[w] ^ T.uint32(0x80808080)
+                    for j in T.unroll(4):  # result bytes: byte j of ``biased``, 0, 0, 0x4B
+                        bits = T.call_extern("uint32", "__byte_perm", biased, T.uint32(EXP23), T.uint32(0x7540 + j))
+                        sv[k0 + w * 4 + j] = T.reinterpret(f32, bits) - T.float32(8388608.0 + half)
+            else:
+                unstage_chunk(cb, stage, r, v, tx)
+                widen(sv, cb, k0)
+
+        @T.macro
+        def staged_rows(stage, cb, cw, sv, buf, qs, acc, mx, Av, xv, dtv, dv, zv, bv, cv, out, row, dst, scale, wslot,
+                        store, h, pb, tx, flags):  # fmt: skip
+            """The staged design's update (the state in shared memory, see ``stage_state``), one row at a time:
+            the row's values updated into ``sv`` (``NV * VEC`` fp32), its y and its max |value| reduced over its
+            lanes, y written, and, where ``store``, the row quantised into ``dst[wslot]`` at once. No more than one
+            row's values are live, so a thread's registers do not grow with the rows it holds (the bytes in flight
+            are the stage's)."""
+            lane = tx % L
+            rg = tx // L
+            if tied:
+                dtv[1] = T.exp(Av[0] * dtv[0])
+            for r in T.unroll(R):
+                p = pb * BP + r * RP + rg
+                acc[r] = 0.0
+                mx[r] = T.float32(0)
+                if tied:
+                    qs[r] = qs[r] * dtv[1]  # the decay folded into the scale: one multiply-add per value
+                for v in T.unroll(NV):
+                    unstage_numbers(sv, cb, cw, stage, r, v, tx, v * VEC)
+                    for i in T.unroll(VEC):
+                        k = v * VEC + i
+                        if tied:
+                            s1 = sv[k] * qs[r] + (dtv[0] * xv[r]) * T.cast(bv[k], f32)
+                        else:
+                            s0 = sv[k] * qs[r]
+                            s1 = s0 * T.exp(Av[(r * NV + v) * VEC + i] * dtv[r]) + (dtv[r] * xv[r]) * T.cast(bv[k], f32)
+                        acc[r] = acc[r] + s1 * T.cast(cv[k], f32)
+                        mx[r] = T.max(mx[r], T.abs(s1))
+                        sv[k] = s1
+                for j in T.unroll(LOG_L):
+                    acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
+                    mx[r] = T.max(mx[r], T.shfl_xor(mx[r], L >> (j + 1)))
+                if lane == 0:
+                    write_row_y(acc, xv, dv, zv, r, out, row, h, p, flags)
+                if store:
+                    mx[r] = T.if_then_else(mx[r] == T.float32(0), T.float32(1), T.float32(qmax) / mx[r])
+                    for v in T.unroll(NV):
+                        if integer:  # scaled and rounded in one multiply-add (the exact product rounded once)
+                            for i in T.unroll(VEC):
+                                bits = T.reinterpret("int32", T.fma(sv[v * VEC + i], mx[r], T.float32(12582912.0)))
+                                buf[i] = T.cast(bits, qdtype)
+                        else:
+                            for i in T.unroll(VEC):
+                                sv[v * VEC + i] = sv[v * VEC + i] * mx[r]
+                            encode(buf, sv, v * VEC)
+                        store_chunk(buf, dst, wslot, h, p, (v * L + lane) * VEC)
+                    write_scale(scale, wslot, h, p, mx, r)
+
+        return SimpleNamespace(
+            fetch_scales=fetch_scales, dequantize=dequantize, reload=reload, store=store,
+            staged_rows=staged_rows,
+        )  # fmt: skip
 
     def sr_ops(rounds):
         """Stochastic rounding of the fp32 rows ``s`` into an fp16 tensor (the reference's rule,
@@ -555,6 +674,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         NA=1 if tied else NS, transposed=transposed, prow=prow, bit=bit, aligned=aligned, dt_value=dt_value,
         fetch_state=fetch_state, convert_state=convert_state, store_state=store_state, reload_state=reload_state,
         load_A=load_A, load_D=load_D, reduce_rows=reduce_rows, recur_and_reduce=recur_and_reduce, store_raw=store_raw,
+        stage_state=stage_state,
         write_y=write_y,
         apply_softplus=apply_softplus, load_io_chunk=load_io_chunk, quant_ops=quant_ops, sr_ops=sr_ops,
     )  # fmt: skip

@@ -55,7 +55,7 @@ def kernel_source(prim_func, pass_configs: dict | None = None) -> str:
 
 _SIG = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)\s*\{')
 _VEC = re.compile(r"\*\((\w+) ?\*\)\(")
-_SMEM = re.compile(r"extern __shared__ __align__\(\d+\) uchar buf_dyn_shmem\[\];")
+_SMEM = re.compile(r"extern __shared__ __align__\(\d+\) ([\w ]+?) (\w+)\[\];")
 _STATIC_SMEM = re.compile(r"\b__shared__ __align__\((\d+)\) ")
 
 
@@ -78,7 +78,7 @@ def _translate(source: str) -> tuple[str, str, list]:
     body = source[: source.index('extern "C"')]
     body = "\n".join(line for line in body.splitlines() if not line.startswith("#")) + source[len(body) :]
     body = _VEC.sub(lambda m: f"*vec<{m.group(1)}>(", body)
-    body = _SMEM.sub("uchar* buf_dyn_shmem = mate_dyn_smem;", body)
+    body = _SMEM.sub(lambda m: f"{m.group(1)}* {m.group(2)} = ({m.group(1)}*)mate_dyn_smem;", body)
     # a static shared array: one object every thread of the CTA sees (the CTAs run one after another)
     body = _STATIC_SMEM.sub(lambda m: f"alignas({m.group(1)}) static ", body)
     args = []

@@ -1,5 +1,5 @@
 // The CUDA constructs of MATE's decode kernels (the SSU / ReplaySSM kernels: registers, shared memory and
-// __syncthreads, warp shuffles; no tensor cores, no asynchronous copies), for running TileLang's generated CUDA
+// __syncthreads, warp shuffles, cp.async as a synchronous copy; no tensor cores, no bulk copies), for running TileLang's generated CUDA
 // source as C++ on the CPU (tests/emulate/cuda_emulator.py). A CTA's threads are std::threads; a warp shuffle is an
 // exchange through a CTA-wide buffer between two barriers, which is exact when every thread of the CTA reaches the
 // same shuffles (the kernels' shuffles are all outside lane-dependent branches); __syncthreads is the CTA's
@@ -194,6 +194,15 @@ T* vec(P* p) {
   return (T*)p;
 }
 
+// byte permute (PRMT): result byte i is byte (s >> 4i) & 7 of the 8 bytes of (y:x), x the low four
+inline uint __byte_perm(uint x, uint y, uint s) {
+  uint64_t v = ((uint64_t)y << 32) | x;
+  uint r = 0;
+  for (int i = 0; i < 4; ++i) r |= (uint)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+  return r;
+}
+
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline uint __umulhi(uint a, uint b) { return (uint)(((uint64_t)a * (uint64_t)b) >> 32); }
 
 using std::max;
@@ -248,6 +257,26 @@ template <typename T>
 T __shfl_sync(uint, T v, int src_lane, int width) {
   return shuffle_(v, width, [&](int) { return src_lane % width; });
 }
+
+// cp.async (16, 8 or 4 bytes, global -> shared) as a plain copy: the data is there at once, so commit and wait do
+// nothing; a false condition zero-fills (src-size 0: nothing is read). The source must be aligned as on the device.
+namespace tl {
+template <int N>
+void cp_async_gs(void* smem, const void* global) {
+  vec<char[N]>((const char*)global);
+  std::memcpy(smem, global, N);
+}
+template <int N>
+void cp_async_gs_conditional(void* smem, const void* global, bool cond) {
+  if (cond)
+    cp_async_gs<N>(smem, global);
+  else
+    std::memset(smem, 0, N);
+}
+inline void cp_async_commit() {}
+template <int N>
+void cp_async_wait() {}
+}  // namespace tl
 
 // run ``kernel()`` over a grid: ``threads`` std::threads per CTA, the CTAs one after another (each thread walks
 // every CTA; a barrier separates them, so a CTA's writes are done before the next one starts)

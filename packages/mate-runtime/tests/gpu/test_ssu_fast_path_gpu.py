@@ -74,12 +74,12 @@ def fresh():
 @pytest.mark.parametrize("form", ["decode", "mtp"])
 def test_hit_writes_what_the_slow_path_writes(fresh, form, monkeypatch):
     api = fresh
-    monkeypatch.setattr(api, "FAST_PATH", False)
+    monkeypatch.setattr(api.FAST, "enabled", False)
     slow = build(form)
     run(slow)
-    monkeypatch.setattr(api, "FAST_PATH", True)
+    monkeypatch.setattr(api.FAST, "enabled", True)
     run(build(form))  # miss: slow path, then the recipe is remembered
-    assert any(v is not api._SLOW for v in api._fast.values())
+    assert any(v is not api.FAST.SLOW for v in api.FAST.cache.values())
     calls = []
     original = api.normalize_ssu
     monkeypatch.setattr(api, "normalize_ssu", lambda *a, **k: calls.append(1) or original(*a, **k))
@@ -94,7 +94,7 @@ def test_hit_writes_what_the_slow_path_writes(fresh, form, monkeypatch):
 def test_hits_call_the_direct_ffi_entry(fresh):
     api = fresh
     run(build("decode"))
-    recipe = next(v for v in api._fast.values() if v is not api._SLOW)
+    recipe = next(v for v in api.FAST.cache.values() if v is not api.FAST.SLOW).__self__  # (its bound launch)
     kernels = list(recipe.kernels.values())
     assert kernels
     assert all(not hasattr(k, "adapter") for k in kernels), "expected the tvm_ffi function, not the wrapper"
@@ -113,4 +113,4 @@ def test_a_hit_can_be_captured(fresh):
     torch.cuda.synchronize()
     assert torch.equal(captured["out"], eager["out"])
     assert torch.equal(captured["_pages"], eager["_pages"])
-    assert len(api._fast) == 1
+    assert len(api.FAST.cache) == 1

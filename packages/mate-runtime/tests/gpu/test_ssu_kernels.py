@@ -355,7 +355,7 @@ def test_small_grid_choice(case, small, monkeypatch):
     import mate.mamba.ssu as mssu
     from mate.mamba._tilelang import ssu as tl_ssu
 
-    monkeypatch.setattr(mssu, "FAST_PATH", False)
+    monkeypatch.setattr(mssu.FAST, "enabled", False)
     before = set(tl_ssu._kernels)
     check(case)
     launched = {s for s in tl_ssu._kernels if s.one_token} - before
@@ -386,7 +386,7 @@ def test_pdl_setting(case, monkeypatch):
     from mate.mamba import settings
     from mate.mamba._tilelang import ssu as tl_ssu
 
-    monkeypatch.setattr(mssu, "FAST_PATH", False)
+    monkeypatch.setattr(mssu.FAST, "enabled", False)
     before = set(tl_ssu._kernels)
     with settings.override(MATE_SSU_PDL="1"):
         check(case)
@@ -407,7 +407,7 @@ def test_pdl_chain_in_graph_equals_eager(case, monkeypatch):
     from mate.mamba import selective_state_update, settings
     from mate.mamba._tilelang import ssu as tl_ssu
 
-    monkeypatch.setattr(mssu, "FAST_PATH", False)
+    monkeypatch.setattr(mssu.FAST, "enabled", False)
     steps = 4
     kw_e, own_e, _ = build(case, 1)
     ys_e = [selective_state_update(**kw_e, backend="tilelang").clone() for _ in range(steps)]

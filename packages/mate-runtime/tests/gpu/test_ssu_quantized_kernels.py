@@ -134,6 +134,21 @@ def test_quantised_state(case, dtype):
     check_quantised(case, dtype)
 
 
+ONE_BYTE = [pytest.param(dt, id=STATE_FORMATS[dt].label) for dt in QUANT_STATE_DTYPES if STATE_FORMATS[dt].bytes == 1]
+
+
+@pytest.mark.parametrize("dtype", ONE_BYTE)
+@pytest.mark.parametrize("case", [f for f in FORMS if f.id.startswith("one-")])
+def test_staged_design_every_one_token_form(case, dtype, monkeypatch):
+    """int8 / fp8 one-token calls run the staged design on large grids and the register design on small ones
+    (``SMALL_GRID_CTAS_PER_SM``): with the rule off, these grids run the staged one (a misaligned pool keeps the
+    register design)."""
+    from mate.mamba._tilelang import ssu_plan
+
+    monkeypatch.setattr(ssu_plan, "SMALL_GRID_CTAS_PER_SM", {})
+    check_quantised(case, dtype)
+
+
 @pytest.mark.parametrize("dtype", QDTYPES)
 def test_zero_rows_get_unit_scales(dtype):
     """A zero state with zero inputs stays zero: every written row is all-zero numbers with scale 1."""

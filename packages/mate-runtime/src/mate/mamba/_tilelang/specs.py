@@ -104,6 +104,7 @@ class SSUSpec(KernelSpec):
     min_blocks: int
     pdl: bool
     philox_rounds: int = 0  # > 0: fp16 stochastic rounding with ``rand_seed``
+    staged: bool = False  # the state through shared memory by cp.async, updated one row at a time (block-scaled)
 
     def pass_configs(self) -> dict:
         return ssu_pass_configs()

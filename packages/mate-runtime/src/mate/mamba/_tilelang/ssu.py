@@ -64,9 +64,9 @@ def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_d
 
 def compile_grid() -> list[SSUSpec]:
     """A representative grid: one-token + packed, bf16/fp32/fp16 state, P 64/80/128, N 128/256, tied/untied, the
-    small-grid one-token form, the block-scaled int16/int8/fp8 states, fp16 states with stochastic rounding, and
-    both PDL builds (the one
-    ``MATE_SSU_PDL`` selects for sm_90a, and the other for two of them)."""
+    small-grid one-token forms, the block-scaled int16/int8/fp8 states (int8 / fp8 one-token: staged and not),
+    fp16 states with stochastic rounding, and both PDL builds (the one ``MATE_SSU_PDL`` selects for sm_90a, and
+    the other for two of them)."""
     f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
     grid = [
         # (one_token, P, N, ratio, state, io, dt, tied, small grid)
@@ -88,6 +88,8 @@ def compile_grid() -> list[SSUSpec]:
         (False, 64, 128, 16, i8, bf16, f32, True, False),
         (False, 64, 128, 16, f8, bf16, f32, True, False),
         (True, 80, 256, 1, i8, f16, f16, False, False),
+        (True, 64, 128, 16, i8, bf16, f32, True, True),  # int8 / fp8 one-token: the register design of small grids
+        (True, 64, 128, 16, f8, bf16, f32, True, True),
     ]
     pdl = pdl_for_arch("sm_90a")
 

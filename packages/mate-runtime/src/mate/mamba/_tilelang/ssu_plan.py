@@ -37,7 +37,6 @@ from mate_kernels.ssu import (
 )
 
 MAX_SEQUENCES = 65535  # the grid's z dimension
-TWO_BYTE_STATES = tuple(dt for dt, f in STATE_FORMATS.items() if f.tuning_key == "2-byte")
 _MODES = {"none": 0, "final": 1, "per_token": 2, "intermediate": 3}
 
 
@@ -46,6 +45,7 @@ class Tuning:
     per_thread: int  # 16-byte state chunks per thread (where P allows)
     pack_early: bool  # narrow each updated 2-byte value back into its load registers at once
     min_blocks: int  # __launch_bounds__ CTAs per SM: ptxas caps registers to fit them (0: no cap)
+    staged: bool = False  # one-token int8 / fp8: the state staged in shared memory by cp.async, one row at a time
 
 
 # (state width, kernel) -> tuning. Measured on the H200, same-run A/B (docs/design/decisions.md):
@@ -61,6 +61,13 @@ class Tuning:
 #   {1, 2, 4, 8} x min_blocks {0, 6, 8, 12, 16} at batch 8-256 (2026-12-02, H200): int16 4 chunks under a 6-CTA cap
 #   (one-token batch 64 105.5 -> 86.8 us against no cap), int8 / fp8 2 chunks under an 8-CTA cap (72.5 -> 67.7 us
 #   against 4 chunks uncapped; 4 chunks under the cap spill, 224 us); packed MTP 6 likewise under an 8-CTA cap.
+# - int8 / fp8 one-token, large grids: the staged design (the state copied into shared memory by cp.async, updated
+#   one row at a time), 4 chunks (8 KB of state per CTA) under a 6-CTA cap (80 registers). Same-run sweep on an
+#   H100 (2026-12-07, docs/design/decisions.md), int8 / fp8 at batch 64, 256, 1024: register design 68.2 / 260.0 /
+#   1028.0 and 74.2 / 282.6 / 1117.3 us, staged under caps of 6, 7, 8 CTAs 67.1 / 249.6 / 977.8 and 66.9 / 251.3
+#   / 986.4, 68.0 / 249.8 / 973.3 and 66.9 / 245.9 / 961.7, 73.2 / 271.2 / 1063.6 and 72.5 / 268.2 / 1051.3.
+#   At batch 1 / 8 (128 / 1024 CTAs) the register design stays faster (4.1 / 11.4 against 4.8 / 13.0 us): a
+#   grid of at most SMALL_GRID_CTAS_PER_SM CTAs per SM runs it ("one_token_small").
 # - fp16 with stochastic rounding: the Philox draw keeps 16 more registers live (137 uncapped); of per_thread
 #   {2, 4} x min_blocks {0, 5, 6, 8} (2026-12-03, H200), 4 chunks under a 5-CTA cap (96 registers, no spill):
 #   one-token batch 64 127.9 -> 117.4 us against no cap, 134.2 us for 2 chunks under an 8-CTA cap; packed MTP 6
@@ -73,20 +80,25 @@ TUNING = {
     ("fp32", "packed"): Tuning(per_thread=4, pack_early=False, min_blocks=6),
     ("int16", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=6),
     ("int16", "packed"): Tuning(per_thread=4, pack_early=False, min_blocks=8),
-    ("int8", "one_token"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
+    ("int8", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=6, staged=True),
+    ("int8", "one_token_small"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("int8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
-    ("fp8", "one_token"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
+    ("fp8", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=6, staged=True),
+    ("fp8", "one_token_small"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp16-sr", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=5),
     ("fp16-sr", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
 }
-SMALL_GRID_CTAS_PER_SM = 4
+# (state width) -> CTAs per SM of the "one_token" tiling at or below which a one-token grid runs "one_token_small"
+SMALL_GRID_CTAS_PER_SM = {"2-byte": 4, "int8": 8, "fp8": 8}
 
 
 def tuning(state_dtype: torch.dtype, one_token: bool, small_grid: bool = False, rounds: int = 0) -> Tuning:
     fmt = STATE_FORMATS[state_dtype]
     key = fmt.sr_tuning_key if rounds else fmt.tuning_key
-    kernel = "packed" if not one_token else ("one_token_small" if small_grid and key == "2-byte" else "one_token")
+    kernel = "packed" if not one_token else "one_token"
+    if one_token and small_grid and (key, "one_token_small") in TUNING:
+        kernel = "one_token_small"
     return TUNING[(key, kernel)]
 
 
@@ -146,23 +158,27 @@ def spec_for(*, one_token: bool, dim: int, dstate: int, heads_per_group: int, dt
             vector_state=vector_state, vector_io=vector_io,
             tiling=choose_tiling(dim, dstate, names["state_dtype"], t.per_thread), pack_early=t.pack_early,
             min_blocks=t.min_blocks, pdl=pdl, philox_rounds=philox_rounds,
+            staged=t.staged and one_token and vector_state,
         )  # fmt: skip
     return spec
 
 
 def small_grid(nseq: int, heads: int, P: int, N: int, state_dt: torch.dtype, hw: Hardware) -> bool:
-    """Whether a one-token launch with a 2-byte state is a small grid: CTAs = sequences x heads x P blocks, at most
-    SMALL_GRID_CTAS_PER_SM per SM, where the tiling holds its full chunks per thread (at P 80, two chunks, the
-    capped kernel stays faster)."""
-    if state_dt not in TWO_BYTE_STATES:
+    """Whether a one-token launch is a small grid: CTAs = sequences x heads x P blocks of the "one_token" tiling,
+    at most SMALL_GRID_CTAS_PER_SM of its state width per SM. A 2-byte state's tiling must hold its full chunks
+    per thread (at P 80, two chunks, the capped kernel stays faster)."""
+    width = STATE_FORMATS[state_dt].tuning_key
+    limit = SMALL_GRID_CTAS_PER_SM.get(width)
+    if limit is None:
         return False
     key = (P, N, state_dt)
     blocks = _SMALL_BLOCKS.get(key)
     if blocks is None:
-        per_thread = TUNING[("2-byte", "one_token")].per_thread
+        per_thread = TUNING[(width, "one_token")].per_thread
         t = choose_tiling(P, N, DTYPE_NAMES[state_dt], per_thread)
-        blocks = _SMALL_BLOCKS[key] = P // t.block_p if t.vecs * t.rows_per_thread == per_thread else 0
-    return 0 < nseq * heads * blocks <= SMALL_GRID_CTAS_PER_SM * hw.sms
+        full = t.vecs * t.rows_per_thread == per_thread or width != "2-byte"
+        blocks = _SMALL_BLOCKS[key] = -(-P // t.block_p) if full else 0
+    return 0 < nseq * heads * blocks <= limit * hw.sms
 
 
 # --------------------------------------------------------------------------------------- vector accesses
@@ -382,11 +398,12 @@ def spec_dtypes(*, state, io, dt, src, dst, meta, ibuf=None, d=torch.float32, dt
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, packed, meta_dtype, tie_hdim,
                   pdl=False, philox_rounds=0) -> list[SSUSpec]:  # fmt: skip
-    """The specs one serving configuration calls: the one-token kernel (and, for 2-byte states, its small-grid
-    form), plus the packed one when ``packed``; dt as fp32 and in the io dtype (both occur in production);
+    """The specs one serving configuration calls: the one-token kernel (and, where the state width has one, its
+    small-grid form), plus the packed one when ``packed``; dt as fp32 and in the io dtype (both occur in production);
     D / dt_bias fp32; aligned pools. ``pdl``: the specs of the PDL build; ``philox_rounds``: with fp16 stochastic
     rounding of that many Philox rounds."""
-    small_form = state_dtype in TWO_BYTE_STATES and not philox_rounds  # (one tuning for every SR grid)
+    # (one tuning for every SR grid)
+    small_form = (STATE_FORMATS[state_dtype].tuning_key, "one_token_small") in TUNING and not philox_rounds
     forms = [(True, False)] + ([(True, True)] if small_form else []) + ([(False, False)] * packed)
     specs = []
     for one_token, small in forms:

@@ -292,13 +292,14 @@ def _after_producer(w: Window, fn):
     return pair
 
 
-def selected_cases(quick: bool, state: str | None = None, batches: tuple[int, ...] = ()) -> list[Case]:
-    """``cases(quick)``, only those of one state dtype (:data:`STATE_NAMES`) when ``state`` is given, only those
-    batch sizes when ``batches`` names some."""
-    return [c for c in cases(quick) if (state is None or c.state_name == state) and (not batches or c.batch in batches)]
+def selected_cases(quick: bool, state: str | tuple[str, ...] | None = None, batches: tuple = ()) -> list[Case]:
+    """``cases(quick)``, only those of the named state dtypes (:data:`STATE_NAMES`, one or a tuple) when
+    ``state`` is given, only those batch sizes when ``batches`` names some."""
+    states = (state,) if isinstance(state, str) else state
+    return [c for c in cases(quick) if (not states or c.state_name in states) and (not batches or c.batch in batches)]
 
 
-def warm_cases(quick: bool, state: str | None = None) -> list[Case]:
+def warm_cases(quick: bool, state: str | tuple[str, ...] | None = None) -> list[Case]:
     """One case per distinct compiled configuration (batch is a runtime dimension everywhere)."""
     return list(dict.fromkeys(replace(c, batch=1) for c in selected_cases(quick, state)))
 
@@ -410,6 +411,8 @@ def pivot(rows: list[dict]) -> list[dict]:
                 peer_key = (r["op"], r["shape"], r["batch"], r["state"])
                 best[peer_key] = min(best.get(peer_key, r["us"]), r["us"])
         line[f"_{r['impl']}"] = r.get("us")
+        if r["impl"] == "mate" and r.get("pct_ceiling") is not None:
+            line["MATE % of copy ceiling"] = round(r["pct_ceiling"], 1)
         if r.get("host_us") is not None:
             line[f"host {r['impl']} µs"] = round(r["host_us"], 1)
     res = []
@@ -430,6 +433,14 @@ def pivot(rows: list[dict]) -> list[dict]:
             line[f"MATE {nearest} / MATE"] = round(plain / mate, 2) if plain else None
         res.append(line)
     return res
+
+
+def _state_list(text: str) -> tuple[str, ...]:
+    states = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in states if t not in STATE_NAMES]
+    if not states or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(STATE_NAMES)}; got {text!r}")
+    return states
 
 
 def _batch_list(text: str) -> tuple[int, ...]:
@@ -472,11 +483,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the headline shape (Nemotron-H 8B) only: one token at batch 1, 8 and 64, MTP 6 at 8 and 64",
     )
     ap.add_argument(
-        "--state",
-        choices=STATE_NAMES,
-        default=None,
-        help=f"only the cases of this state dtype (default: every one; {'/'.join(SCALED_NAMES)} are block-scaled)",
-    )
+        "--state", type=_state_list, default=None, metavar="LIST",
+        help=f"comma list of state formats, of {', '.join(STATE_NAMES)}: only their cases (default: every one; "
+        f"{'/'.join(SCALED_NAMES)} are block-scaled)",
+    )  # fmt: skip
     ap.add_argument(
         "--batches", type=_batch_list, default=(), metavar="LIST",
         help="comma list of batch sizes, e.g. 1,8: only the cases of those sizes (default: every case)",
@@ -546,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     table = pivot(rows)
     cols = ["op", "shape", "state", "batch", "mate", *([PDL_IMPL] if args.pdl else []), *PEERS]
     cols += [PRODUCER] if args.after_producer else []
-    cols += ["best peer / MATE"]
+    cols += ["best peer / MATE", "MATE % of copy ceiling"]
     cols += [c for c in ("best bf16 peer / MATE", "best fp32 peer / MATE") if any(c in r for r in table)]
     cols += sorted({k for r in table for k in r if k.startswith("host ")})
     pdl_env = settings.get("MATE_SSU_PDL")
