@@ -32,7 +32,8 @@ def test_import_does_not_need_tilelang():
 FACTORY_PARAMETERS = {
     ssu.ssu_kernel: (
         "dim dstate heads_per_group state_dtype io_dtype dt_dtype d_dtype dt_bias_dtype src_dtype dst_dtype "
-        "meta_dtype ibuf_dtype tied one_token vector_state vector_io tiling pack_early min_blocks pdl philox_rounds staged"
+        "meta_dtype ibuf_dtype tied one_token vector_state vector_io tiling pack_early min_blocks pdl philox_rounds "
+        "staged"
     ),
     state_codec.state_codec_kernel: "dim dstate qdtype direction index_dtype vector_state per_thread",
     ssd.ssd_fused_kernel: (
