@@ -109,6 +109,9 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 # the write slot, known before the update: each row is stored once it is updated
                 hd = T.cast(bit(flags, FLAG_DST), i64)
                 wslot = T.if_then_else(hd != 0, T.cast(dst[b64 * dst_sb * hd], i64), slot)
+            if staged:  # a sentinel's rows: zero-filled numbers times a zero scale (never an unset register)
+                for r in T.unroll(R):
+                    qs[r] = T.float32(0)
             if slot != pad:
                 if not staged:
                     fetch_state(raw, pool, slot, h, pb, tx)
