@@ -32,6 +32,7 @@ from typing import NamedTuple
 import torch
 from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES, STATE_FORMATS
 from mate.mamba._tilelang import ssd_plan
+from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, write_report
 from mate.mamba.bench.shapes import (
     REGISTRY_BATCHES,
@@ -207,7 +208,7 @@ def designs() -> tuple[str, ...]:
 
 def parse_designs(text: str) -> list[str]:
     """The ``--designs`` list: ``auto`` and/or design names."""
-    return _names(text, (AUTO, *designs()), "designs")
+    return arglists.names(text, (AUTO, *designs()), "designs")
 
 
 def design_impl(design: str) -> str:
@@ -330,21 +331,13 @@ def plot_speedups(rows, path: str, device: str = "") -> str | None:
 IMPLS = ("mate", "vllm")
 
 
-def _names(text: str, known, what: str) -> list[str]:
-    """A comma list of names of ``known``; argparse.ArgumentTypeError naming the choices otherwise."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or any(n not in known for n in names):
-        raise argparse.ArgumentTypeError(f"expected a comma list of {what} of {', '.join(known)}; got {text!r}")
-    return list(dict.fromkeys(names))
-
-
 def parse_models(text: str) -> list[str]:
     """The ``--models`` list as case names, in the order given: a case name, a model name (each of its
     tensor-parallel sizes) or ``all`` (the whole registry)."""
     by_model = {m.name: [c.name for c in SSD_CASES.values() if c.model == m.name] for m in SSD_MODELS}
     known = ("all", *by_model, *(c for c in SSD_CASES if c not in by_model))
     out = []
-    for name in _names(text, known, "models or cases"):
+    for name in arglists.names(text, known, "models or cases"):
         out += list(SSD_CASES) if name == "all" else by_model.get(name, [name])
     return list(dict.fromkeys(out))
 
@@ -367,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ap.add_argument("--name", default="ssd", help="file name of the report, without suffix (default: %(default)s)")
     ap.add_argument(
-        "--impls", type=lambda v: _names(v, IMPLS, "implementations"), default=list(IMPLS), metavar="LIST",
+        "--impls", type=lambda v: arglists.names(v, IMPLS, "implementations"), default=list(IMPLS), metavar="LIST",
         help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(IMPLS)})",
     )  # fmt: skip
     ap.add_argument(
@@ -380,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"they are served at) or all: only those. Cases: {', '.join(SSD_CASES)} (default: all)",
     )  # fmt: skip
     ap.add_argument(
-        "--batches", type=lambda v: _names(v, SSD_BATCHES, "batches"), default=[], metavar="LIST",
+        "--batches", type=lambda v: arglists.names(v, SSD_BATCHES, "batches"), default=[], metavar="LIST",
         help=f"comma list of batches (sequences x tokens), of {', '.join(SSD_BATCHES)}: only those (default: "
         f"{','.join(REGISTRY_BATCHES)}; with --quick, the quick plan's)",
     )  # fmt: skip

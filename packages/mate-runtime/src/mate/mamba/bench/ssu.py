@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES, STATE_FORMATS
+from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, plot, write_report
 from mate.mamba.bench.shapes import SSU_SHAPES, SSUShape
 from mate.mamba.bench.timing import copy_ceiling_tbps, graph_times_us, host_times_us, windows_for
@@ -220,10 +221,7 @@ PEERS = ("vllm", "flashinfer")
 
 def parse_impls(text: str) -> list[str]:
     """The ``--impls`` list: names of :data:`IMPLS`, comma-separated (argparse reports a bad one in one line)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or any(n not in IMPLS for n in names):
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(IMPLS)}; got {text!r}")
-    return list(dict.fromkeys(names))
+    return arglists.names(text, IMPLS, "implementations")
 
 
 def load_impls(names: list[str], pdl: bool = False) -> tuple[dict, dict]:
@@ -292,14 +290,14 @@ def _after_producer(w: Window, fn):
     return pair
 
 
-def selected_cases(quick: bool, state: str | tuple[str, ...] | None = None, batches: tuple = ()) -> list[Case]:
-    """``cases(quick)``, only those of the named state dtypes (:data:`STATE_NAMES`, one or a tuple) when
+def selected_cases(quick: bool, state: str | list[str] | None = None, batches: tuple = ()) -> list[Case]:
+    """``cases(quick)``, only those of the named state dtypes (:data:`STATE_NAMES`, one or a list) when
     ``state`` is given, only those batch sizes when ``batches`` names some."""
     states = (state,) if isinstance(state, str) else state
     return [c for c in cases(quick) if (not states or c.state_name in states) and (not batches or c.batch in batches)]
 
 
-def warm_cases(quick: bool, state: str | tuple[str, ...] | None = None) -> list[Case]:
+def warm_cases(quick: bool, state: str | list[str] | None = None) -> list[Case]:
     """One case per distinct compiled configuration (batch is a runtime dimension everywhere)."""
     return list(dict.fromkeys(replace(c, batch=1) for c in selected_cases(quick, state)))
 
@@ -435,14 +433,6 @@ def pivot(rows: list[dict]) -> list[dict]:
     return res
 
 
-def _state_list(text: str) -> tuple[str, ...]:
-    states = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [t for t in states if t not in STATE_NAMES]
-    if not states or bad:
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(STATE_NAMES)}; got {text!r}")
-    return states
-
-
 def _batch_list(text: str) -> tuple[int, ...]:
     try:
         batches = tuple(int(b) for b in text.split(",") if b.strip())
@@ -483,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the headline shape (Nemotron-H 8B) only: one token at batch 1, 8 and 64, MTP 6 at 8 and 64",
     )
     ap.add_argument(
-        "--state", type=_state_list, default=None, metavar="LIST",
+        "--state", type=lambda v: arglists.names(v, STATE_NAMES, "state formats"), default=None, metavar="LIST",
         help=f"comma list of state formats, of {', '.join(STATE_NAMES)}: only their cases (default: every one; "
         f"{'/'.join(SCALED_NAMES)} are block-scaled)",
     )  # fmt: skip
