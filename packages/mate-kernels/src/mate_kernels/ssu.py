@@ -91,8 +91,8 @@ def ssu_kernel(
       buffer) stochastically with Philox-4x32 of that many rounds, seeded by the trailing ``rand_seed``
       (:func:`.ssu_parts.row_ops`' ``sr_ops``); the one-token kernel then narrows nothing early.
     * ``staged`` (one-token kernel, block-scaled states with 16-byte accesses): the state is copied into shared
-      memory asynchronously and updated in two passes (:mod:`.ssu_one_token`), so the bytes in flight do not
-      depend on the registers a thread holds.
+      memory asynchronously and updated one row at a time (``ssu_parts.row_ops``' ``stage_state`` and
+      ``quant_ops``' ``staged_rows``), so the bytes in flight do not depend on the registers a thread holds.
     * ``pdl``: programmatic dependent launch (CUDA sm_90+): every CTA first allows the next kernel on the stream
       to launch (``T.pdl_trigger()``), then waits for the previous one to complete (``T.pdl_sync()``) before its
       first global read. TileLang then drops ``__restrict__`` from the pointer parameters.

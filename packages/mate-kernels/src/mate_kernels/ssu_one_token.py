@@ -15,6 +15,10 @@ recurrence step (into the registers it was loaded into), so no fp32 copy of the 
 row reduction, the ``y`` write and the store. Same arithmetic, same rounding; fewer registers per thread (96 -> 64
 for Nemotron-H bf16, so 8 instead of 5 CTAs per SM). Not with a block-scaled state: a row's new scale needs its
 maximum before any value can be narrowed, so its rows stay in fp32 until the store.
+
+``staged`` (int8 / fp8 states on large grids): the thread's state chunks are copied into shared memory by
+``cp.async`` as soon as the slot is known, then updated one row at a time (the row's y and max reduced, the row
+quantised and stored at once), so no more than one row's values are live in registers.
 """
 
 from .abi import ONE_TOKEN, SSU_ARGS, prim_func
@@ -109,7 +113,7 @@ def one_token_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, tied
                 # the write slot, known before the update: each row is stored once it is updated
                 hd = T.cast(bit(flags, FLAG_DST), i64)
                 wslot = T.if_then_else(hd != 0, T.cast(dst[b64 * dst_sb * hd], i64), slot)
-            if staged:  # a sentinel's rows: zero-filled numbers times a zero scale (never an unset register)
+                # a sentinel's rows: zero-filled numbers times a zero scale (never an unset register)
                 for r in T.unroll(R):
                     qs[r] = T.float32(0)
             if slot != pad:
