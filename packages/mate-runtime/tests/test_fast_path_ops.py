@@ -147,6 +147,31 @@ def test_prefill_inputs_reach_the_kernels_as_passed(stub):
     assert x.data_ptr() == kw["x"].data_ptr() and x.stride() == kw["x"].stride()
 
 
+def test_prefill_hit_stages_what_a_new_pointer_alignment_needs(stub):
+    """Storage offsets are not metadata: a hit whose x, B, C start 2 bytes off a 16-byte boundary (one bf16
+    element) reads them from aligned copies (the scan reads them by TMA), then an aligned call reads them in place
+    again, without normalising."""
+    launches, normalised = stub
+
+    def shifted(kw, by):
+        for name in ("x", "B", "C"):
+            t = kw[name]
+            base = t.untyped_storage().nbytes() // t.element_size()
+            flat = torch.empty(base + by, dtype=t.dtype)[by:]
+            kw[name] = torch.as_strided(flat, t.shape, t.stride(), by + t.storage_offset()).copy_(t)
+        return kw
+
+    run_ssd(ssd_call())
+    for by, staged in ((1, True), (0, False)):
+        kw = shifted(ssd_call(), by)
+        del launches[:]
+        run_ssd(kw)
+        x = launches[-1][1][0]
+        assert (x.data_ptr() != kw["x"].data_ptr()) == staged and torch.equal(x, kw["x"])
+        assert x.data_ptr() % 16 == 0
+    assert len(normalised) == 1
+
+
 def test_prefill_metadata_change_misses(stub):
     _, normalised = stub
     run_ssd(ssd_call())

@@ -30,8 +30,8 @@ from mate.mamba._tilelang.ssd_plan import (
     serving_specs,
     states_spec,
     tiles,
-    vector_pool,
 )  # fmt: skip
+from mate.mamba._tilelang.tl_internals import direct_callable
 from mate.mamba._tilelang.workspace import WORKSPACE
 from mate_kernels.abi import SCAN, SSD_SCAN_ARGS, args_of, launch_args
 
@@ -57,154 +57,220 @@ def run(call: SSDCall, sources: dict | None = None):
     """Run one normalised call: ``(states or None, launcher)``. The launcher (None without ``sources``, with
     ``MATE_CHECK_INPUTS=1`` or for a call whose fields are not the caller's tensors or views of them) runs a call
     of the same metadata from the caller's tensors: the call rebuilt without validation
-    (:class:`~mate.mamba._contract.template.CallTemplate`), the plan made here reused (re-planned only when the
-    pointer alignment of a quantised pool changes)."""
+    (:class:`~mate.mamba._contract.template.CallTemplate`) and launched by the :class:`_Launch` this call
+    prepared (another one only where the caller's pointer alignment differs)."""
     checked = settings.get("MATE_CHECK_INPUTS")
     if checked and not is_capturing(call.x.device):
         check_index_data(call)  # reads the tables back (a sync): the debugging mode only
-    plans: dict = {}  # by pointer alignment, filled by the launches
-    result = _launch(call, plans)
+    prepared: dict = {}  # pointer alignment -> _Launch
+    result = _launch(call, prepared)
     if sources is None or checked:
         return result, None
     template = CallTemplate.of(call, tuple(sources.values()), fresh=("out",))
     if template is None:
         return result, None
-    return result, lambda tensors: _launch(template.rebuild(tensors), plans)
+    return result, lambda tensors: _launch(template.rebuild(tensors), prepared)
 
 
-def _alignment(call: SSDCall) -> tuple:
-    """The data-pointer-dependent part of a plan: 16-byte vector access to the quantised pools."""
+def _launch(call: SSDCall, prepared: dict) -> torch.Tensor | None:
+    """Launch a call's kernels by the :class:`_Launch` of its pointer alignment (made on a new one)."""
+    key = _pointers(call)
+    launch = prepared.get(key)
+    if launch is None:
+        launch = prepared[key] = _Launch(call)
+    return launch(call)
+
+
+def _pointers(call: SSDCall) -> tuple:
+    """What a launch depends on beyond the call's metadata: 16-byte alignment of the tensors the scan reads or
+    writes by TMA, and of quantised pools (vector access)."""
     init, pool = call.initial_states, call.final_states_out
     return (
-        init is not None and init.dtype in QUANT_STATE_DTYPES and vector_pool(init),
-        pool is not None and pool.dtype in QUANT_STATE_DTYPES and vector_pool(pool),
-    )
+        call.x.data_ptr() % 16, call.B.data_ptr() % 16, call.C.data_ptr() % 16, call.out.data_ptr() % 16,
+        init is not None and init.dtype in QUANT_STATE_DTYPES and init.data_ptr() % 16,
+        pool is not None and pool.dtype in QUANT_STATE_DTYPES and pool.data_ptr() % 16,
+    )  # fmt: skip
 
 
-def _launch(call: SSDCall, plans: dict) -> torch.Tensor | None:
-    """Launch a call's kernels under its plan (``plans``: by pointer alignment, filled on a new one)."""
-    dev = call.x.device
-    align = _alignment(call)
-    p = plans.get(align)
-    if p is None:
-        p = plans[align] = plan(call, hardware(dev))
-    H, P, N, L = call.heads, call.dim, call.dstate, call.chunk_size
-    batch, nchunks = call.batch, call.nchunks
+class _Launch:
+    """The launches of one call form (metadata) at one pointer alignment.
 
-    skey = ("ssd", H, call.groups, P, N)
-    use_fsi = call.final_states_out is not None
-    if call.return_intermediate_states:
-        states = torch.empty((nchunks, H, P, N), dtype=call.state_dtype, device=dev)
-        state_dt = call.state_dtype
-    elif p.encode is not None:  # a quantised pool: fp32 final states per sequence, encoded after the scan
-        states = WORKSPACE.get(skey, "final_fp32", (batch, H, P, N), torch.float32, dev)
-        state_dt = torch.float32
-    elif use_fsi:
-        states = call.final_states_out
-        state_dt = states.dtype
-    else:
-        states = torch.empty((batch, H, P, N), dtype=call.state_dtype, device=dev)
-        state_dt = call.state_dtype
+    Everything that depends only on those is decided once, when the first such call arrives: the plan, the
+    compiled kernels (called through their tvm_ffi entry), the scratch buffers, which arguments are staged into
+    a dense or aligned copy, the dummies and the flags. A call then copies what is staged, launches, and copies
+    the staged outputs back. A steady-state call allocates only the returned states."""
 
-    cu = _vec1(call.cu_chunk_seqlens, skey, "cu_chunk_seqlens")
-    seq_idx = _vec1(call.seq_idx, skey, "seq_idx")
-    last = _vec1(call.last_chunk_indices, skey, "last_chunk_indices")
-    fsi = _vec1(call.final_state_indices, skey, "final_state_indices") if use_fsi else last
-    scan_fsi = fsi if p.encode is None else last  # with the encode, the scan writes row b for sequence b
-    scan = kernel(p.scan, dev)
-    dtpass = kernel(p.dt, dev)
+    def __init__(self, call: SSDCall):
+        dev = call.x.device
+        p = self.p = plan(call, hardware(dev))
+        H, P, N, L = call.heads, call.dim, call.dstate, call.chunk_size
+        batch, nchunks = call.batch, call.nchunks
+        skey = ("ssd", H, call.groups, P, N)
+        self.skey, self.device = skey, dev
+        k = {name: direct_callable(kernel(spec, dev)) for name, spec in
+             (("scan", p.scan), ("dt", p.dt), ("decode", p.decode), ("encode", p.encode), ("states", p.states),
+              ("combine", p.combine)) if spec is not None}  # fmt: skip
+        self.kernels = k
 
-    x = call.x if _tma_ok(call.x) else _stage(skey, "x", call.x)
-    B = call.B if _tma_ok(call.B) else _stage(skey, "B", call.B)
-    C = call.C if _tma_ok(call.C) else _stage(skey, "C", call.C)
-    dt = call.dt if call.dt.stride(1) == 1 else _stage(skey, "dt", call.dt)
-    A = _vec1(call.A, skey, "A")
-    dt_bias = (
-        _vec1(call.dt_bias, skey, "dt_bias") if call.dt_bias is not None else _dummy("dtb", dev, torch.float32, (H,))
-    )
-    if call.D is None:
-        D = _dummy("D", dev, torch.float32, (H,))
-    elif not call.D_tied:
-        D = _vec1(call.D, skey, "D")
-    else:
-        D = _vec1(call.D[:, 0], skey, "D")
-    flags = 0
-    kmod = _kmod()
-    # z is read with plain accesses: any row strides, dense inner dim.
-    if call.z is not None:
-        z = call.z if _inner_dense(call.z, 1) else _stage(skey, "z", call.z)
-        flags |= kmod.FLAG_Z
-    else:
-        z = _dummy("z", dev, call.x.dtype, (1, H, P))
-    if p.decode is not None:  # a quantised initial_states: decoded into fp32 rows the scan reads
-        init = WORKSPACE.get(skey, "init_fp32", (batch, H, P, N), torch.float32, dev)
-        q_init = call.initial_states
-        if not _inner_dense(q_init, 2):
-            q_init = _stage(skey, "init_q", q_init)
-        kernel(p.decode, dev)(q_init, call.initial_states_scale, init)
-        flags |= kmod.FLAG_INIT
-    elif call.initial_states is not None:
-        init = (
-            call.initial_states if _inner_dense(call.initial_states, 3) else _stage(skey, "init", call.initial_states)
-        )
-        flags |= kmod.FLAG_INIT
-    else:
-        init = _dummy("init", dev, getattr(torch, p.scan.init_dtype), (1, H, P, N))
-    # full tiles of out are stored by TMA: out needs TMA-compatible strides (else a staging copy)
-    out = call.out if _tma_ok(call.out) else WORKSPACE.get(skey, "out", tuple(call.out.shape), call.out.dtype, dev)
-    st = states if _inner_dense(states, 3) else WORKSPACE.get(skey, "states", tuple(states.shape), state_dt, dev)
-    staged_states = st is not states
-    if staged_states:
-        st.copy_(states)  # rows the call does not name keep their values
+        self.use_fsi = call.final_states_out is not None
+        # the states the scan writes: "new" (allocated per call, returned), "fp32" (a quantised pool's rows,
+        # encoded after the scan) or "pool" (the caller's final_states_out)
+        if call.return_intermediate_states:
+            self.states_kind, shape, state_dt = "new", (nchunks, H, P, N), call.state_dtype
+        elif p.encode is not None:
+            self.states_kind, shape, state_dt = "fp32", (batch, H, P, N), torch.float32
+            self.fp32_states = WORKSPACE.get(skey, "final_fp32", shape, torch.float32, dev)
+        elif self.use_fsi:
+            self.states_kind, shape, state_dt = "pool", tuple(call.final_states_out.shape), call.final_states_out.dtype
+        else:
+            self.states_kind, shape, state_dt = "new", (batch, H, P, N), call.state_dtype
+        self.states_shape, self.states_dtype = shape, state_dt
+        # the scan writes dense states: a strided pool is staged (rows the call does not name keep their values)
+        dense = self.states_kind != "pool" or _inner_dense(call.final_states_out, 3)
+        self.st_buf = None if dense else WORKSPACE.get(skey, "states", shape, state_dt, dev)
 
-    bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
-    dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
-    BL = p.scan.block_L
-    nvt = nchunks * (L // BL)
-    dtA = WORKSPACE.get(skey, "dtA", (nvt, H, DECAY_ROWS, BL), torch.float32, dev)
-    tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
-    dtpass(dt, A, dt_bias, cu, seq_idx, dtA, tmeta, last, scan_fsi, bounds, dest)
-    values = {
-        "x": x, "B": B, "C": C, "cu_chunk_seqlens": cu, "seq_idx": seq_idx, "dest": dest, "D": D, "z": z,
-        "initial_states": init, "out": out, "states_out": st, "dtA": dtA, "tmeta": tmeta, "flags": flags,
-    }  # fmt: skip
-    if p.design == "split":
-        _split_scan(p, skey, dev, values)
-    else:
+        # staging buffers: None where the caller's tensor is read in place
+        def stage_if(ok: bool, name: str, t: torch.Tensor):
+            return None if ok else WORKSPACE.get(skey, name, tuple(t.shape), t.dtype, dev)
+
+        self.buf = {
+            "cu_chunk_seqlens": stage_if(call.cu_chunk_seqlens.is_contiguous(), "cu_chunk_seqlens",
+                                         call.cu_chunk_seqlens),
+            "seq_idx": stage_if(call.seq_idx.is_contiguous(), "seq_idx", call.seq_idx),
+            "last_chunk_indices": stage_if(call.last_chunk_indices.is_contiguous(), "last_chunk_indices",
+                                           call.last_chunk_indices),
+            "x": stage_if(_tma_ok(call.x), "x", call.x),
+            "B": stage_if(_tma_ok(call.B), "B", call.B),
+            "C": stage_if(_tma_ok(call.C), "C", call.C),
+            "dt": stage_if(call.dt.stride(1) == 1, "dt", call.dt),
+            "A": stage_if(call.A.is_contiguous(), "A", call.A),
+        }  # fmt: skip
+        if self.use_fsi:
+            fsi = call.final_state_indices
+            self.buf["final_state_indices"] = stage_if(fsi.is_contiguous(), "final_state_indices", fsi)
+        if call.dt_bias is not None:
+            self.buf["dt_bias"] = stage_if(call.dt_bias.is_contiguous(), "dt_bias", call.dt_bias)
+        self.dt_bias = None if call.dt_bias is not None else _dummy("dtb", dev, torch.float32, (H,))
+        self.D_tied = call.D is not None and call.D_tied
+        if call.D is not None:
+            D = call.D[:, 0] if self.D_tied else call.D
+            self.buf["D"] = stage_if(D.is_contiguous(), "D", D)
+        self.D = None if call.D is not None else _dummy("D", dev, torch.float32, (H,))
+        kmod = _kmod()
+        flags = 0
+        if call.z is not None:  # read with plain accesses: any row strides, dense inner dim
+            self.buf["z"] = stage_if(_inner_dense(call.z, 1), "z", call.z)
+            flags |= kmod.FLAG_Z
+        self.z = None if call.z is not None else _dummy("z", dev, call.x.dtype, (1, H, P))
+        init = call.initial_states
+        self.init = None
+        if p.decode is not None:  # a quantised initial_states: decoded into fp32 rows the scan reads
+            self.init = WORKSPACE.get(skey, "init_fp32", (batch, H, P, N), torch.float32, dev)
+            self.buf["init_q"] = stage_if(_inner_dense(init, 2), "init_q", init)
+            flags |= kmod.FLAG_INIT
+        elif init is not None:
+            self.buf["init"] = stage_if(_inner_dense(init, 3), "init", init)
+            flags |= kmod.FLAG_INIT
+        else:
+            self.init = _dummy("init", dev, getattr(torch, p.scan.init_dtype), (1, H, P, N))
+        if p.encode is not None:  # rows the call does not name keep their values
+            pool = call.final_states_out
+            self.buf["final_q"] = stage_if(_inner_dense(pool, 2), "final_q", pool)
+        self.flags = flags
+        # full tiles of out are stored by TMA: out needs TMA-compatible strides (else a staging copy)
+        self.out_buf = stage_if(_tma_ok(call.out), "out", call.out)
+
+        self.bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
+        self.dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
+        BL = p.scan.block_L
+        nvt = nchunks * (L // BL)
+        self.dtA = WORKSPACE.get(skey, "dtA", (nvt, H, DECAY_ROWS, BL), torch.float32, dev)
+        self.tmeta = WORKSPACE.get(skey, "tmeta", (nvt, kmod.META_WIDTH), torch.int32, dev)
         # k sequences per CTA: every k-th run bound (k divides the batch, so the view ends on bounds[batch])
         spc = p.seqs_per_cta
-        values["bounds"] = bounds[::spc] if spc > 1 else bounds
-        scan(*launch_args(SCAN_ARGS[None], values))
-    if out is not call.out:
-        call.out.copy_(out)
-    if staged_states:
-        states.copy_(st)
-    if p.encode is not None:
-        pool = call.final_states_out
-        q_pool = pool if _inner_dense(pool, 2) else _stage(skey, "final_q", pool)  # rows it does not name kept
-        kernel(p.encode, dev)(states, fsi, q_pool, call.final_states_scale)
-        if q_pool is not pool:
-            pool.copy_(q_pool)
-    return None if use_fsi else states
+        self.scan_bounds = self.bounds[::spc] if spc > 1 else self.bounds
+        if p.design == "split":
+            R = p.runs
+            self.runs = WORKSPACE.get(skey, "runs", (R + 1,), torch.int32, dev)
+            self.run_states = WORKSPACE.get(skey, "run_states", (R, H, P, N), torch.float32, dev)
+            self.run_dec = WORKSPACE.get(skey, "run_dec", (R, H), torch.float32, dev)
 
+    def _in(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as the kernels read it: itself, or its copy in the staging buffer."""
+        buf = self.buf[name]
+        if buf is None:
+            return t
+        buf.copy_(t)
+        return buf
 
-def _split_scan(p, skey, dev, values: dict) -> None:
-    """The split design (``mate_kernels.ssd_split``): the state pass and the hand-over over ``p.runs`` even runs
-    of chunks, then the scan over the same runs, each entering with the true state. Scratch from the workspace;
-    the run bounds are computed on the device (no host copy: capture-safe). ``values``: the scan's launch values
-    but the runs'."""
-    x, B, cu, init, dtA, tmeta, flags = (values[n] for n in ("x", "B", "cu_chunk_seqlens", "initial_states", "dtA",
-                                                               "tmeta", "flags"))  # fmt: skip
-    R, nchunks = p.runs, values["seq_idx"].shape[0]
-    H, P, N = p.scan.heads, p.scan.dim, p.scan.dstate
-    runs = WORKSPACE.get(skey, "runs", (R + 1,), torch.int32, dev)
-    torch.arange(R + 1, out=runs, dtype=torch.int32)
-    runs.mul_(nchunks).floor_divide_(R)  # run r: chunks [r * nchunks // R, (r + 1) * nchunks // R)
-    run_states = WORKSPACE.get(skey, "run_states", (R, H, P, N), torch.float32, dev)
-    run_dec = WORKSPACE.get(skey, "run_dec", (R, H), torch.float32, dev)
-    kernel(p.states, dev)(x, B, cu, runs, init, dtA, tmeta, run_states, run_dec, flags)
-    kernel(p.combine, dev)(run_states.view(R, H, P * N), run_dec)
-    kernel(p.scan, dev)(*launch_args(SCAN_ARGS["split"], values | {"bounds": runs, "run_states": run_states}))
+    def __call__(self, call: SSDCall) -> torch.Tensor | None:
+        p, k, _in = self.p, self.kernels, self._in
+        kind = self.states_kind
+        if kind == "new":
+            states = torch.empty(self.states_shape, dtype=self.states_dtype, device=self.device)
+        else:
+            states = self.fp32_states if kind == "fp32" else call.final_states_out
+        st = states if self.st_buf is None else self.st_buf
+        if st is not states:
+            st.copy_(states)  # rows the call does not name keep their values
+
+        cu = _in("cu_chunk_seqlens", call.cu_chunk_seqlens)
+        seq_idx = _in("seq_idx", call.seq_idx)
+        last = _in("last_chunk_indices", call.last_chunk_indices)
+        fsi = _in("final_state_indices", call.final_state_indices) if self.use_fsi else last
+        dt_bias = self.dt_bias if call.dt_bias is None else _in("dt_bias", call.dt_bias)
+        if call.D is None:
+            D = self.D
+        else:
+            D = _in("D", call.D[:, 0] if self.D_tied else call.D)
+        z = self.z if call.z is None else _in("z", call.z)
+        if p.decode is not None:
+            init = self.init
+            k["decode"](_in("init_q", call.initial_states), call.initial_states_scale, init)
+        elif call.initial_states is not None:
+            init = _in("init", call.initial_states)
+        else:
+            init = self.init
+        out = call.out if self.out_buf is None else self.out_buf
+        k["dt"](_in("dt", call.dt), _in("A", call.A), dt_bias, cu, seq_idx, self.dtA, self.tmeta, last,
+                fsi if p.encode is None else last,  # with the encode, the scan writes row b for sequence b
+                self.bounds, self.dest)  # fmt: skip
+        values = {
+            "x": _in("x", call.x), "B": _in("B", call.B), "C": _in("C", call.C), "cu_chunk_seqlens": cu,
+            "seq_idx": seq_idx, "dest": self.dest, "D": D, "z": z, "initial_states": init, "out": out,
+            "states_out": st, "dtA": self.dtA, "tmeta": self.tmeta, "flags": self.flags,
+        }  # fmt: skip
+        if p.design == "split":
+            self._split_scan(values)
+        else:
+            k["scan"](*launch_args(SCAN_ARGS[None], values | {"bounds": self.scan_bounds}))
+        if out is not call.out:
+            call.out.copy_(out)
+        if st is not states:
+            states.copy_(st)
+        if p.encode is not None:
+            pool = call.final_states_out
+            q_pool = pool if self.buf["final_q"] is None else _in("final_q", pool)
+            k["encode"](states, fsi, q_pool, call.final_states_scale)
+            if q_pool is not pool:
+                pool.copy_(q_pool)
+        return None if self.use_fsi else states
+
+    def _split_scan(self, values: dict) -> None:
+        """The split design (``mate_kernels.ssd_split``): the state pass and the hand-over over ``p.runs`` even
+        runs of chunks, then the scan over the same runs, each entering with the true state. The run bounds are
+        computed on the device (no host copy: capture-safe). ``values``: the scan's launch values but the
+        runs'."""
+        p, k = self.p, self.kernels
+        R, nchunks = p.runs, values["seq_idx"].shape[0]
+        H, P, N = p.scan.heads, p.scan.dim, p.scan.dstate
+        runs, run_states, run_dec = self.runs, self.run_states, self.run_dec
+        torch.arange(R + 1, out=runs, dtype=torch.int32)
+        runs.mul_(nchunks).floor_divide_(R)  # run r: chunks [r * nchunks // R, (r + 1) * nchunks // R)
+        k["states"](values["x"], values["B"], values["cu_chunk_seqlens"], runs, values["initial_states"],
+                    values["dtA"], values["tmeta"], run_states, run_dec, values["flags"])  # fmt: skip
+        k["combine"](run_states.view(R, H, P * N), run_dec)
+        k["scan"](*launch_args(SCAN_ARGS["split"], values | {"bounds": runs, "run_states": run_states}))
 
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, target=None,
@@ -311,16 +377,6 @@ def _tma_ok(t: torch.Tensor) -> bool:
     if t.data_ptr() % 16 or t.stride(-1) != 1:
         return False
     return all(t.stride(d) > 0 and (t.stride(d) * es) % 16 == 0 for d in range(t.dim() - 1))
-
-
-def _stage(skey, name, t: torch.Tensor) -> torch.Tensor:
-    buf = WORKSPACE.get(skey, name, tuple(t.shape), t.dtype, t.device)
-    buf.copy_(t)
-    return buf
-
-
-def _vec1(t: torch.Tensor, skey, name) -> torch.Tensor:
-    return t if t.is_contiguous() else _stage(skey, name, t)
 
 
 __all__ = ["run", "kernel", "prewarm", "compile_grid", "tiles", "_check_supported",
