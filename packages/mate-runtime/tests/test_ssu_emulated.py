@@ -26,7 +26,7 @@ from mate.mamba._contract.ssu import finish  # noqa: E402
 from mate.mamba._tilelang import ssu_plan  # noqa: E402
 from test_ssu_kernels import BF16, F16, F32, I64, Case, check, normalized  # noqa: E402
 from test_ssu_quantized_kernels import QDTYPES, check_quantised  # noqa: E402
-from test_ssu_stochastic_rounding_kernels import check_sr  # noqa: E402
+from test_ssu_stochastic_rounding_kernels import check_sr, check_sr_edges  # noqa: E402
 
 pytestmark = pytest.mark.emulated
 if (why := unavailable()) is not None:
@@ -110,6 +110,10 @@ def test_emulated_staged_design(case, dtype, monkeypatch):
 @pytest.mark.parametrize("case", ROUNDED)
 def test_emulated_stochastic_rounding(case):
     check_sr(small(case), kernel=emulated_kernel, dev="cpu")
+
+
+def test_emulated_rounding_rule_at_fp16_range_edges():
+    check_sr_edges(kernel=emulated_kernel, dev="cpu")
 
 
 def test_emulated_rounding_draws_follow_the_seed():

@@ -568,6 +568,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         u32 = "uint32"
         KEY_A, KEY_B, ROUND_A, ROUND_B = 0x9E3779B9, 0xBB67AE85, 0xD2511F53, 0xCD9E8D57
         GW = VEC // 2  # words per chunk
+        FP32_MAX = 3.4028234663852886e38
 
         @T.macro
         def philox(ctr, tmp, k0, k1, offset):
@@ -624,11 +625,34 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 for v in T.unroll(NV):
                     draw_chunk(words, (r * NV + v) * GW, ctr, tmp, dst, slot, h, p, (v * L + lane) * VEC, k0, k1)
 
+        def truncated(v, word, half):
+            """``round16`` of a finite ``v`` as an fp32 value that converts to fp16 exactly: the noise added to the
+            bits, the 13 bits below the fp16 mantissa cleared (so the conversion, to nearest, rounds nothing and
+            turns 2^16 and above into inf), and below fp16's smallest normal the signed zero."""
+            noise = T.shift_right(word, T.cast(half * 16, u32)) & T.uint32(0x1FFF)
+            bits = T.reinterpret(u32, v) + noise  # a finite value's magnitude stays below 2^31
+            tiny = T.abs(T.reinterpret(f32, bits)) < T.float32(2.0**-14)
+            keep = T.if_then_else(tiny, T.uint32(0x80000000), T.uint32(0xFFFFE000))
+            return T.reinterpret(f32, bits & keep)
+
+        def all_finite(s, k0):
+            """Whether the chunk's ``VEC`` values from ``s[k0]`` are finite (a NaN compares false)."""
+            finite = T.abs(s[k0]) <= T.float32(FP32_MAX)
+            for i in range(1, VEC):
+                finite = T.And(finite, T.abs(s[k0 + i]) <= T.float32(FP32_MAX))
+            return finite
+
         @T.macro
         def round_chunk(buf, s, k0, words, w0):
-            for i in T.unroll(VEC):
-                bits16 = T.cast(round16(s[k0 + i], words[w0 + i // 2], i % 2), "uint16")
-                buf[i] = T.reinterpret("float16", bits16)
+            # a chunk of finite values (every chunk but a diverged state's) converts with the hardware's fp16
+            # conversion: half the integer work of round16, which it equals bit for bit on finite values
+            if all_finite(s, k0):
+                for i in T.unroll(VEC):
+                    buf[i] = T.cast(truncated(s[k0 + i], words[w0 + i // 2], i % 2), "float16")
+            else:
+                for i in T.unroll(VEC):
+                    bits16 = T.cast(round16(s[k0 + i], words[w0 + i // 2], i % 2), "uint16")
+                    buf[i] = T.reinterpret("float16", bits16)
 
         @T.macro
         def store(s, words, buf, dst, slot, h, pb, tx):

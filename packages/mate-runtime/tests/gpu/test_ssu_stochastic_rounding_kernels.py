@@ -66,6 +66,53 @@ FORMS = [
 ]
 
 
+# Pool values (columns) and x added to them (rows): sums at fp16's range edges (65520 carries to inf half of the
+# time, 2^-14 - 2^-24 flushes to zero or rises to 2^-14, subnormal results flush), ordinary values, and an inf and
+# a NaN (their chunks take the kernel's integer rounding; the other values of those chunks must round the same)
+EDGE_POOL = [65504.0, -65504.0, 2.0**-14, -(2.0**-14), 0.0, -0.0, 1.0, -3.140625, 1e-3, 100.0, 7.5e-5, float("inf"),
+             float("nan"), 65472.0, -(2.0**-13), 0.33325]  # fmt: skip
+EDGE_X = [16.0, -16.0, 8.0, 2.0**-24, -(2.0**-24), 3e-6, -3e-6, 1e-3, 0.0, -5e-7, 0.0625, 32.0, -0.0078125, 1e-5,
+          -1.0, 2.0**-20]  # fmt: skip
+
+
+def check_sr_edges(kernel=None, dev: str | None = None, rand: int = 11):
+    """One update whose fp32 values both backends compute exactly alike (A = 0: no decay; dt = B = 1: the new value
+    is pool + x, one rounding), at fp16's range edges and with non-finite values: the pool bit-identical."""
+    kernel = kernel or tilelang_call
+    dev = dev or "cuda"
+    S, H, P, N = 2, 2, 64, 128
+    pool = torch.tensor(EDGE_POOL, dtype=F16).repeat(N // len(EDGE_POOL))  # [N]
+    x_rows = torch.tensor(EDGE_X, dtype=BF16).repeat(P // len(EDGE_X))  # [P]
+    # each (slot, head) its own permutation of the rows, so every pair meets several noise words
+    g = torch.Generator().manual_seed(rand)
+    state = torch.stack([pool.roll(int(torch.randint(N, (1,), generator=g))).expand(P, N) for _ in range(S * H)])
+    x = torch.stack([x_rows[torch.randperm(P, generator=g)] for _ in range(S * H)])
+
+    def call():
+        return dict(
+            state=state.view(S, H, P, N).clone().to(dev), x=x.view(S, H, P).to(dev),
+            dt=torch.ones(S, H, device=dev), A=torch.zeros(H, device=dev),
+            B=torch.ones(S, 1, N, dtype=BF16, device=dev), C=torch.ones(S, 1, N, dtype=BF16, device=dev), D=None,
+            state_batch_indices=torch.arange(S, dtype=torch.int32, device=dev),
+            rand_seed=torch.tensor([rand], dtype=torch.int64, device=dev), philox_rounds=10,
+        )  # fmt: skip
+
+    got, ref = call(), call()
+    kernel(got, None)
+    _call(ref, None, "torch")
+    sync(got["state"].device)
+    equal = _bits(got["state"]) == _bits(ref["state"])
+    assert bool(equal.all()), f"{int((~equal).sum())} values differ, e.g. {got['state'][~equal][:4].tolist()} " \
+        f"against {ref['state'][~equal][:4].tolist()}"  # fmt: skip
+    r = ref["state"].float()
+    assert bool(torch.isinf(r).any()) and bool(torch.isnan(r).any()) and bool((r == 0).any())
+    return got["state"]
+
+
+def test_the_rule_at_fp16_range_edges():
+    check_sr_edges()
+
+
 @pytest.mark.parametrize("case", FORMS)
 def test_kernels_round_as_the_reference(case):
     check_sr(case)
