@@ -65,10 +65,6 @@ def launch_args(call: NormCall) -> tuple:
     return call.x, z, call.weight, bias, call.out, call.eps
 
 
-def grid(call: NormCall) -> tuple[int, int]:
-    return call.rows, call.groups
-
-
 def plan(call: NormCall):
     """``(spec, args)`` of a call, or None for a call with no rows (nothing to launch)."""
     if call.rows == 0:
@@ -76,4 +72,4 @@ def plan(call: NormCall):
     return call_spec(call, vector_ok(call)), launch_args(call)
 
 
-__all__ = ["call_spec", "grid", "launch_args", "plan", "spec_for", "vector_ok"]
+__all__ = ["call_spec", "launch_args", "plan", "spec_for", "vector_ok"]
