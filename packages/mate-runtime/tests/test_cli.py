@@ -172,7 +172,7 @@ def _fake_module(monkeypatch, name):
     return seen
 
 
-@pytest.mark.parametrize("kernel", ["ssu", "ssd"])
+@pytest.mark.parametrize("kernel", ["ssu", "ssd", "norm"])
 def test_bench_hands_every_argument_to_its_module(monkeypatch, kernel):
     seen = _fake_module(monkeypatch, f"mate.mamba.bench.{kernel}")
     assert cli.main(["bench", kernel, "--batch", "8", "--help", "x"]) == 7

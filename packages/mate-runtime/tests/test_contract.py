@@ -158,6 +158,9 @@ def test_mamba_exports():
         "materialize_replayed_state",
         "advance_replay_ring",
         "prewarm_replay_state_update",
+        "rms_norm_gated",
+        "prewarm_rms_norm_gated",
+        "plan_rms_norm_gated",
     }
 
 

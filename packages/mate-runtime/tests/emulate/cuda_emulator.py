@@ -93,6 +93,9 @@ def _translate(source: str) -> tuple[str, str, list]:
     return '#include "cuda_shim.h"\n' + body + wrapper, name, params
 
 
+_SCALARS = {"int": ctypes.c_int32, "int64_t": ctypes.c_int64, "uint": ctypes.c_uint32, "float": ctypes.c_float}
+
+
 def _is_var(sym) -> bool:
     return not hasattr(sym, "value")  # an IntImm has a value; a shape or stride symbol is a Var
 
@@ -128,7 +131,8 @@ class Emulated:
         for p, a in zip(f.params, args, strict=True):
             buf = f.buffer_map.get(p)
             if buf is None:
-                values[p.name] = int(a) if not isinstance(a, torch.Tensor) else int(a.item())
+                a = a.item() if isinstance(a, torch.Tensor) else a
+                values[p.name] = a if isinstance(a, float) else int(a)  # a float is an fp32 parameter
                 continue
             if not isinstance(a, torch.Tensor) or a.device.type != "cpu":
                 raise TypeError(f"{p.name}: a CPU tensor expected")
@@ -149,7 +153,7 @@ class Emulated:
             if ptr:
                 slots[i] = pointers[name]
             else:
-                c = {"int": ctypes.c_int32, "int64_t": ctypes.c_int64, "uint": ctypes.c_uint32}[ctype](values[name])
+                c = _SCALARS[ctype](values[name])
                 keep.append(c)
                 slots[i] = ctypes.addressof(c)
         rng = (ctypes.c_uint64 * len(ranges))(*ranges)

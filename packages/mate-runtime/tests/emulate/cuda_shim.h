@@ -203,6 +203,7 @@ inline uint __byte_perm(uint x, uint y, uint s) {
 }
 
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // the device's is within 2 ulp of this
 inline uint __umulhi(uint a, uint b) { return (uint)(((uint64_t)a * (uint64_t)b) >> 32); }
 
 using std::max;

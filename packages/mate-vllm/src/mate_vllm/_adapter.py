@@ -9,6 +9,7 @@ ENV_ENABLE = "MATE_VLLM_ENABLE"
 ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
 ENV_PREFILL = "MATE_VLLM_PREFILL"
 ENV_REPLAYSSM = "MATE_VLLM_REPLAYSSM"
+ENV_NORM = "MATE_VLLM_NORM"
 
 _adapter = None
 
@@ -37,6 +38,15 @@ def settings() -> tuple:
             "(docs/ssu-kernels.md, ReplaySSM decode).",
             on_off,
         ),
+        Setting(
+            ENV_NORM,
+            "0",
+            ON_OFF,
+            "1: vLLM's gated RMSNorm kernel (layernorm_gated.rms_norm_gated: the Mamba2 mixer's norm of a one-group "
+            "layer at TP 1, where vLLM runs its Triton kernel) runs MATE's rms_norm_gated. Off by default until the "
+            "kernel has run on a GPU.",
+            on_off,
+        ),
     )
 
 
@@ -58,6 +68,6 @@ def adapter():
             engine="vLLM",
             tested=("0.33.0",),
             settings=settings,
-            status=("version", "ssu", "prefill", "replayssm"),
+            status=("version", "ssu", "prefill", "replayssm", "norm"),
         )
     return _adapter

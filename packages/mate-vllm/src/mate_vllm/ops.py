@@ -133,6 +133,17 @@ def selective_state_update(
     return None
 
 
+def rms_norm_gated(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
+    """vLLM 0.33's ``layernorm_gated.rms_norm_gated`` (its Triton kernel, ``is_rms_norm=True``): the same signature,
+    arithmetic (fp32, one rounding on the store) and result, a new tensor of x's shape; bad input is MATE's
+    ``ValueError`` where vLLM asserts."""
+    return (
+        adapter()
+        .runtime()
+        .rms_norm_gated(x, weight, bias, z=z, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate)
+    )
+
+
 def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
     """vLLM 0.33's ReplaySSM decode kernel slot (``ssu_dispatch._flashinfer_replayssm_kernel``): called with
     FlashInfer 0.7.2's ``checkpointing_ssu`` arguments (vLLM passes the scratch trio and ``pad_slot_id`` 0, the
@@ -141,4 +152,6 @@ def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
     return adapter().runtime().replay_state_update(*args, **kwargs)
 
 
-__all__ = ["selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "NULL_BLOCK_ID"]
+__all__ = [
+    "selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "rms_norm_gated", "NULL_BLOCK_ID"
+]  # fmt: skip

@@ -18,6 +18,13 @@ vLLM calls :func:`register` in every process it starts. It does nothing unless `
   FlashInfer's on the H200). Otherwise, and on the Triton backend (another ring contract), the decode stays
   vLLM's, with one warning per process; the prefill is MATE's either way.
 
+* **Gated RMSNorm.** With ``MATE_VLLM_NORM=1``, ``rms_norm_gated`` in ``.../ops/layernorm_gated.py`` (and the
+  mixer module that imports it by name) becomes :func:`mate_vllm.ops.rms_norm_gated`: what
+  ``Mixer2RMSNormGated.forward_cuda`` calls for a layer of one group at TP 1, the same arithmetic. A layer that
+  runs vLLM's PyTorch ``forward_native`` instead (several groups, a TP split, or the op disabled, as under vLLM's
+  default Inductor compilation) stays vLLM's (two roundings, or an all-reduce across ranks), with one warning per
+  process.
+
 The patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
 imports nothing from vLLM. Written against vLLM 0.33.0: another version gets a warning when ``vllm`` is imported,
 and a module that lacks the expected names or signatures gets a warning naming what is missing and is left
@@ -29,10 +36,12 @@ from __future__ import annotations
 import inspect
 import warnings
 
-from ._adapter import ENV_ENABLE, ENV_PREFILL, ENV_REPLAYSSM, ENV_SSU, adapter
+from ._adapter import ENV_ENABLE, ENV_NORM, ENV_PREFILL, ENV_REPLAYSSM, ENV_SSU, adapter
 
 SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
+LAYERNORM_GATED = "vllm.model_executor.layers.mamba.ops.layernorm_gated"
+MAMBA_MIXER2 = "vllm.model_executor.layers.mamba.mamba_mixer2"
 
 SSU_CALL_PARAMS = (
     "state", "x", "dt", "A", "B", "C", "D", "dt_bias", "z", "dt_softplus", "state_batch_indices",
@@ -217,6 +226,66 @@ def _patch_replayssm(sd) -> None:
     a.state["replayssm"] = "watched"
 
 
+# ------------------------------------------------------------------------------------------ gated norm
+
+NORM_PARAMS = ("x", "weight", "bias", "z", "eps", "group_size", "norm_before_gate")
+
+
+def _patch_norm(mod) -> None:
+    from . import ops
+
+    a = adapter()
+    orig = getattr(mod, "rms_norm_gated", None)
+    if orig is ops.rms_norm_gated:
+        return
+    try:
+        params = tuple(inspect.signature(orig).parameters)
+    except (TypeError, ValueError):
+        params = ()
+    if params != NORM_PARAMS:
+        a.state["norm"] = "skipped: signature differs"
+        a.warn(f"vLLM's rms_norm_gated takes {params}, expected {NORM_PARAMS}; the gated norm is not routed to MATE")
+        return
+    a.state["norm"] = f"routed in {a.ledger.rebind(mod, 'rms_norm_gated', orig, ops.rms_norm_gated)}"
+
+
+def left_to_vllm(norm) -> str | None:
+    """Why a constructed ``Mixer2RMSNormGated`` runs vLLM's PyTorch code rather than the kernel MATE serves, or
+    None where its forward calls ``rms_norm_gated`` (vLLM 0.33's ``forward_cuda``: one group, TP 1)."""
+    if not getattr(norm, "use_rms_norm", True):
+        return None  # no norm: the gate alone
+    method = getattr(getattr(norm, "_forward_method", None), "__func__", None)
+    if method is not None and method is not type(norm).forward_cuda:
+        return f"the op runs {method.__name__} (vLLM's custom_ops leave it disabled, as under Inductor)"
+    if norm.n_groups != 1 or norm.tp_size != 1:
+        return f"{norm.n_groups} groups at TP {norm.tp_size} take forward_native"
+    return None
+
+
+def _watch_mixer2_norm(mod) -> None:
+    """One warning per process for the first ``Mixer2RMSNormGated`` left to vLLM's PyTorch code."""
+    import functools
+
+    a = adapter()
+    cls = getattr(mod, "Mixer2RMSNormGated", None)
+    if cls is None or not inspect.isclass(cls):
+        a.warn(f"{mod.__name__} has no Mixer2RMSNormGated; which gated norms MATE serves is not reported")
+        return
+    orig = cls.__init__
+    warned = []
+
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        why = None if warned else left_to_vllm(self)
+        if why is not None:
+            warned.append(why)
+            a.warn(f"the Mamba2 gated RMSNorm stays vLLM's PyTorch code ({why}; it rounds twice where vLLM's Triton "
+                   "kernel and MATE round once); MATE serves its rms_norm_gated kernel calls only")  # fmt: skip
+
+    a.ledger.set_attr(cls, "__init__", __init__)
+
+
 # ---------------------------------------------------------------------------------------------- entry
 
 
@@ -234,7 +303,12 @@ def register() -> None:
         return
     if not enabled:
         return
-    for name in (ENV_SSU, ENV_PREFILL, ENV_REPLAYSSM):  # a malformed value raises here, not later inside vLLM's imports
+    for name in (
+        ENV_SSU,
+        ENV_PREFILL,
+        ENV_REPLAYSSM,
+        ENV_NORM,
+    ):  # a malformed value raises here, not later inside vLLM's imports
         a.setting(name)
     try:
         a.when_imported("vllm", a.check_version)
@@ -242,6 +316,9 @@ def register() -> None:
         a.when_imported(SSU_DISPATCH, _patch_replayssm)
         if a.setting(ENV_PREFILL):
             a.when_imported(SSD_COMBINED, _patch_ssd_combined)
+        if a.setting(ENV_NORM):
+            a.when_imported(LAYERNORM_GATED, _patch_norm)
+            a.when_imported(MAMBA_MIXER2, _watch_mixer2_norm)
     except Exception as e:  # noqa: BLE001  (a plugin must never take vLLM down)
         a.warn(f"registration failed and was skipped: {e!r}")
 

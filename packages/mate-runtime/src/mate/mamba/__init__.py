@@ -1,4 +1,4 @@
-"""``mate.mamba``: Mamba2 selective state update (decode), ReplaySSM decode and packed SSD prefill.
+"""``mate.mamba``: Mamba2 selective state update (decode), ReplaySSM decode, packed SSD prefill and gated RMSNorm.
 
 The Mamba module of MATE. It ships no ``mate/__init__.py``: beside Moore Threads' MATE it is that package's
 ``mate.mamba``; alone, ``mate`` is a namespace package. Importing it never imports TileLang: kernels are
@@ -24,19 +24,24 @@ _PUBLIC = {
     "advance_replay_ring": "replay",
     "materialize_replayed_state": "replay",
     "plan_replay_state_update": "planning",
+    "plan_rms_norm_gated": "planning",
     "plan_selective_state_update": "planning",
     "plan_ssd_combined_fwd_varlen": "planning",
     "prewarm_replay_state_update": "replay",
+    "prewarm_rms_norm_gated": "norm",
     "prewarm_selective_state_update": "ssu",
     "prewarm_ssd_combined_fwd_varlen": "ssd",
     "replay_state_update": "replay",
+    "rms_norm_gated": "norm",
     "selective_state_update": "ssu",
     "ssd_combined_fwd_varlen": "ssd",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
+    from mate.mamba.norm import prewarm_rms_norm_gated, rms_norm_gated
     from mate.mamba.planning import (
         plan_replay_state_update,
+        plan_rms_norm_gated,
         plan_selective_state_update,
         plan_ssd_combined_fwd_varlen,
     )
@@ -69,12 +74,15 @@ __all__ = [  # = _PUBLIC's names
     "advance_replay_ring",
     "materialize_replayed_state",
     "plan_replay_state_update",
+    "plan_rms_norm_gated",
     "plan_selective_state_update",
     "plan_ssd_combined_fwd_varlen",
     "prewarm_replay_state_update",
+    "prewarm_rms_norm_gated",
     "prewarm_selective_state_update",
     "prewarm_ssd_combined_fwd_varlen",
     "replay_state_update",
+    "rms_norm_gated",
     "selective_state_update",
     "ssd_combined_fwd_varlen",
 ]

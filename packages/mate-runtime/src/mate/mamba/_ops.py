@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.norm import normalize_norm
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
 from mate.mamba._contract.ssu import normalize_ssu
@@ -173,6 +174,18 @@ REPLAY_PARAMS = (
     Param("backend", str, "auto", keyword=True),
 )
 
+# ``mate.mamba.rms_norm_gated``: vLLM 0.33's ``rms_norm_gated`` order
+NORM_PARAMS = (
+    Param("x", T),
+    Param("weight", T),
+    Param("bias", OptT),
+    Param("z", OptT, None),
+    Param("eps", float, 1e-6),
+    Param("group_size", int | None, None),
+    Param("norm_before_gate", bool, True),
+    Param("backend", str, "auto", keyword=True),
+)
+
 # how the traced entry converts a scalar to its schema type (None: passed as it is)
 _COERCE = {
     bool: bool,
@@ -205,7 +218,7 @@ class OpTable:
         self._tensor_pos = tuple(self.index[n] for n in self.tensor_names)
         self._scalar_pos = tuple(self.index[n] for n in self.scalar_names)
         self._coerce = tuple(None if p.is_tensor else _COERCE[p.type] for p in params)
-        self._out, self._x = self.index["out"], self.index["x"]
+        self._out, self._x = self.index.get("out"), self.index["x"]  # an op without ``out`` returns a new tensor
 
     def signature(self, returns) -> inspect.Signature:
         """The op's signature: every parameter positional (the traced entry passes them all), no defaults."""
@@ -270,7 +283,7 @@ class OpTable:
     def op_args(self, args: tuple) -> list:
         """The traced call's arguments: scalars in the schema's types, ``out`` allocated when None."""
         vals = [v if c is None else c(v) for c, v in zip(self._coerce, args, strict=True)]
-        if vals[self._out] is None:
+        if self._out is not None and vals[self._out] is None:
             x = vals[self._x]
             vals[self._out] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         return vals
@@ -294,6 +307,7 @@ def _keyable(name: str, cls, names: dict) -> str:
 SSU = OpTable(SSU_PARAMS)
 SSD = OpTable(SSD_PARAMS)
 REPLAY = OpTable(REPLAY_PARAMS)
+NORM = OpTable(NORM_PARAMS)
 
 # ------------------------------------------------------------------------------------------------ SSU
 
@@ -383,3 +397,25 @@ _out_op("replay_state_update", "replay", REPLAY, normalize_replay)
 
 # The traced replay_state_update (the table's parameters, positionally): emits the op, returns out.
 trace_replay = REPLAY.entry("trace_replay", _traced_out(REPLAY, torch.ops.mate.replay_state_update))
+
+
+# ------------------------------------------------------------------------------------------------ gated RMSNorm
+
+
+def _norm_impl(*args, **kwargs) -> torch.Tensor:
+    args = NORM.ordered(args, kwargs)
+    return run("norm", normalize_norm(*args[:-1]), args[-1])
+
+
+_norm_impl.__signature__ = NORM.signature(torch.Tensor)
+_norm_op = torch.library.custom_op("mate::rms_norm_gated", _norm_impl, mutates_args=())
+
+
+@_norm_op.register_fake
+def _norm_fake(*args, **kwargs) -> torch.Tensor:
+    call = normalize_norm(*NORM.ordered(args, kwargs)[:-1])
+    return call.out.view(call.shape)
+
+
+# The traced rms_norm_gated (the table's parameters, positionally): emits the op, returns its new tensor.
+trace_norm = NORM.entry("trace_norm", lambda args: torch.ops.mate.rms_norm_gated(*NORM.op_args(args)))

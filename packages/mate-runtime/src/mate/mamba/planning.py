@@ -14,6 +14,7 @@ kernel, programmatic dependent launch (``MATE_SSU_PDL=auto``) and the SSD's sequ
 
 from __future__ import annotations
 
+from mate.mamba._contract.norm import normalize_norm
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
 from mate.mamba._contract.ssu import normalize_ssu
@@ -43,4 +44,12 @@ def plan_replay_state_update(*args, backend: str = "auto", **kwargs) -> tuple:
     return plan("replay", normalize_replay(*args, **kwargs))
 
 
-__all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen", "plan_replay_state_update"]
+def plan_rms_norm_gated(*args, backend: str = "auto", **kwargs) -> tuple:
+    """The kernel spec ``rms_norm_gated(*args, **kwargs)`` launches on the TileLang backend (one, or none for a
+    call with no rows). Nothing is written to the arguments."""
+    del backend
+    return plan("norm", normalize_norm(*args, **kwargs))
+
+
+__all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen", "plan_replay_state_update",
+           "plan_rms_norm_gated"]  # fmt: skip

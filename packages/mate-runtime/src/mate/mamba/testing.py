@@ -24,6 +24,8 @@ What is here:
 * :func:`consumer_tensors`, :func:`run_sequence`: consumer-shaped decode tensors (tied per-head dt/A/D/dt_bias,
   x/B/C as row views of one conv buffer, a strided state pool with a storage offset) and the recurrence over
   chosen rows of them, for the adapters' tests, which write their consumer's slot rules by hand on top.
+* :func:`rms_norm_gated_rows`: the expected result of ``rms_norm_gated`` (the gated RMSNorm after the SSM), one
+  row and one group at a time.
 * :func:`gpu_skip_reason`: why a test marked ``gpu`` cannot run here (each package's ``conftest.py`` skips on it).
 """
 
@@ -367,6 +369,34 @@ def consumer_tensors(rows, H=4, P=4, N=8, G=2, S=10, seed=0, z=False, io_dtype=t
     return t
 
 
+# ------------------------------------------------------------------------------------- gated RMSNorm
+
+
+def rms_norm_gated_rows(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True) -> torch.Tensor:
+    """``rms_norm_gated``'s result in float64, shaped like ``x``: per row of ``x``'s last dim and per group of
+    ``group_size`` features (None: the whole row), with ``g = silu(z)``: ``norm(x * g)`` when not
+    ``norm_before_gate``, else ``norm(x) * g``, where ``norm(h) = h / sqrt(mean(h^2) + eps) * weight + bias``."""
+    n = x.shape[-1]
+    gs = n if group_size is None else group_size
+    xs = x.reshape(-1, n).to(F64)
+    zs = None if z is None else z.reshape(-1, n).to(F64)
+    w = weight.to(F64)
+    b = None if bias is None else bias.to(F64)
+    out = torch.empty_like(xs)
+    for r in range(xs.shape[0]):
+        gate = None if zs is None else zs[r] * torch.sigmoid(zs[r])
+        h = xs[r] if gate is None or norm_before_gate else xs[r] * gate
+        for g0 in range(0, n, gs):
+            part = h[g0 : g0 + gs]
+            y = part / math.sqrt(float((part * part).mean()) + eps) * w[g0 : g0 + gs]
+            if b is not None:
+                y = y + b[g0 : g0 + gs]
+            if gate is not None and norm_before_gate:
+                y = y * gate[g0 : g0 + gs]
+            out[r, g0 : g0 + gs] = y
+    return out.reshape(x.shape)
+
+
 # ------------------------------------------------------------------------------------- GPU tests
 
 
@@ -390,6 +420,7 @@ __all__ = [
     "consumer_tensors",
     "discretize_dt",
     "gpu_skip_reason",
+    "rms_norm_gated_rows",
     "run_sequence",
     "softplus",
     "ssd_recurrence",

@@ -3,7 +3,7 @@ fast-path launcher: it checks the index tables' values on every call."""
 
 from __future__ import annotations
 
-from mate.mamba._reference import replay, ssd, ssu
+from mate.mamba._reference import norm, replay, ssd, ssu
 
 
 def run(op: str, call, sources: dict | None = None):
@@ -16,7 +16,9 @@ def run(op: str, call, sources: dict | None = None):
         return replay.replay_state_update(call), None
     if op == "materialize":
         return replay.materialize_replayed_state(call), None
-    raise ValueError(f"op: expected ssu, ssd, replay or materialize, got {op!r}")
+    if op == "norm":
+        return norm.rms_norm_gated(call), None
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize or norm, got {op!r}")
 
 
 __all__ = ["run"]

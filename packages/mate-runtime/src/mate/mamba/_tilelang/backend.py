@@ -5,7 +5,7 @@ on the current stream."""
 from __future__ import annotations
 
 from mate.mamba._platform.device import hardware
-from mate.mamba._tilelang import replay, replay_plan, ssd, ssd_plan, ssu, ssu_plan
+from mate.mamba._tilelang import norm, norm_plan, replay, replay_plan, ssd, ssd_plan, ssu, ssu_plan
 
 
 def run(op: str, call, sources: dict | None = None):
@@ -18,7 +18,9 @@ def run(op: str, call, sources: dict | None = None):
         return replay.run(call, sources)
     if op == "materialize":
         return replay.materialize_replayed_state(call), None
-    raise ValueError(f"op: expected ssu, ssd, replay or materialize, got {op!r}")
+    if op == "norm":
+        return norm.run(call, sources)
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize or norm, got {op!r}")
 
 
 def plan(op: str, call) -> tuple:
@@ -27,13 +29,16 @@ def plan(op: str, call) -> tuple:
     between them, and a quantised pool's conversions)."""
     if op == "ssd":
         return ssd_plan.plan(call, hardware(call.x.device)).specs()
+    if op == "norm":
+        planned = norm_plan.plan(call)
+        return () if planned is None else (planned[0],)
     planned = ssu_plan.plan(call) if op == "ssu" else replay_plan.plan(call)
     return () if planned is None else (planned[0],)
 
 
 def prewarm(op: str, device, config: dict) -> None:
     """Compile (without launching) every kernel one serving configuration of ``op`` uses on ``device``."""
-    {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm}[op](device, **config)
+    {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm, "norm": norm.prewarm}[op](device, **config)
 
 
 __all__ = ["plan", "prewarm", "run"]

@@ -274,8 +274,30 @@ class StateCodecSpec(KernelSpec):
         return ssu_pass_configs()  # every index is guarded in the kernel (slots outside the pool are skipped)
 
 
+@dataclass(frozen=True)
+class NormSpec(KernelSpec):
+    """``mate_kernels.norm.norm_kernel``: the gated RMSNorm (``rms_norm_gated``), one CTA per (row, group)."""
+
+    module: ClassVar[str] = "mate_kernels.norm"
+    factory: ClassVar[str] = "norm_kernel"
+    family: ClassVar[str] = "norm"
+
+    group_size: int
+    io_dtype: str
+    z_dtype: str
+    weight_dtype: str
+    bias_dtype: str
+    has_z: bool
+    has_bias: bool
+    norm_before_gate: bool
+    vec: int
+    threads: int
+    chunks: int
+
+
 __all__ = [
     "KernelSpec",
+    "NormSpec",
     "MaterializeSpec",
     "ReplaySpec",
     "SSDCombineSpec",
