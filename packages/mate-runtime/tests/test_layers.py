@@ -26,7 +26,17 @@ ADAPTERS = ("mate_vllm", "mate_sglang", "mate_flashinfer_compat")
 # benchmarks, the model prewarm, test support, the adapters' helper, the public face of the settings) are tools
 # above every layer: nothing layered may import them.
 LAYERS = (
-    ("public API", ("mate.mamba", "mate.mamba.ssu", "mate.mamba.ssd", "mate.mamba.replay", "mate.mamba.planning")),
+    (
+        "public API",
+        (
+            "mate.mamba",
+            "mate.mamba.ssu",
+            "mate.mamba.ssd",
+            "mate.mamba.replay",
+            "mate.mamba.planning",
+            "mate.mamba.conv1d",
+        ),
+    ),
     ("custom ops", ("mate.mamba._ops",)),
     ("dispatch", ("mate.mamba._dispatch",)),
     (

@@ -3,7 +3,7 @@ fast-path launcher: it checks the index tables' values on every call."""
 
 from __future__ import annotations
 
-from mate.mamba._reference import replay, ssd, ssu
+from mate.mamba._reference import conv1d, replay, ssd, ssu
 
 
 def run(op: str, call, sources: dict | None = None):
@@ -16,7 +16,11 @@ def run(op: str, call, sources: dict | None = None):
         return replay.replay_state_update(call), None
     if op == "materialize":
         return replay.materialize_replayed_state(call), None
-    raise ValueError(f"op: expected ssu, ssd, replay or materialize, got {op!r}")
+    if op == "conv1d_fn":
+        return conv1d.causal_conv1d_fn(call), None
+    if op == "conv1d_update":
+        return conv1d.causal_conv1d_update(call), None
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize, conv1d_fn or conv1d_update, got {op!r}")
 
 
 __all__ = ["run"]
