@@ -5,7 +5,7 @@ on the current stream."""
 from __future__ import annotations
 
 from mate.mamba._platform.device import hardware
-from mate.mamba._tilelang import replay, replay_plan, ssd, ssd_plan, ssu, ssu_plan
+from mate.mamba._tilelang import conv1d, conv1d_plan, replay, replay_plan, ssd, ssd_plan, ssu, ssu_plan
 
 
 def run(op: str, call, sources: dict | None = None):
@@ -18,6 +18,10 @@ def run(op: str, call, sources: dict | None = None):
         return replay.run(call, sources)
     if op == "materialize":
         return replay.materialize_replayed_state(call), None
+    if op == "conv1d_fn":
+        return conv1d.run_fn(call, sources)
+    if op == "conv1d_update":
+        return conv1d.run_update(call, sources)
     raise ValueError(f"op: expected ssu, ssd, replay or materialize, got {op!r}")
 
 
@@ -27,13 +31,16 @@ def plan(op: str, call) -> tuple:
     between them, and a quantised pool's conversions)."""
     if op == "ssd":
         return ssd_plan.plan(call, hardware(call.x.device)).specs()
+    if op in ("conv1d_fn", "conv1d_update"):
+        planned = (conv1d_plan.plan_fn if op == "conv1d_fn" else conv1d_plan.plan_update)(call)
+        return () if planned is None else (planned[0],)
     planned = ssu_plan.plan(call) if op == "ssu" else replay_plan.plan(call)
     return () if planned is None else (planned[0],)
 
 
 def prewarm(op: str, device, config: dict) -> None:
     """Compile (without launching) every kernel one serving configuration of ``op`` uses on ``device``."""
-    {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm}[op](device, **config)
+    {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm, "conv1d": conv1d.prewarm}[op](device, **config)
 
 
 __all__ = ["plan", "prewarm", "run"]

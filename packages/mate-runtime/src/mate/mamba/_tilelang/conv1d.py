@@ -1,0 +1,70 @@
+"""TileLang launchers for ``causal_conv1d_fn`` / ``causal_conv1d_update``: one normalised call -> one kernel
+launch on the current stream, no host sync (with ``MATE_CHECK_INPUTS=1`` the tables are read back and checked
+first, outside graph capture). :mod:`.conv1d_plan` decides the kernel and its arguments."""
+
+from __future__ import annotations
+
+import torch
+from mate.mamba._contract.conv1d import Conv1dFnCall, Conv1dUpdateCall, check_fn_data, check_update_data
+from mate.mamba._platform import settings
+from mate.mamba._platform.device import is_capturing, tilelang_target
+from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
+from mate.mamba._tilelang.conv1d_plan import TUNING, plan_fn, plan_update
+from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
+
+PREWARM_HINT = "mate.mamba.prewarm_causal_conv1d(dim=..., width=..., io_dtype=..., state_dtype=...)"
+kernel, _kernels = kernel_lookup(PREWARM_HINT)
+
+
+def run_update(call: Conv1dUpdateCall, sources: dict | None = None):
+    """``(result, None)``: every call normalises (no fast-path launcher yet)."""
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_update_data(call)
+    planned = plan_update(call)
+    if planned is not None:
+        spec, args = planned
+        kernel(spec, call.state.device)(*args)
+    return call.result, None
+
+
+def run_fn(call: Conv1dFnCall, sources: dict | None = None):
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_fn_data(call)
+    planned = plan_fn(call)
+    if planned is not None:
+        spec, args = planned
+        kernel(spec, call.state.device)(*args)
+    elif call.x.shape[1]:
+        call.out.zero_()  # no sequence: every token is outside one
+    return call.out, None
+
+
+def serving_specs(*, dim, width, io_dtype, state_dtype, weight_dtype, index_dtype, has_bias, silu) -> list:
+    """The kernels one serving configuration launches: the prefill (with and without the tables vLLM passes) and
+    the update's forms (one token, MTP dense and packed; the result into x or a caller's out)."""
+    del dim  # a runtime dimension
+    n = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.int32: "int32",
+         torch.int64: "int64"}  # fmt: skip
+    common = dict(width=width, x_dtype=n[io_dtype], state_dtype=n[state_dtype], weight_dtype=n[weight_dtype],
+                  bias_dtype=n[weight_dtype], has_bias=has_bias, silu=silu)  # fmt: skip
+    idx = n[index_dtype]
+    specs = [Conv1dFnSpec(**common, qsl_dtype=idx, slot_dtype=idx, has_slots=True, has_init=True, has_null=True,
+                          threads=TUNING["threads"], block_t=TUNING["block_t"])]  # fmt: skip
+    for varlen, spec_decode in ((False, False), (False, True), (True, True)):
+        for via in (True, False):
+            specs.append(Conv1dUpdateSpec(
+                **common, slot_dtype=idx, acc_dtype=idx if spec_decode else "int32",
+                qsl_dtype=idx if varlen else "int32", varlen=varlen, spec_decode=spec_decode, has_slots=True,
+                has_null=True, round_via_state=via, threads=TUNING["threads"],
+            ))  # fmt: skip
+    return specs
+
+
+def prewarm(device, **config) -> None:
+    specs = serving_specs(**config)
+    compile_missing(specs, target=tilelang_target(device), jobs=1)
+    for spec in specs:
+        kernel(spec, device)
+
+
+__all__ = ["PREWARM_HINT", "kernel", "prewarm", "run_fn", "run_update", "serving_specs"]
