@@ -67,4 +67,30 @@ def prewarm(device, **config) -> None:
         kernel(spec, device)
 
 
-__all__ = ["PREWARM_HINT", "kernel", "prewarm", "run_fn", "run_update", "serving_specs"]
+def compile_grid() -> list:
+    """Representative configurations: every serving form (:func:`serving_specs`) at width 4 with bf16 io and pool
+    (int32 tables, bias) and with fp16 io over an fp32 pool (fp32 products: the pool and weight dtypes differ;
+    int64 tables, no bias, no silu); the prefill without tables at widths 2 and 6; the one-token update with fp32
+    io at width 6, and over a bf16 pool with and without the result's rounding through the pool's dtype (the
+    forms differ only there)."""
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    specs = serving_specs(dim=0, width=4, io_dtype=bf16, state_dtype=bf16, weight_dtype=bf16,
+                          index_dtype=torch.int32, has_bias=True, silu=True)  # fmt: skip
+    specs += serving_specs(dim=0, width=4, io_dtype=f16, state_dtype=f32, weight_dtype=f16,
+                           index_dtype=torch.int64, has_bias=False, silu=False)  # fmt: skip
+    plain = dict(qsl_dtype="int32", slot_dtype="int32", has_slots=False, has_init=False, has_null=False,
+                 threads=TUNING["threads"], block_t=TUNING["block_t"])  # fmt: skip
+    for width, io in ((2, "bfloat16"), (6, "float32")):
+        specs.append(Conv1dFnSpec(width=width, x_dtype=io, state_dtype=io, weight_dtype=io, bias_dtype=io,
+                                  has_bias=True, silu=True, **plain))  # fmt: skip
+    for width, io, pool, via in ((6, "float32", "float32", True), (4, "float32", "bfloat16", True),
+                                 (4, "float32", "bfloat16", False)):  # fmt: skip
+        specs.append(Conv1dUpdateSpec(
+            width=width, x_dtype=io, state_dtype=pool, weight_dtype=io, bias_dtype=io, slot_dtype="int32",
+            acc_dtype="int32", qsl_dtype="int32", has_bias=True, silu=True, varlen=False, spec_decode=False,
+            has_slots=False, has_null=False, round_via_state=via, threads=TUNING["threads"],
+        ))  # fmt: skip
+    return specs
+
+
+__all__ = ["PREWARM_HINT", "compile_grid", "kernel", "prewarm", "run_fn", "run_update", "serving_specs"]
