@@ -1,15 +1,18 @@
 """TileLang launchers for ``causal_conv1d_fn`` / ``causal_conv1d_update``: one normalised call -> one kernel
-launch on the current stream, no host sync (with ``MATE_CHECK_INPUTS=1`` the tables are read back and checked
-first, outside graph capture). :mod:`.conv1d_plan` decides the kernel and its arguments."""
+launch on the current stream, no host sync and no allocation but the prefill's returned tensor (with
+``MATE_CHECK_INPUTS=1`` the tables are read back and checked first, outside graph capture). :mod:`.conv1d_plan`
+decides the kernel and its arguments; each run leaves the dispatcher's fast path a launcher for calls of the same
+metadata."""
 
 from __future__ import annotations
 
 import torch
 from mate.mamba._contract.conv1d import Conv1dFnCall, Conv1dUpdateCall, check_fn_data, check_update_data
+from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
-from mate.mamba._tilelang.conv1d_plan import TUNING, plan_fn, plan_update
+from mate.mamba._tilelang.conv1d_plan import TUNING, args_fn, args_update, spec_fn, spec_update
 from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
 
 PREWARM_HINT = "mate.mamba.prewarm_causal_conv1d(dim=..., width=..., io_dtype=..., state_dtype=...)"
@@ -17,26 +20,57 @@ kernel, _kernels = kernel_lookup(PREWARM_HINT)
 
 
 def run_update(call: Conv1dUpdateCall, sources: dict | None = None):
-    """``(result, None)``: every call normalises (no fast-path launcher yet)."""
+    """Run one normalised call: ``(result, launcher)``. The launcher (None without ``sources``, with
+    ``MATE_CHECK_INPUTS=1`` or for a call whose fields are not the caller's tensors or views of them: the result
+    of an ``out``-less call whose x is not in the pool's dtype is a copy) runs a call of the same metadata from the
+    caller's tensors: the call rebuilt without validation
+    (:class:`~mate.mamba._contract.template.CallTemplate`), the kernel decided here reused."""
     if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
         check_update_data(call)
-    planned = plan_update(call)
-    if planned is not None:
-        spec, args = planned
-        kernel(spec, call.state.device)(*args)
-    return call.result, None
+        sources = None
+    launch = _launcher(spec_update(call), args_update, call.state.device)
+    launch(call)
+    return call.result, _replay(call, sources, launch, lambda c: c.result)
 
 
 def run_fn(call: Conv1dFnCall, sources: dict | None = None):
+    """As :func:`run_update`; ``out`` is the call's new tensor (rebuilt as one of x's geometry per call)."""
     if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
         check_fn_data(call)
-    planned = plan_fn(call)
-    if planned is not None:
-        spec, args = planned
-        kernel(spec, call.state.device)(*args)
-    elif call.x.shape[1]:
-        call.out.zero_()  # no sequence: every token is outside one
-    return call.out, None
+        sources = None
+    spec = spec_fn(call)
+    launch = _launcher(spec, args_fn, call.state.device)
+    if spec is None and call.x.shape[1]:
+        launch = _zero_out  # no sequence: every token is outside one
+    launch(call)
+    return call.out, _replay(call, sources, launch, lambda c: c.out, fresh=("out",))
+
+
+def _launcher(spec, args_of, device):
+    """``launch(call)``: the compiled kernel of ``spec`` (looked up once, here) run on ``args_of(call)``."""
+    if spec is None:
+        return lambda call: None
+    kern = kernel(spec, device)
+    return lambda call: kern(*args_of(call))
+
+
+def _zero_out(call: Conv1dFnCall) -> None:
+    call.out.zero_()
+
+
+def _replay(call, sources, launch, result_of, fresh=()):
+    if sources is None:
+        return None
+    template = CallTemplate.of(call, tuple(sources.values()), fresh=fresh)
+    if template is None:
+        return None
+
+    def replay(tensors):
+        c = template.rebuild(tensors)
+        launch(c)
+        return result_of(c)
+
+    return replay
 
 
 def serving_specs(*, dim, width, io_dtype, state_dtype, weight_dtype, index_dtype, has_bias, silu) -> list:
