@@ -193,3 +193,36 @@ def test_graph_replay_equals_eager(c):
     assert torch.equal(result, want)
     for name in mutated:
         assert torch.equal(static[name], eager[name])
+
+
+@pytest.mark.parametrize(
+    "c",
+    [pytest.param(Case(form="one"), id="update-one-token"),
+     pytest.param(Case(form="varlen", mtp=True, layout="token-contiguous"), id="update-mtp-varlen"),
+     pytest.param(Case(), id="fn")],
+)  # fmt: skip
+def test_fast_path_allocates_only_the_result(c):
+    """A call of an earlier call's metadata (the fast path's launcher) allocates nothing on the device but the
+    prefill's returned tensor, and leaves the same result as the slow path."""
+    if (why := _gpu_ready()) is not None:
+        pytest.skip(why)
+    from mate.mamba import conv1d as api
+
+    fn, args, mutated = build(c, 0, "cuda")
+    slow = _clone(args)
+    fn(**_clone(args), backend="tilelang")  # compile, remember the metadata
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    result = fn(**args, backend="tilelang")
+    grown = torch.cuda.memory_allocated() - before
+    fresh = 0 if c.form != "fn" else -(-result.untyped_storage().nbytes() // 512) * 512  # the allocator's rounding
+    assert grown == fresh
+    fast = api.FAST_FN if c.form == "fn" else api.FAST_UPDATE
+    fast.enabled = False
+    try:
+        want = fn(**slow, backend="tilelang")
+    finally:
+        fast.enabled = True
+    assert torch.equal(result, want)
+    for name in mutated:
+        assert torch.equal(args[name], slow[name])
