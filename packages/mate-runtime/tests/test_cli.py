@@ -172,7 +172,7 @@ def _fake_module(monkeypatch, name):
     return seen
 
 
-@pytest.mark.parametrize("kernel", ["ssu", "ssd", "norm"])
+@pytest.mark.parametrize("kernel", ["ssu", "ssd", "norm", "conv1d"])
 def test_bench_hands_every_argument_to_its_module(monkeypatch, kernel):
     seen = _fake_module(monkeypatch, f"mate.mamba.bench.{kernel}")
     assert cli.main(["bench", kernel, "--batch", "8", "--help", "x"]) == 7
@@ -214,7 +214,7 @@ def test_usage_errors(capsys):
     assert cli.main([]) == 2
     assert "info" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:
-        cli.main(["bench", "conv1d"])
+        cli.main(["bench", "conv2d"])
     assert exc.value.code == 2
     with pytest.raises(SystemExit) as exc:
         cli.main(["demo", "--backend", "triton"])

@@ -161,6 +161,11 @@ def test_mamba_exports():
         "rms_norm_gated",
         "prewarm_rms_norm_gated",
         "plan_rms_norm_gated",
+        "causal_conv1d_fn",
+        "causal_conv1d_update",
+        "prewarm_causal_conv1d",
+        "plan_causal_conv1d_fn",
+        "plan_causal_conv1d_update",
     }
 
 

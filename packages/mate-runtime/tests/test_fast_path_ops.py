@@ -1,4 +1,5 @@
-"""The eager fast path of the prefill and of ReplaySSM (``mate.mamba._dispatch.FastPath``), on CPU tensors.
+"""The eager fast path of the prefill, of ReplaySSM and of the causal conv1d (``mate.mamba._dispatch.FastPath``), on
+CPU tensors.
 
 The same mechanism as the decode's (``test_ssu_fast_path.py``): a call whose metadata equals an earlier TileLang
 call's is not normalised again; the TileLang backend's launcher rebuilds the call from the new tensors
@@ -12,11 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 from mate.mamba import _dispatch as dispatch
+from mate.mamba import conv1d as conv1d_api
 from mate.mamba import replay as replay_api
 from mate.mamba import settings
 from mate.mamba import ssd as ssd_api
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform.device import Hardware
+from mate.mamba._tilelang import conv1d as tl_conv1d
 from mate.mamba._tilelang import replay as tl_replay
 from mate.mamba._tilelang import ssd as tl_ssd
 from mate.mamba._tilelang import ssd_plan
@@ -35,14 +38,16 @@ def stub(monkeypatch):
     monkeypatch.setattr(tl_ssd, "kernel", rec)
     monkeypatch.setattr(tl_ssd, "hardware", lambda dev: Hardware("cuda", 9, 132))
     monkeypatch.setattr(tl_replay, "kernel", rec)
-    for fast in (ssd_api.FAST, replay_api.FAST):
+    monkeypatch.setattr(tl_conv1d, "kernel", rec)
+    fasts = (ssd_api.FAST, replay_api.FAST, conv1d_api.FAST_FN, conv1d_api.FAST_UPDATE)
+    for fast in fasts:
         norm = fast.normalize
         monkeypatch.setattr(fast, "normalize", lambda *a, _n=norm: normalised.append(1) or _n(*a))
         fast.clear()
     with settings.override(MATE_CHECK_INPUTS="0"):
         yield launches, normalised
-    ssd_api.FAST.clear()
-    replay_api.FAST.clear()
+    for fast in fasts:
+        fast.clear()
 
 
 def same(a, b, caller: set) -> bool:
@@ -231,6 +236,138 @@ def test_replay_hit_equals_the_slow_path(stub, T):
     assert gs == es and all(same(a, b, storages([*args, *kw.values()])) for a, b in zip(ga, ea, strict=True))
 
 
+# ------------------------------------------------------------------------------------------------ causal conv1d
+
+CD, CW, CS = 24, 4, 9  # channels, width, pool slots
+
+
+def conv_pool(K=CW - 1, dtype=BF16):
+    """vLLM's pool layout: [slots, state_len, dim] allocated, passed as its [slots, dim, state_len] transpose."""
+    return torch.randn(CS, K, CD).to(dtype).transpose(1, 2)
+
+
+def conv_fn_args(tables=True, idx=torch.int32):
+    x = torch.randn(40, CD).to(BF16).t()  # vLLM passes its [tokens, dim] buffer transposed
+    kw = dict(x=x, weight=torch.randn(CD, CW).to(BF16), bias=torch.randn(CD).to(BF16), conv_states=conv_pool(),
+              query_start_loc=torch.tensor([0, 7, 7, 39], dtype=idx))  # fmt: skip
+    if tables:
+        kw |= dict(cache_indices=torch.tensor([4, 0, 2], dtype=idx), has_initial_state=torch.tensor([1, 0, 1]) > 0)
+    return kw
+
+
+def conv_update_args(form, idx=torch.int32):
+    w, b = torch.randn(CD, CW).to(BF16), torch.randn(CD).to(BF16)
+    if form == "one-token":
+        return dict(x=torch.randn(5, CD).to(BF16), conv_state=conv_pool(), weight=w, bias=b, activation="silu",
+                    conv_state_indices=torch.tensor([1, 0, 3, 8, 2], dtype=idx))  # fmt: skip
+    if form == "one-token-out":
+        kw = conv_update_args("one-token", idx)
+        return kw | dict(out=torch.empty_like(kw["x"]))
+    if form == "mtp-dense":
+        return dict(x=torch.randn(3, CD, 4).to(BF16), conv_state=conv_pool(K=CW - 1 + 3), weight=w, bias=b,
+                    conv_state_indices=torch.tensor([[2, 7], [0, 7], [5, 7]], dtype=idx),
+                    num_accepted_tokens=torch.tensor([1, 3, 2], dtype=idx))  # fmt: skip
+    if form == "mtp-packed":
+        return dict(x=torch.randn(10, CD).to(BF16), conv_state=conv_pool(K=CW - 1 + 3), weight=w, bias=None,
+                    conv_state_indices=torch.tensor([2, 0, 5], dtype=idx),
+                    num_accepted_tokens=torch.tensor([1, 3, 2], dtype=idx),
+                    query_start_loc=torch.tensor([0, 4, 6, 10], dtype=idx), max_query_len=4)  # fmt: skip
+    raise AssertionError(form)
+
+
+CONV_UPDATE_FORMS = [
+    pytest.param("one-token", torch.int32, id="one-token-int32"),
+    pytest.param("one-token-out", torch.int64, id="one-token-out-int64"),
+    pytest.param("mtp-dense", torch.int64, id="mtp-dense-int64"),
+    pytest.param("mtp-packed", torch.int32, id="mtp-packed-int32"),
+]
+
+
+def _hit_and_slow(fast, call, make, launches, normalised):
+    """A miss, then a hit on new tensors, then the slow path on those tensors: (hit launches, slow launches, hit
+    result, slow result, the tensors)."""
+    call(**make())
+    assert len(normalised) == 1
+    kw = make()
+    del launches[:]
+    got = call(**kw)
+    assert len(normalised) == 1, "a hit must not normalise"
+    hit = list(launches)
+    del launches[:]
+    fast.enabled = False
+    try:
+        want = call(**kw)
+    finally:
+        fast.enabled = True
+    return hit, list(launches), got, want, kw
+
+
+@pytest.mark.parametrize("form, idx", CONV_UPDATE_FORMS)
+def test_conv1d_update_hit_equals_the_slow_path(stub, form, idx):
+    launches, normalised = stub
+    hit, slow, got, want, kw = _hit_and_slow(conv1d_api.FAST_UPDATE, conv1d_api.causal_conv1d_update,
+                                             lambda: conv_update_args(form, idx), launches, normalised)  # fmt: skip
+    assert len(hit) == len(slow) == 1
+    (gs, ga), (es, ea) = hit[0], slow[0]
+    assert gs == es and all(same(a, b, storages(kw.values())) for a, b in zip(ga, ea, strict=True))
+    assert got is want is kw.get("out", kw["x"])  # in place into x (the pool's dtype), or into out
+
+
+@pytest.mark.parametrize("tables", [pytest.param(True, id="tables"), pytest.param(False, id="no-tables")])
+def test_conv1d_fn_hit_equals_the_slow_path(stub, tables):
+    launches, normalised = stub
+    hit, slow, got, want, kw = _hit_and_slow(conv1d_api.FAST_FN, conv1d_api.causal_conv1d_fn,
+                                             lambda: conv_fn_args(tables), launches, normalised)  # fmt: skip
+    assert len(hit) == len(slow) == 1
+    (gs, ga), (es, ea) = hit[0], slow[0]
+    assert gs == es and all(same(a, b, storages(kw.values())) for a, b in zip(ga, ea, strict=True))
+    # the result: a new tensor of x's geometry (torch.empty_like(x): channel-contiguous), written by the launch
+    assert got.stride() == want.stride() == kw["x"].stride() and ga[1] is got and got is not want
+
+
+def test_conv1d_result_copy_is_not_replayed(stub):
+    """Without out and with x not in the pool's dtype the result is a copy of x the normaliser made (rows the
+    kernel skips keep x's values): such calls always normalise."""
+    _, normalised = stub
+    for _ in range(2):
+        kw = conv_update_args("one-token")
+        kw["x"] = kw["x"].float()
+        out = conv1d_api.causal_conv1d_update(**kw)
+        assert out is not kw["x"] and out.dtype == torch.float32
+    assert len(normalised) == 2 and list(conv1d_api.FAST_UPDATE.cache.values()) == [conv1d_api.FAST_UPDATE.SLOW]
+
+
+def test_conv1d_metadata_change_misses(stub):
+    _, normalised = stub
+    conv1d_api.causal_conv1d_update(**conv_update_args("one-token"))
+    conv1d_api.causal_conv1d_update(**conv_update_args("one-token", torch.int64))  # another index dtype
+    kw = conv_update_args("one-token")
+    conv1d_api.causal_conv1d_update(**kw | dict(activation=None))  # another scalar option
+    conv1d_api.causal_conv1d_update(**kw | dict(conv_state=kw["conv_state"].contiguous()))  # another pool layout
+    assert len(normalised) == 4 and len(conv1d_api.FAST_UPDATE.cache) == 4
+    conv1d_api.causal_conv1d_fn(**conv_fn_args())
+    conv1d_api.causal_conv1d_fn(**conv_fn_args(tables=False))
+    assert len(normalised) == 6 and len(conv1d_api.FAST_FN.cache) == 2
+
+
+def test_conv1d_checked_mode_leaves_no_launcher(stub):
+    _, normalised = stub
+    with settings.override(MATE_CHECK_INPUTS="1"):
+        for _ in range(2):
+            conv1d_api.causal_conv1d_fn(**conv_fn_args())
+    assert len(normalised) == 2 and list(conv1d_api.FAST_FN.cache.values()) == [conv1d_api.FAST_FN.SLOW]
+
+
+def test_conv1d_absent_tensors_are_one_cached_dummy(stub):
+    """The stand-ins for absent tables are the same tensor on every call: no allocation per launch, and a stable
+    address under graph capture."""
+    launches, _ = stub
+    for _ in range(2):
+        conv1d_api.causal_conv1d_update(**conv_update_args("one-token"))
+    (_, a), (_, b) = launches
+    assert a[6] is b[6] and a[7] is b[7] and a[6] is a[7]  # num_accepted_tokens, query_start_loc
+
+
 # ---------------------------------------------------------------------------------------------- the template
 
 
@@ -251,3 +388,20 @@ def test_template_refuses_a_copy():
     new = torch.randn(4, 3)
     call = t.rebuild((new,))
     assert call.a is new and call.n == 3 and torch.equal(call.b, new[:, 1:])
+
+
+def test_template_rebuilds_a_fresh_output_with_its_strides():
+    """A fresh field allocated like a transposed input (``torch.empty_like``) is rebuilt with the same strides;
+    a fresh-named field that is a view into a larger storage is refused."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Call:
+        a: torch.Tensor
+        out: torch.Tensor
+
+    src = torch.randn(5, 3).t()
+    t = CallTemplate.of(Call(src, torch.empty_like(src)), (src,), fresh=("out",))
+    out = t.rebuild((torch.randn(5, 3).t(),)).out
+    assert out.shape == (3, 5) and out.stride() == (1, 3)
+    assert CallTemplate.of(Call(src, torch.empty(4, 5)[1:]), (src,), fresh=("out",)) is None

@@ -34,6 +34,7 @@ LAYERS = (
             "mate.mamba.ssd",
             "mate.mamba.replay",
             "mate.mamba.planning",
+            "mate.mamba.conv1d",
             "mate.mamba.norm",
         ),
     ),

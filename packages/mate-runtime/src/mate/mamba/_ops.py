@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from mate.mamba._contract.conv1d import normalize_conv1d_fn, normalize_conv1d_update
 from mate.mamba._contract.norm import normalize_norm
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
@@ -195,6 +196,7 @@ _COERCE = {
     str: None,
     torch.dtype | None: None,
     Sequence[float]: lambda v: [float(f) for f in v],
+    str | None: None,
 }
 
 
@@ -218,7 +220,10 @@ class OpTable:
         self._tensor_pos = tuple(self.index[n] for n in self.tensor_names)
         self._scalar_pos = tuple(self.index[n] for n in self.scalar_names)
         self._coerce = tuple(None if p.is_tensor else _COERCE[p.type] for p in params)
-        self._out, self._x = self.index.get("out"), self.index["x"]  # an op without ``out`` returns a new tensor
+        # the traced entry allocates a plain-Tensor ``out`` the caller left None (an optional one is the op's)
+        out = self.index.get("out")
+        self._out = out if out is not None and params[out].type is torch.Tensor else None
+        self._x = self.index["x"]
 
     def signature(self, returns) -> inspect.Signature:
         """The op's signature: every parameter positional (the traced entry passes them all), no defaults."""
@@ -387,6 +392,8 @@ trace_ssd = SSD.entry("trace_ssd", _trace_ssd)
 
 
 __all__ = ["SSD", "SSD_PARAMS", "SSU", "SSU_PARAMS", "OpTable", "Param", "trace_ssd", "trace_ssu"]
+__all__ += ["CONV1D_FN", "CONV1D_FN_PARAMS", "CONV1D_UPDATE", "CONV1D_UPDATE_PARAMS", "trace_conv1d_fn",
+            "trace_conv1d_update"]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ ReplaySSM
@@ -419,3 +426,109 @@ def _norm_fake(*args, **kwargs) -> torch.Tensor:
 
 # The traced rms_norm_gated (the table's parameters, positionally): emits the op, returns its new tensor.
 trace_norm = NORM.entry("trace_norm", lambda args: torch.ops.mate.rms_norm_gated(*NORM.op_args(args)))
+
+
+# ------------------------------------------------------------------------------------------------ causal conv1d
+
+# vLLM 0.33's causal_conv1d_fn and causal_conv1d_update, less ``metadata`` and ``validate_data`` (vLLM's launch-grid
+# cache and debug asserts, which change no result: the public functions take them and drop them)
+CONV1D_FN_PARAMS = (
+    Param("x", T),
+    Param("weight", T),
+    Param("bias", OptT),
+    Param("conv_states", T, mutated=True),
+    Param("query_start_loc", T),
+    Param("cache_indices", OptT, None),
+    Param("has_initial_state", OptT, None),
+    Param("activation", str | None, "silu"),
+    Param("pad_slot_id", int, -1),
+    Param("null_block_id", int | None, 0),
+    Param("backend", str, "auto", keyword=True),
+)
+
+CONV1D_UPDATE_PARAMS = (
+    Param("x", T, mutated=True),  # the result goes into x itself without out when x has the pool's dtype
+    Param("conv_state", T, mutated=True),
+    Param("weight", T),
+    Param("bias", OptT, None),
+    Param("activation", str | None, None),
+    Param("conv_state_indices", OptT, None),
+    Param("num_accepted_tokens", OptT, None),
+    Param("query_start_loc", OptT, None),
+    Param("max_query_len", int, -1),
+    Param("null_block_id", int | None, 0),
+    Param("out", OptT, None, mutated=True),
+    Param("backend", str, "auto", keyword=True),
+)
+
+CONV1D_FN = OpTable(CONV1D_FN_PARAMS)
+CONV1D_UPDATE = OpTable(CONV1D_UPDATE_PARAMS)
+
+
+def _activation_name(activation):
+    """vLLM's bool activation as the schema's string (``True`` is ``"silu"``); anything else as given."""
+    if activation is True:
+        return "silu"
+    return None if activation is False else activation
+
+
+def _conv1d_fn_impl(*args, **kwargs) -> torch.Tensor:
+    args = CONV1D_FN.ordered(args, kwargs)
+    return run("conv1d_fn", normalize_conv1d_fn(*args[:-1]), args[-1])
+
+
+_conv1d_fn_impl.__signature__ = CONV1D_FN.signature(torch.Tensor)
+_conv1d_fn_op = torch.library.custom_op("mate::causal_conv1d_fn", _conv1d_fn_impl, mutates_args=CONV1D_FN.mutated)
+
+
+@_conv1d_fn_op.register_fake
+def _conv1d_fn_fake(*args, **kwargs) -> torch.Tensor:
+    return normalize_conv1d_fn(*CONV1D_FN.ordered(args, kwargs)[:-1]).out
+
+
+def _new_result(call) -> torch.Tensor:
+    """What the update op returns: the result when it is a new tensor (no ``out``, x not of the pool's dtype),
+    else an empty tensor (an op may not return an alias of an input: the traced entry returns x or out)."""
+    if call.round_via_state and call.result.dtype != call.state.dtype:
+        return call.result
+    return call.result.new_empty((0,))
+
+
+def _conv1d_update_impl(*args, **kwargs) -> torch.Tensor:
+    args = CONV1D_UPDATE.ordered(args, kwargs)
+    call = normalize_conv1d_update(*args[:-1])
+    run("conv1d_update", call, args[-1])
+    return _new_result(call)
+
+
+_conv1d_update_impl.__signature__ = CONV1D_UPDATE.signature(torch.Tensor)
+_conv1d_update_op = torch.library.custom_op(
+    "mate::causal_conv1d_update", _conv1d_update_impl, mutates_args=CONV1D_UPDATE.mutated
+)
+
+
+@_conv1d_update_op.register_fake
+def _conv1d_update_fake(*args, **kwargs) -> torch.Tensor:
+    return _new_result(normalize_conv1d_update(*CONV1D_UPDATE.ordered(args, kwargs)[:-1]))
+
+
+def _trace_conv1d_fn(args: tuple) -> torch.Tensor:
+    args = list(args)
+    args[CONV1D_FN.index["activation"]] = _activation_name(args[CONV1D_FN.index["activation"]])
+    return torch.ops.mate.causal_conv1d_fn(*CONV1D_FN.op_args(tuple(args)))
+
+
+def _trace_conv1d_update(args: tuple) -> torch.Tensor:
+    args = list(args)
+    args[CONV1D_UPDATE.index["activation"]] = _activation_name(args[CONV1D_UPDATE.index["activation"]])
+    new = torch.ops.mate.causal_conv1d_update(*CONV1D_UPDATE.op_args(tuple(args)))
+    x, state, out = args[0], args[1], args[CONV1D_UPDATE.index["out"]]
+    if out is not None:
+        return out
+    return x if x.dtype == state.dtype else new
+
+
+# The traced causal_conv1d_fn / causal_conv1d_update (the tables' parameters, positionally): emit the ops and
+# return what vLLM's functions return.
+trace_conv1d_fn = CONV1D_FN.entry("trace_conv1d_fn", _trace_conv1d_fn)
+trace_conv1d_update = CONV1D_UPDATE.entry("trace_conv1d_update", _trace_conv1d_update)

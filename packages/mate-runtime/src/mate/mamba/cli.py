@@ -6,8 +6,8 @@
 - ``mate-mamba demo``: one Mamba2 layer's worth of work on a Nemotron-like shape (prefill of a ragged batch through
   ``ssd_combined_fwd_varlen``, decode steps and one MTP step through ``selective_state_update``), checked
   against the float64 token-by-token recurrence of ``mate.mamba.testing`` (``mate.mamba.demo``).
-- ``mate-mamba bench ssu|ssd|replay|norm [args]``: the benchmark harness (``mate.mamba.bench.ssu`` / ``ssd`` /
-  ``replay`` / ``norm``).
+- ``mate-mamba bench ssu|ssd|replay|norm|conv1d [args]``: the benchmark harness (``mate.mamba.bench.ssu`` /
+  ``ssd`` / ``replay`` / ``norm`` / ``conv1d``).
 - ``mate-mamba prewarm [args]``: compile the kernels a model configuration needs (``mate.mamba.prewarm_model``).
 - ``mate-mamba cache list|verify|clear|export FILE|import FILE``: MATE's compiled-kernel cache (``MATE_CACHE_DIR``).
 
@@ -42,6 +42,7 @@ PASSTHROUGH = {
     ("bench", "ssd"): ("mate.mamba.bench.ssd", "benchmark ssd_combined_fwd_varlen"),
     ("bench", "replay"): ("mate.mamba.bench.replay", "benchmark replay_state_update"),
     ("bench", "norm"): ("mate.mamba.bench.norm", "benchmark rms_norm_gated"),
+    ("bench", "conv1d"): ("mate.mamba.bench.conv1d", "benchmark causal_conv1d_update / causal_conv1d_fn"),
     ("prewarm",): ("mate.mamba.prewarm_model", "compile the kernels of a model configuration before serving"),
 }
 
@@ -305,12 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: mate-mamba bench ssu|ssd|replay|norm [options of mate.mamba.bench.ssu|ssd|replay|norm]",
+        help="benchmarks: mate-mamba bench ssu|ssd|replay|norm|conv1d [options of mate.mamba.bench.<kernel>]",
     )
     bench.add_argument(
-        "kernel", choices=("ssu", "ssd", "replay", "norm"),
+        "kernel", choices=("ssu", "ssd", "replay", "norm", "conv1d"),
         help="ssu: selective_state_update (decode), ssd: ssd_combined_fwd_varlen (prefill), replay: "
-        "replay_state_update (ReplaySSM decode), norm: rms_norm_gated (the gated RMSNorm); "
+        "replay_state_update (ReplaySSM decode), norm: rms_norm_gated (the gated RMSNorm), conv1d: "
+        "causal_conv1d_update / causal_conv1d_fn; "
         "mate-mamba bench ssu --help lists its options",
     )  # fmt: skip
     sub.add_parser("prewarm", help="compile a model configuration's kernels: mate-mamba prewarm [options]")
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     # bench / prewarm hand every remaining argument (``--help`` included) to the module's own parser.
     if rest[:1] == ["prewarm"]:
         return run_module_main(PASSTHROUGH[("prewarm",)][0], rest[1:] + ["--debug"] * debug, debug)
-    if rest[:1] == ["bench"] and len(rest) > 1 and rest[1] in ("ssu", "ssd", "replay", "norm"):
+    if rest[:1] == ["bench"] and len(rest) > 1 and rest[1] in ("ssu", "ssd", "replay", "norm", "conv1d"):
         return run_module_main(PASSTHROUGH[("bench", rest[1])][0], rest[2:], debug)
     parser = build_parser()
     args = parser.parse_args(argv)

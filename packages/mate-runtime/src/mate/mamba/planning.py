@@ -14,6 +14,7 @@ kernel, programmatic dependent launch (``MATE_SSU_PDL=auto``) and the SSD's sequ
 
 from __future__ import annotations
 
+from mate.mamba._contract.conv1d import normalize_conv1d_fn, normalize_conv1d_update
 from mate.mamba._contract.norm import normalize_norm
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
@@ -51,5 +52,19 @@ def plan_rms_norm_gated(*args, backend: str = "auto", **kwargs) -> tuple:
     return plan("norm", normalize_norm(*args, **kwargs))
 
 
+def plan_causal_conv1d_fn(*args, backend: str = "auto", metadata=None, validate_data: bool = False, **kwargs):
+    """The kernel spec ``causal_conv1d_fn(*args, **kwargs)`` launches on the TileLang backend (one, or none for a
+    call without tokens). Nothing is written to the arguments."""
+    del backend, metadata, validate_data
+    return plan("conv1d_fn", normalize_conv1d_fn(*args, **kwargs))
+
+
+def plan_causal_conv1d_update(*args, backend: str = "auto", validate_data: bool = False, **kwargs):
+    """The kernel spec ``causal_conv1d_update(*args, **kwargs)`` launches on the TileLang backend (one, or none for
+    a call without sequences). Nothing is written to the arguments."""
+    del backend, validate_data
+    return plan("conv1d_update", normalize_conv1d_update(*args, **kwargs))
+
+
 __all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen", "plan_replay_state_update",
-           "plan_rms_norm_gated"]  # fmt: skip
+           "plan_rms_norm_gated", "plan_causal_conv1d_fn", "plan_causal_conv1d_update"]  # fmt: skip

@@ -32,7 +32,8 @@ class CallTemplate:
     def of(cls, call, sources: tuple, fresh: tuple[str, ...] = ()) -> CallTemplate | None:
         """The template of ``call`` normalised from ``sources`` (the caller's keyed tensors, None where not
         passed), or None when a tensor field is not derived from them. ``fresh``: the fields the normaliser
-        allocates when the caller passes none (rebuilt as new contiguous tensors of the same geometry)."""
+        allocates when the caller passes none (rebuilt as new tensors of the same shape and strides: e.g.
+        ``torch.empty_like`` of a transposed input)."""
         t = cls()
         t.cls = type(call)
         t.fixed, t.rules = {}, []
@@ -57,7 +58,7 @@ class CallTemplate:
                 src = tensors[i]
                 fields[name] = torch.as_strided(src, shape, stride, src.storage_offset() + delta)
             else:
-                fields[name] = torch.empty(shape, dtype=dtype, device=tensors[i].device)
+                fields[name] = torch.empty_strided(shape, stride, dtype=dtype, device=tensors[i].device)
         call = object.__new__(self.cls)  # the fields are the validated ones: no __init__ (frozen) per call
         call.__dict__.update(fields)
         return call
@@ -70,10 +71,11 @@ def _rule(v: torch.Tensor, sources: tuple, fresh: bool):
     for i, src in enumerate(sources):
         if src is not None and v.dtype == src.dtype and _same_storage(v, src):
             return _VIEW, i, tuple(v.shape), tuple(v.stride()), v.storage_offset() - src.storage_offset(), None
-    if fresh and v.is_contiguous() and v.storage_offset() == 0:
-        # new on every call, on the device of any source (a valid call's tensors share one device)
+    if fresh and v.storage_offset() == 0 and v.untyped_storage().nbytes() == v.numel() * v.element_size():
+        # new on every call (a dense allocation of its own, any dim order), on the device of any source (a valid
+        # call's tensors share one device)
         i = next(i for i, s in enumerate(sources) if s is not None)
-        return _FRESH, i, tuple(v.shape), None, 0, v.dtype
+        return _FRESH, i, tuple(v.shape), tuple(v.stride()), 0, v.dtype
     return None
 
 

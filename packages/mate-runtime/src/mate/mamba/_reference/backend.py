@@ -3,7 +3,7 @@ fast-path launcher: it checks the index tables' values on every call."""
 
 from __future__ import annotations
 
-from mate.mamba._reference import norm, replay, ssd, ssu
+from mate.mamba._reference import conv1d, norm, replay, ssd, ssu
 
 
 def run(op: str, call, sources: dict | None = None):
@@ -18,7 +18,11 @@ def run(op: str, call, sources: dict | None = None):
         return replay.materialize_replayed_state(call), None
     if op == "norm":
         return norm.rms_norm_gated(call), None
-    raise ValueError(f"op: expected ssu, ssd, replay, materialize or norm, got {op!r}")
+    if op == "conv1d_fn":
+        return conv1d.causal_conv1d_fn(call), None
+    if op == "conv1d_update":
+        return conv1d.causal_conv1d_update(call), None
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn or conv1d_update, got {op!r}")
 
 
 __all__ = ["run"]

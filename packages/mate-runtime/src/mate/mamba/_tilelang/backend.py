@@ -1,11 +1,23 @@
 """The TileLang backend's entry points, the same for every op (``mate.mamba._dispatch`` calls them): run, plan,
-prewarm. Each op's launcher module (:mod:`.ssu`, :mod:`.ssd`, :mod:`.replay`) plans with its planner and launches
+prewarm. Each op's launcher module (:mod:`.ssu`, :mod:`.ssd`, :mod:`.replay`, :mod:`.norm`,
+:mod:`.conv1d`) plans with its planner and launches
 on the current stream."""
 
 from __future__ import annotations
 
 from mate.mamba._platform.device import hardware
-from mate.mamba._tilelang import norm, norm_plan, replay, replay_plan, ssd, ssd_plan, ssu, ssu_plan
+from mate.mamba._tilelang import (
+    conv1d,
+    conv1d_plan,
+    norm,
+    norm_plan,
+    replay,
+    replay_plan,
+    ssd,
+    ssd_plan,
+    ssu,
+    ssu_plan,
+)
 
 
 def run(op: str, call, sources: dict | None = None):
@@ -20,7 +32,11 @@ def run(op: str, call, sources: dict | None = None):
         return replay.materialize_replayed_state(call), None
     if op == "norm":
         return norm.run(call, sources)
-    raise ValueError(f"op: expected ssu, ssd, replay, materialize or norm, got {op!r}")
+    if op == "conv1d_fn":
+        return conv1d.run_fn(call, sources)
+    if op == "conv1d_update":
+        return conv1d.run_update(call, sources)
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn or conv1d_update, got {op!r}")
 
 
 def plan(op: str, call) -> tuple:
@@ -32,13 +48,18 @@ def plan(op: str, call) -> tuple:
     if op == "norm":
         planned = norm_plan.plan(call)
         return () if planned is None else (planned[0],)
+    if op in ("conv1d_fn", "conv1d_update"):
+        planned = (conv1d_plan.plan_fn if op == "conv1d_fn" else conv1d_plan.plan_update)(call)
+        return () if planned is None else (planned[0],)
     planned = ssu_plan.plan(call) if op == "ssu" else replay_plan.plan(call)
     return () if planned is None else (planned[0],)
 
 
 def prewarm(op: str, device, config: dict) -> None:
     """Compile (without launching) every kernel one serving configuration of ``op`` uses on ``device``."""
-    {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm, "norm": norm.prewarm}[op](device, **config)
+    prewarms = {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm, "norm": norm.prewarm,
+                "conv1d": conv1d.prewarm}  # fmt: skip
+    prewarms[op](device, **config)
 
 
 __all__ = ["plan", "prewarm", "run"]

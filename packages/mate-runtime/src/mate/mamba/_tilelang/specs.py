@@ -309,3 +309,56 @@ __all__ = [
     "StateCodecSpec",
     "ssu_pass_configs",
 ]
+
+
+@dataclass(frozen=True)
+class Conv1dUpdateSpec(KernelSpec):
+    """``mate_kernels.conv1d.conv1d_update_kernel``: the causal conv1d's decode update (every call form)."""
+
+    module: ClassVar[str] = "mate_kernels.conv1d"
+    factory: ClassVar[str] = "conv1d_update_kernel"
+    family: ClassVar[str] = "conv1d"
+
+    width: int
+    x_dtype: str
+    state_dtype: str
+    weight_dtype: str
+    bias_dtype: str
+    slot_dtype: str
+    acc_dtype: str
+    qsl_dtype: str
+    has_bias: bool
+    silu: bool
+    varlen: bool
+    spec_decode: bool
+    has_slots: bool
+    has_null: bool
+    round_via_state: bool
+    threads: int
+
+
+@dataclass(frozen=True)
+class Conv1dFnSpec(KernelSpec):
+    """``mate_kernels.conv1d.conv1d_fn_kernel``: the causal conv1d's varlen prefill."""
+
+    module: ClassVar[str] = "mate_kernels.conv1d"
+    factory: ClassVar[str] = "conv1d_fn_kernel"
+    family: ClassVar[str] = "conv1d"
+
+    width: int
+    x_dtype: str
+    state_dtype: str
+    weight_dtype: str
+    bias_dtype: str
+    qsl_dtype: str
+    slot_dtype: str
+    has_bias: bool
+    silu: bool
+    has_slots: bool
+    has_init: bool
+    has_null: bool
+    threads: int
+    block_t: int
+
+
+__all__ += ["Conv1dFnSpec", "Conv1dUpdateSpec"]

@@ -1,0 +1,263 @@
+"""TileLang kernel factories for the causal conv1d of a Mamba2 layer (vLLM 0.33's ``causal_conv1d_update`` and
+``causal_conv1d_fn``): :func:`conv1d_update_kernel` and :func:`conv1d_fn_kernel`, each a spec's fields in, a
+``T.prim_func`` out. The math and the rounding are the contract's (``mate.mamba._contract.conv1d``): x read in the
+pool's dtype, products rounded to ``prod_dtype``, an fp32 sum from the bias in tap order, the result rounded to
+the pool's dtype first where ``round_via_state``.
+
+Both kernels give a thread one channel: it keeps the ``W - 1`` previous inputs in registers and slides them token
+by token, so each input and output is touched once. Threads of a CTA hold consecutive channels: the loads and
+stores of a token are coalesced when the tensors are channel-contiguous (vLLM's layout). Every stride is a runtime
+value (one compiled kernel for any pool view); every index is guarded, so no value of the tables makes a kernel
+read or write outside its tensors.
+
+``conv1d_update_kernel``: grid (channel blocks, sequences). A sequence on the null block (or a slot outside the
+pool) does nothing; otherwise its slot's history is read, the slot's columns rewritten in ascending order (each
+from a later column or a new token: nothing is read after it is overwritten), then the outputs computed.
+
+``conv1d_fn_kernel``: grid (token blocks of ``block_t``, channel blocks). A CTA finds the sequences its tokens
+belong to by binary search over ``query_start_loc`` and runs each one's tokens; a sequence's first ``W - 1``
+tokens (whose window reaches into the initial state) are run by the CTA holding its first token, also beyond its
+block, and that CTA alone reads the slot's initial state and writes the final one: no CTA reads a state another
+writes. Tokens of skipped sequences and past the last one are written as zeros.
+"""
+
+# no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
+
+MAX_WIDTH = 6
+SEARCH_STEPS = 32  # binary-search steps over query_start_loc (any int32 batch)
+
+# the tuning space: threads per CTA (channels per CTA) and, for the prefill, tokens per CTA; the planner's table
+THREADS = (128, 256)
+BLOCK_T = (32, 64, 128)
+
+
+def _check(width: int, threads: int) -> None:
+    if not 2 <= width <= MAX_WIDTH:
+        raise ValueError(f"width: expected 2..{MAX_WIDTH}, got {width!r}")
+    if threads not in THREADS:
+        raise ValueError(f"threads: expected one of {THREADS}, got {threads!r}")
+
+
+def _tap_sum(T, *, W: int, prod_dtype: str):
+    """The macro ``acc += sum_j round(win[j] * wv[j], prod_dtype)``, in tap order (fp32 registers)."""
+
+    @T.macro
+    def tap_sum(win, wv, acc):
+        for j in T.unroll(W):
+            acc[0] = acc[0] + T.cast(T.cast(win[j] * wv[j], prod_dtype), "float32")
+
+    return tap_sum
+
+
+def _finish(T, a, *, silu: bool, state_dtype: str, out_dtype: str, via_state: bool):
+    if silu:
+        a = a / (T.float32(1.0) + T.exp(-a))
+    if via_state:
+        a = T.cast(a, state_dtype)
+    return T.cast(a, out_dtype)
+
+
+def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype: str, bias_dtype: str,
+                         slot_dtype: str, acc_dtype: str, qsl_dtype: str, has_bias: bool, silu: bool, varlen: bool,
+                         spec_decode: bool,
+                         has_slots: bool, has_null: bool, round_via_state: bool, threads: int = 128):  # fmt: skip
+    """The decode update. Arguments, positionally: ``x [rows, D, T]`` and ``out`` (x's dtype), ``weight [D, W]``,
+    ``bias [nb]`` (a dummy without one), ``state [S, D, K]``, ``slots [ns]``, ``accepted [na]``, ``qsl [nq]``
+    (their dtypes; dummies where absent), then ``batch``, ``seqlen`` (T, or max_query_len packed), ``state_len``
+    (vLLM's rewritten columns) and ``null_id`` (int64)."""
+    _check(width, threads)
+    import tilelang.language as T
+
+    W, TH = width, threads
+    f32, i64 = "float32", "int64"
+    tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
+    rows, D, Tn, S, K = T.dynamic("rows, D, Tn, S, K")
+    nb, ns, na, nq = T.dynamic("nb, ns, na, nq")
+    x0, x1, x2, o0, o1, o2, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, x2, o0, o1, o2, w0, w1, s0, s1, s2", i64)
+    bs, ss, as_, qs = T.dynamic("bs, ss, as_, qs", i64)
+
+    @T.prim_func
+    def conv1d_update(
+        x: T.StridedTensor((rows, D, Tn), (x0, x1, x2), x_dtype),
+        out: T.StridedTensor((rows, D, Tn), (o0, o1, o2), x_dtype),
+        weight: T.StridedTensor((D, W), (w0, w1), weight_dtype),
+        bias: T.StridedTensor((nb,), (bs,), bias_dtype),
+        state: T.StridedTensor((S, D, K), (s0, s1, s2), state_dtype),
+        slots: T.StridedTensor((ns,), (ss,), slot_dtype),
+        accepted: T.StridedTensor((na,), (as_,), acc_dtype),
+        qsl: T.StridedTensor((nq,), (qs,), qsl_dtype),
+        batch: T.int32,
+        seqlen: T.int32,
+        state_len: T.int32,
+        null_id: T.int64,
+    ):
+        with T.Kernel(T.ceildiv(D, TH), batch, threads=TH) as (bx, b):
+            tx = T.get_thread_binding()
+            win = T.alloc_local((W,), f32)
+            wv = T.alloc_local((W,), f32)
+            acc = T.alloc_local((1,), f32)
+            slot = T.alloc_var(i64)
+            start = T.alloc_var(i64)
+            n = T.alloc_var(i64)
+            off = T.alloc_var(i64)
+            c = bx * TH + tx
+            slot = T.cast(slots[b], i64) if has_slots else T.cast(b, i64)
+            row = 0 if varlen else b
+            if varlen:  # the query's tokens, clamped into x and to max_query_len
+                start = T.min(T.max(T.cast(qsl[b], i64), 0), T.cast(Tn, i64))
+                n = T.min(T.max(T.min(T.cast(qsl[b + 1], i64), T.cast(Tn, i64)) - start, 0), T.cast(seqlen, i64))
+            else:
+                start = 0
+                n = T.cast(seqlen, i64)
+            live = c < D and slot >= 0 and slot < T.cast(S, i64) and n > 0
+            if has_null:
+                live = live and slot != null_id
+            if live:
+                cols = T.cast(state_len, i64) - (T.cast(seqlen, i64) - n)  # vLLM's shortened rewrite
+                shift = 1 if spec_decode else n
+                off = 0
+                if spec_decode:  # the accepted window, kept inside the pool's columns
+                    off = T.min(T.max(T.cast(accepted[b], i64) - 1, 0), T.cast(K - (W - 1), i64))
+                for j in T.unroll(W - 1):
+                    win[j] = T.cast(state[slot, c, off + j], f32)
+                for i in T.serial(T.min(cols, T.cast(K, i64))):
+                    if i + n < cols:
+                        state[slot, c, i] = state[slot, c, T.min(off + i + shift, T.cast(K - 1, i64))]
+                    else:
+                        state[slot, c, i] = T.cast(x[row, c, start + i - (cols - n)], state_dtype)
+                for j in T.unroll(W):
+                    wv[j] = T.cast(weight[c, j], f32)
+                for t in T.serial(n):
+                    win[W - 1] = T.cast(T.cast(x[row, c, start + t], state_dtype), f32)
+                    acc[0] = T.cast(bias[c], f32) if has_bias else T.float32(0.0)
+                    tap_sum(win, wv, acc)
+                    out[row, c, start + t] = _finish(T, acc[0], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
+                                                     via_state=round_via_state)  # fmt: skip
+                    for j in T.unroll(W - 1):
+                        win[j] = win[j + 1]
+
+    return conv1d_update
+
+
+def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype: str, bias_dtype: str,
+                     qsl_dtype: str, slot_dtype: str, has_bias: bool, silu: bool, has_slots: bool, has_init: bool,
+                     has_null: bool,
+                     threads: int = 128, block_t: int = 64):  # fmt: skip
+    """The varlen prefill. Arguments, positionally: ``x [D, tokens]`` and ``out`` (x's dtype), ``weight [D, W]``,
+    ``bias [nb]``, ``state [S, D, K]``, ``qsl [batch + 1]``, ``slots [ns]`` (their dtypes), ``init [ni]`` (bool;
+    dummies where absent), then ``pad_id`` and ``null_id`` (int64)."""
+    _check(width, threads)
+    if block_t not in BLOCK_T:
+        raise ValueError(f"block_t: expected one of {BLOCK_T}, got {block_t!r}")
+    import tilelang.language as T
+
+    W, TH, BT = width, threads, block_t
+    f32, i64 = "float32", "int64"
+    tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
+    D, tokens, S, K, nq, nb, ns, ni = T.dynamic("D, tokens, S, K, nq, nb, ns, ni")
+    x0, x1, o0, o1, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, o0, o1, w0, w1, s0, s1, s2", i64)
+    bs, qs, ss, is_ = T.dynamic("bs, qs, ss, is_", i64)
+
+    def start_of(qsl, i):  # query_start_loc[i] clamped into the tokens
+        return T.min(T.max(T.cast(qsl[i], i64), 0), T.cast(tokens, i64))
+
+    @T.prim_func
+    def conv1d_fn(
+        x: T.StridedTensor((D, tokens), (x0, x1), x_dtype),
+        out: T.StridedTensor((D, tokens), (o0, o1), x_dtype),
+        weight: T.StridedTensor((D, W), (w0, w1), weight_dtype),
+        bias: T.StridedTensor((nb,), (bs,), bias_dtype),
+        state: T.StridedTensor((S, D, K), (s0, s1, s2), state_dtype),
+        qsl: T.StridedTensor((nq,), (qs,), qsl_dtype),
+        slots: T.StridedTensor((ns,), (ss,), slot_dtype),
+        init: T.StridedTensor((ni,), (is_,), "bool"),
+        pad_id: T.int64,
+        null_id: T.int64,
+    ):
+        with T.Kernel(T.ceildiv(tokens, BT), T.ceildiv(D, TH), threads=TH) as (bx, by):
+            tx = T.get_thread_binding()
+            win = T.alloc_local((W,), f32)
+            wv = T.alloc_local((W,), f32)
+            acc = T.alloc_local((1,), f32)
+            lo = T.alloc_var(i64)
+            hi = T.alloc_var(i64)
+            first = T.alloc_var(i64)
+            last = T.alloc_var(i64)
+            slot = T.alloc_var(i64)
+            c = by * TH + tx
+            t0 = T.cast(bx * BT, i64)
+            t1 = T.min(t0 + BT, T.cast(tokens, i64))
+            batch = T.cast(nq - 1, i64)
+
+            if c < D:
+                for j in T.unroll(W):
+                    wv[j] = T.cast(weight[c, j], f32)
+                end = start_of(qsl, batch)
+                for t in T.serial(t1 - t0):  # tokens past the last sequence
+                    if t0 + t >= end:
+                        out[c, t0 + t] = T.cast(0, x_dtype)
+                # first / last: the last sequence starting at or before t0 / t1 - 1 (a non-empty one holds it)
+                lo = 0
+                hi = batch
+                for _ in T.serial(SEARCH_STEPS):
+                    if hi - lo > 1:
+                        if start_of(qsl, (lo + hi) // 2) <= t0:
+                            lo = (lo + hi) // 2
+                        else:
+                            hi = (lo + hi) // 2
+                first = lo
+                lo = first
+                hi = batch
+                for _ in T.serial(SEARCH_STEPS):
+                    if hi - lo > 1:
+                        if start_of(qsl, (lo + hi) // 2) <= t1 - 1:
+                            lo = (lo + hi) // 2
+                        else:
+                            hi = (lo + hi) // 2
+                last = lo
+                for bi in T.serial(last - first + 1):
+                    b = first + bi
+                    s = start_of(qsl, b)
+                    e = T.max(start_of(qsl, b + 1), s)
+                    slot = T.cast(slots[b], i64) if has_slots else b
+                    live = slot >= 0 and slot < T.cast(S, i64) and slot != pad_id
+                    if has_null:
+                        live = live and slot != null_id
+                    with_init = live and init[b] if has_init else False
+                    # this CTA's tokens of the sequence: a sequence's first W - 1 belong to the CTA holding its first
+                    t_lo = T.if_then_else(s >= t0, s, T.max(t0, s + (W - 1)))
+                    t_hi = T.if_then_else(s >= t0, T.min(T.max(t1, s + (W - 1)), e), T.min(t1, e))
+                    for k in T.unroll(1, W):
+                        tok = t_lo - k
+                        win[W - 1 - k] = T.float32(0.0)
+                        if tok >= s:
+                            win[W - 1 - k] = T.cast(T.cast(x[c, tok], state_dtype), f32)
+                        elif with_init:
+                            win[W - 1 - k] = T.cast(state[slot, c, (W - 1) + tok - s], f32)
+                    for ti in T.serial(t_hi - t_lo):
+                        t = t_lo + ti
+                        win[W - 1] = T.cast(T.cast(x[c, t], state_dtype), f32)
+                        acc[0] = T.cast(bias[c], f32) if has_bias else T.float32(0.0)
+                        tap_sum(win, wv, acc)
+                        if live:
+                            out[c, t] = _finish(T, acc[0], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
+                                                via_state=True)  # fmt: skip
+                        else:
+                            out[c, t] = T.cast(0, x_dtype)
+                        for j in T.unroll(W - 1):
+                            win[j] = win[j + 1]
+                    if live and s >= t0 and e > s:  # the final state, by the CTA of the first token
+                        n = e - s
+                        for i in T.unroll(W - 1):
+                            p = n - (W - 1) + i
+                            if p >= 0:
+                                state[slot, c, i] = T.cast(x[c, s + p], state_dtype)
+                            elif with_init:
+                                state[slot, c, i] = state[slot, c, i + n]
+                            else:
+                                state[slot, c, i] = T.cast(0, state_dtype)
+
+    return conv1d_fn
+
+
+__all__ = ["BLOCK_T", "MAX_WIDTH", "THREADS", "conv1d_fn_kernel", "conv1d_update_kernel"]

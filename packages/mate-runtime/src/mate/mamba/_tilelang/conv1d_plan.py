@@ -1,0 +1,120 @@
+"""The causal conv1d planner: a normalised :class:`~mate.mamba._contract.conv1d.Conv1dUpdateCall` /
+:class:`~mate.mamba._contract.conv1d.Conv1dFnCall` -> one kernel spec and its launch arguments (in the factory's
+order, dummies for absent tensors: a kernel flag says they are never read). The spec depends on the call's
+metadata only, so a fast-path launcher decides it once (:func:`spec_update` / :func:`spec_fn`) and builds only the
+arguments per call (:func:`args_update` / :func:`args_fn`).
+
+The tuning is data (:data:`TUNING`): threads per CTA (one channel each) and the prefill's tokens per CTA. The
+prefill's token blocks trade the CTAs' count against the serial tokens per thread; 64 tokens of 128 channels keep
+a Nemotron-H conv dim (~10k channels per rank) at 8192 tokens to about 10k CTAs. Not measured on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import torch
+from mate.mamba._contract.conv1d import Conv1dFnCall, Conv1dUpdateCall
+from mate.mamba._contract.dtypes import DTYPE_NAMES
+from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
+
+TUNING = {"threads": 128, "block_t": 64}
+
+_NAMES = {**DTYPE_NAMES, torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _name(dt: torch.dtype) -> str:
+    return _NAMES[dt]
+
+
+_dummies: dict = {}
+
+
+def _dummy(device, dtype=torch.int32) -> torch.Tensor:
+    """A one-entry stand-in for an absent tensor (never read: a kernel flag says so), one per (device, dtype):
+    no allocation per call, and a stable address under graph capture."""
+    key = (device, dtype)
+    t = _dummies.get(key)
+    if t is None:
+        t = _dummies[key] = torch.zeros(1, dtype=dtype, device=device)
+    return t
+
+
+def _index_dtype(t: torch.Tensor | None) -> str:
+    return _name(t.dtype) if t is not None else "int32"
+
+
+def spec_update(call: Conv1dUpdateCall) -> Conv1dUpdateSpec | None:
+    """The decode update's kernel, or None for a call without sequences (nothing to launch)."""
+    if call.batch == 0:
+        return None
+    bias = call.bias if call.bias is not None else call.weight
+    return Conv1dUpdateSpec(
+        width=call.width, x_dtype=_name(call.x.dtype), state_dtype=_name(call.state.dtype),
+        weight_dtype=_name(call.weight.dtype), bias_dtype=_name(bias.dtype), slot_dtype=_index_dtype(call.slots),
+        acc_dtype=_index_dtype(call.num_accepted_tokens), qsl_dtype=_index_dtype(call.query_start_loc),
+        has_bias=call.bias is not None, silu=call.silu, varlen=call.query_start_loc is not None,
+        spec_decode=call.num_accepted_tokens is not None, has_slots=call.slots is not None,
+        has_null=call.null_block_id is not None, round_via_state=call.round_via_state, threads=TUNING["threads"],
+    )  # fmt: skip
+
+
+def args_update(call: Conv1dUpdateCall) -> tuple:
+    """The decode update's launch arguments (the factory's order; cached dummies for absent tensors)."""
+    dev = call.x.device
+    idx = _dummy(dev)
+    bias = call.bias if call.bias is not None else call.weight[:, 0]
+    null = call.null_block_id if call.null_block_id is not None else 0
+    return (call.x, call.out, call.weight, bias, call.state, idx if call.slots is None else call.slots,
+            idx if call.num_accepted_tokens is None else call.num_accepted_tokens,
+            idx if call.query_start_loc is None else call.query_start_loc, call.batch, call.seqlen, call.state_len,
+            null)  # fmt: skip
+
+
+def plan_update(call: Conv1dUpdateCall):
+    """``(spec, args)`` of a decode update, or None for a call without sequences."""
+    spec = spec_update(call)
+    return None if spec is None else (spec, args_update(call))
+
+
+def spec_fn(call: Conv1dFnCall) -> Conv1dFnSpec | None:
+    """The prefill's kernel, or None for a call without tokens or sequences."""
+    if call.x.shape[1] == 0 or call.batch == 0:
+        return None
+    bias = call.bias if call.bias is not None else call.weight
+    return Conv1dFnSpec(
+        width=call.width, x_dtype=_name(call.x.dtype), state_dtype=_name(call.state.dtype),
+        weight_dtype=_name(call.weight.dtype), bias_dtype=_name(bias.dtype),
+        qsl_dtype=_name(call.query_start_loc.dtype), slot_dtype=_index_dtype(call.cache_indices),
+        has_bias=call.bias is not None, silu=call.silu, has_slots=call.cache_indices is not None,
+        has_init=call.has_initial_state is not None, has_null=call.null_block_id is not None,
+        threads=TUNING["threads"], block_t=TUNING["block_t"],
+    )  # fmt: skip
+
+
+def args_fn(call: Conv1dFnCall) -> tuple:
+    """The prefill's launch arguments (the factory's order; cached dummies for absent tensors)."""
+    dev = call.x.device
+    bias = call.bias if call.bias is not None else call.weight[:, 0]
+    slots = call.cache_indices if call.cache_indices is not None else _dummy(dev)
+    init = call.has_initial_state if call.has_initial_state is not None else _dummy(dev, torch.bool)
+    null = call.null_block_id if call.null_block_id is not None else 0
+    return (call.x, call.out, call.weight, bias, call.state, call.query_start_loc, slots, init, call.pad_slot_id,
+            null)  # fmt: skip
+
+
+def plan_fn(call: Conv1dFnCall):
+    """``(spec, args)`` of a prefill, or None for a call without tokens or sequences."""
+    spec = spec_fn(call)
+    return None if spec is None else (spec, args_fn(call))
+
+
+def grid_update(spec: Conv1dUpdateSpec, call: Conv1dUpdateCall) -> tuple[int, int, int]:
+    """The launch grid (what the kernel's ``T.Kernel`` derives; the CPU emulator is told it)."""
+    return (-(-call.x.shape[1] // spec.threads), call.batch, 1)
+
+
+def grid_fn(spec: Conv1dFnSpec, call: Conv1dFnCall) -> tuple[int, int, int]:
+    return (-(-call.x.shape[1] // spec.block_t), -(-call.x.shape[0] // spec.threads), 1)
+
+
+__all__ = ["TUNING", "args_fn", "args_update", "grid_fn", "grid_update", "plan_fn", "plan_update", "spec_fn",
+           "spec_update"]  # fmt: skip
