@@ -9,6 +9,7 @@ NAME = "mate-sglang"
 ENV_ENABLE = "MATE_SGLANG_ENABLE"
 ENV_SSU = "MATE_SGLANG_SSU_BACKENDS"
 ENV_PREFILL = "MATE_SGLANG_PREFILL"
+ENV_CONV1D = "MATE_SGLANG_CONV1D"
 
 _adapter = None
 
@@ -28,6 +29,15 @@ def settings() -> tuple:
             names,
         ),
         Setting(ENV_PREFILL, "1", ON_OFF, "0: leave SGLang's SSD prefill to SGLang.", on_off),
+        Setting(
+            ENV_CONV1D,
+            "0",
+            ON_OFF,
+            "1: SGLang's causal conv1d functions (kernels/ops/mamba/causal_conv1d_triton.py, "
+            "srt/layers/attention/mamba/causal_conv1d.py and every module that imported them) run MATE's. Off by "
+            "default until MATE's conv1d kernels have run on a GPU.",
+            on_off,
+        ),
     )
 
 
@@ -49,6 +59,6 @@ def adapter():
             engine="SGLang",
             tested=("0.5.23",),
             settings=settings,
-            status=("version", "ssu", "choices", "prefill"),
+            status=("version", "ssu", "choices", "prefill", "conv1d"),
         )
     return _adapter

@@ -20,6 +20,10 @@ them in *every* interpreter of the environment, which covers SGLang's scheduler 
   ``none``: ``--mamba-backend mate`` only);
 * ``mamba_chunk_scan_combined`` (and every SGLang module that imported it by name) becomes
   :func:`mate_sglang.ops.mamba_chunk_scan_combined`, track states included, unless ``MATE_SGLANG_PREFILL=0``.
+* with ``MATE_SGLANG_CONV1D=1``, the causal conv1d functions of ``kernels/ops/mamba/causal_conv1d_triton.py`` and
+  ``srt/layers/attention/mamba/causal_conv1d.py``, and every SGLang module's binding of them, become
+  :mod:`mate_sglang.conv1d`'s; the call forms MATE does not serve run SGLang's (off by default until MATE's conv1d
+  kernels have run on a GPU).
 
 When ``sglang`` is imported the hook reads its version: another version than 0.5.23 gets a warning saying that
 MATE serves only where the registry and signatures match 0.5.23's; an SGLang without the ``triton_ops`` layout
@@ -32,7 +36,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from ._adapter import ENV_ENABLE, ENV_PREFILL, ENV_SSU, NAME, adapter
+from ._adapter import ENV_CONV1D, ENV_ENABLE, ENV_PREFILL, ENV_SSU, NAME, adapter
 
 MAMBA_OPS = "sglang.kernels.ops.mamba.triton_ops"
 SSU_DISPATCH = f"{MAMBA_OPS}.ssu_dispatch"
@@ -231,6 +235,71 @@ def _patch_ssd_combined(mod) -> None:
     a.state["prefill"] = f"routed in {patched}"
 
 
+# --------------------------------------------------------------------------------------------- conv1d
+
+CONV1D_TRITON = "sglang.kernels.ops.mamba.causal_conv1d_triton"
+CONV1D_SRT = "sglang.srt.layers.attention.mamba.causal_conv1d"
+# (module, its function, mate_sglang.conv1d's replacement, the parameters it was written against)
+CONV1D_ENTRIES = {
+    CONV1D_TRITON: (
+        ("causal_conv1d_fn", "causal_conv1d_fn_triton", (
+            "x", "weight", "bias", "conv_states", "query_start_loc", "seq_lens_cpu", "cache_indices",
+            "has_initial_state", "activation", "pad_slot_id", "validate_data", "block_table", "kwargs",
+        )),
+        ("causal_conv1d_update", "causal_conv1d_update_triton", (
+            "x", "conv_state", "weight", "bias", "activation", "cache_seqlens", "conv_state_indices",
+            "num_accept_tokens", "intermediate_conv_window", "intermediate_state_indices", "retrieve_next_token",
+            "retrieve_next_sibling", "retrieve_parent_token", "pad_slot_id", "metadata", "validate_data",
+        )),
+    ),
+    CONV1D_SRT: (
+        ("causal_conv1d_fn", "causal_conv1d_fn", (
+            "x", "weight", "bias", "query_start_loc", "cache_indices", "has_initial_state", "conv_states",
+            "activation", "pad_slot_id", "kwargs",
+        )),
+        ("causal_conv1d_update", "causal_conv1d_update", (
+            "x", "conv_state", "weight", "bias", "activation", "cache_seqlens", "conv_state_indices", "pad_slot_id",
+        )),
+    ),
+}  # fmt: skip
+
+
+def _patch_conv1d(mod) -> None:
+    """Replace the module's conv1d functions, and every SGLang module's binding of them under any name (the mixers
+    import the Triton ones as ``causal_conv1d_*_triton``), with :mod:`mate_sglang.conv1d`'s."""
+    import inspect
+    import sys
+
+    from . import conv1d
+
+    a = adapter()
+    done = {}
+    for attr, mine_name, expected in CONV1D_ENTRIES[mod.__name__]:
+        orig, mine = getattr(mod, attr, None), getattr(conv1d, mine_name)
+        if orig is mine:
+            continue
+        try:
+            params = tuple(inspect.signature(orig).parameters)
+        except (TypeError, ValueError):
+            params = ()
+        if params != expected:
+            a.warn(f"SGLang's {mod.__name__}.{attr} takes {params}, expected {expected}; it is not routed to MATE")
+            continue
+        conv1d.ENGINE_CONV1D[mine_name] = orig
+        bound = a.ledger.rebind(mod, attr, orig, mine)
+        for m in list(sys.modules.values()):
+            name = getattr(m, "__name__", "") or ""
+            if name.startswith("sglang."):
+                for alias, value in list(vars(m).items()):
+                    if value is orig:
+                        a.ledger.set_attr(m, alias, mine)
+                        bound.append(f"{name}.{alias}")
+        done[attr] = sorted(bound)
+    state = dict(a.state.get("conv1d") or {})
+    state[mod.__name__] = done
+    a.state["conv1d"] = state
+
+
 # ---------------------------------------------------------------------------------------------- entry
 
 
@@ -240,6 +309,7 @@ def enable() -> None:
     A malformed ``MATE_SGLANG_SSU_BACKENDS`` / ``MATE_SGLANG_PREFILL`` raises ``ValueError`` naming it."""
     a = adapter()
     prefill = a.setting(ENV_PREFILL)
+    conv = a.setting(ENV_CONV1D)
     a.setting(ENV_SSU)  # a malformed value raises here, not later inside SGLang's imports
 
     def arm(sglang) -> None:
@@ -249,6 +319,9 @@ def enable() -> None:
         a.when_imported(SSU_DISPATCH, _patch_ssu_dispatch)
         if prefill:
             a.when_imported(SSD_COMBINED, _patch_ssd_combined)
+        if conv:
+            a.when_imported(CONV1D_TRITON, _patch_conv1d)
+            a.when_imported(CONV1D_SRT, _patch_conv1d)
 
     a.when_imported("sglang", arm)
 

@@ -10,6 +10,7 @@ ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
 ENV_PREFILL = "MATE_VLLM_PREFILL"
 ENV_REPLAYSSM = "MATE_VLLM_REPLAYSSM"
 ENV_NORM = "MATE_VLLM_NORM"
+ENV_CONV1D = "MATE_VLLM_CONV1D"
 
 _adapter = None
 
@@ -47,6 +48,15 @@ def settings() -> tuple:
             "kernel has run on a GPU.",
             on_off,
         ),
+        Setting(
+            ENV_CONV1D,
+            "0",
+            ON_OFF,
+            "1: vLLM's causal_conv1d_fn / causal_conv1d_update (ops/causal_conv1d.py and every module that imported "
+            "them: the Mamba1/Mamba2 mixers, ShortConv, the GDN/KDA layers) run MATE's. Off by default until MATE's "
+            "conv1d kernels have run on a GPU.",
+            on_off,
+        ),
     )
 
 
@@ -68,6 +78,6 @@ def adapter():
             engine="vLLM",
             tested=("0.33.0",),
             settings=settings,
-            status=("version", "ssu", "prefill", "replayssm", "norm"),
+            status=("version", "ssu", "prefill", "replayssm", "norm", "conv1d"),
         )
     return _adapter

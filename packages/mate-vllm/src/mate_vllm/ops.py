@@ -144,6 +144,68 @@ def rms_norm_gated(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_befo
     )
 
 
+# vLLM's own conv1d functions, set by the plugin when it routes them: a call form MATE refuses
+# (NotImplementedError, raised before anything is written) runs there instead, with one warning per reason.
+ENGINE_CONV1D: dict = {}
+_REFUSED: set = set()
+
+
+def _or_vllms(name, call, args):
+    try:
+        return call()
+    except NotImplementedError as e:
+        orig = ENGINE_CONV1D.get(name)
+        if orig is None:
+            raise
+        reason = str(e)
+        if reason not in _REFUSED:
+            _REFUSED.add(reason)
+            adapter().warn(f"{name}: MATE does not serve this call ({reason}); vLLM's own {name} runs it")
+        return orig(*args)
+
+
+def causal_conv1d_fn(
+    x,
+    weight,
+    bias,
+    conv_states,
+    query_start_loc,
+    cache_indices=None,
+    has_initial_state=None,
+    activation="silu",
+    pad_slot_id=-1,
+    null_block_id=NULL_BLOCK_ID,
+    metadata=None,
+    validate_data=False,
+):
+    """vLLM 0.33's ``causal_conv1d_fn`` (``ops/causal_conv1d.py``, the packed prefill), the same signature and result:
+    ``mate.mamba.causal_conv1d_fn``. ``metadata`` (vLLM's launch-grid cache) and ``validate_data`` change no result."""
+    args = (x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, activation,
+            pad_slot_id, null_block_id, metadata, validate_data)  # fmt: skip
+    return _or_vllms("causal_conv1d_fn", lambda: adapter().runtime().causal_conv1d_fn(*args), args)
+
+
+def causal_conv1d_update(
+    x,
+    conv_state,
+    weight,
+    bias=None,
+    activation=None,
+    conv_state_indices=None,
+    num_accepted_tokens=None,
+    query_start_loc=None,
+    max_query_len=-1,
+    null_block_id=NULL_BLOCK_ID,
+    validate_data=False,
+    out=None,
+):
+    """vLLM 0.33's ``causal_conv1d_update`` (the decode step, one token or MTP), the same signature and result, the
+    pool updated in place: ``mate.mamba.causal_conv1d_update``."""
+    args = (x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens, query_start_loc,
+            max_query_len, null_block_id, validate_data, out)  # fmt: skip
+    return _or_vllms("causal_conv1d_update", lambda: adapter().runtime().causal_conv1d_update(*args), args)
+
+
 def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
     """vLLM 0.33's ReplaySSM decode kernel slot (``ssu_dispatch._flashinfer_replayssm_kernel``): called with
     FlashInfer 0.7.2's ``checkpointing_ssu`` arguments (vLLM passes the scratch trio and ``pad_slot_id`` 0, the
@@ -153,5 +215,6 @@ def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
 
 
 __all__ = [
-    "selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "rms_norm_gated", "NULL_BLOCK_ID"
+    "selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "rms_norm_gated",
+    "causal_conv1d_fn", "causal_conv1d_update", "NULL_BLOCK_ID",
 ]  # fmt: skip

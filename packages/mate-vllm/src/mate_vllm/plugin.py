@@ -25,6 +25,12 @@ vLLM calls :func:`register` in every process it starts. It does nothing unless `
   default Inductor compilation) stays vLLM's (two roundings, or an all-reduce across ranks), with one warning per
   process.
 
+* **Causal conv1d.** With ``MATE_VLLM_CONV1D=1``, ``causal_conv1d_fn`` and ``causal_conv1d_update`` in
+  ``.../ops/causal_conv1d.py`` (and every vLLM module that imported them by name) become
+  :func:`mate_vllm.ops.causal_conv1d_fn` / :func:`~mate_vllm.ops.causal_conv1d_update` (the same signatures and
+  results). A call form MATE refuses with ``NotImplementedError`` runs vLLM's own function, with one warning per
+  reason. Off by default until MATE's conv1d kernels have run on a GPU.
+
 The patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
 imports nothing from vLLM. Written against vLLM 0.33.0: another version gets a warning when ``vllm`` is imported,
 and a module that lacks the expected names or signatures gets a warning naming what is missing and is left
@@ -34,14 +40,16 @@ untouched. :func:`unregister` restores what was replaced.
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 
-from ._adapter import ENV_ENABLE, ENV_NORM, ENV_PREFILL, ENV_REPLAYSSM, ENV_SSU, adapter
+from ._adapter import ENV_CONV1D, ENV_ENABLE, ENV_NORM, ENV_PREFILL, ENV_REPLAYSSM, ENV_SSU, adapter
 
 SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
 LAYERNORM_GATED = "vllm.model_executor.layers.mamba.ops.layernorm_gated"
 MAMBA_MIXER2 = "vllm.model_executor.layers.mamba.mamba_mixer2"
+CAUSAL_CONV1D = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
 
 SSU_CALL_PARAMS = (
     "state", "x", "dt", "A", "B", "C", "D", "dt_bias", "z", "dt_softplus", "state_batch_indices",
@@ -286,6 +294,49 @@ def _watch_mixer2_norm(mod) -> None:
     a.ledger.set_attr(cls, "__init__", __init__)
 
 
+# --------------------------------------------------------------------------------------------- conv1d
+
+CONV1D_FN_PARAMS = (
+    "x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices", "has_initial_state", "activation",
+    "pad_slot_id", "null_block_id", "metadata", "validate_data",
+)  # fmt: skip
+CONV1D_UPDATE_PARAMS = (
+    "x", "conv_state", "weight", "bias", "activation", "conv_state_indices", "num_accepted_tokens", "query_start_loc",
+    "max_query_len", "null_block_id", "validate_data", "out",
+)  # fmt: skip
+
+
+def _patch_conv1d(mod) -> None:
+    """``causal_conv1d_fn`` / ``causal_conv1d_update`` in ``ops/causal_conv1d.py``, and in every vLLM module that
+    imported them by name (the Mamba1/Mamba2 mixers, ShortConv, the GDN/KDA layers, ...), become MATE's. On vLLM's
+    CPU platform the module binds its CPU functions (another signature), which stay vLLM's."""
+    from . import ops
+
+    a = adapter()
+    done = []
+    for name, expected in (("causal_conv1d_fn", CONV1D_FN_PARAMS), ("causal_conv1d_update", CONV1D_UPDATE_PARAMS)):
+        orig, mine = getattr(mod, name, None), getattr(ops, name)
+        if orig is mine:
+            done.append(name)
+            continue
+        try:
+            params = tuple(inspect.signature(orig).parameters)
+        except (TypeError, ValueError):
+            params = ()
+        if params != expected:
+            a.warn(f"vLLM's {name} takes {params}, expected {expected}; it is not routed to MATE")
+            continue
+        ops.ENGINE_CONV1D[name] = orig
+        a.ledger.rebind(mod, name, orig, mine)
+        done.append(name)
+    users = sorted(
+        m.__name__ for m in list(sys.modules.values())
+        if (getattr(m, "__name__", "") or "").startswith("vllm.")
+        and any(getattr(m, n, None) is getattr(ops, n) for n in done)
+    )  # fmt: skip
+    a.state["conv1d"] = f"{done} routed in {users}" if done else "skipped: signatures differ"
+
+
 # ---------------------------------------------------------------------------------------------- entry
 
 
@@ -308,6 +359,7 @@ def register() -> None:
         ENV_PREFILL,
         ENV_REPLAYSSM,
         ENV_NORM,
+        ENV_CONV1D,
     ):  # a malformed value raises here, not later inside vLLM's imports
         a.setting(name)
     try:
@@ -319,6 +371,8 @@ def register() -> None:
         if a.setting(ENV_NORM):
             a.when_imported(LAYERNORM_GATED, _patch_norm)
             a.when_imported(MAMBA_MIXER2, _watch_mixer2_norm)
+        if a.setting(ENV_CONV1D):
+            a.when_imported(CAUSAL_CONV1D, _patch_conv1d)
     except Exception as e:  # noqa: BLE001  (a plugin must never take vLLM down)
         a.warn(f"registration failed and was skipped: {e!r}")
 
