@@ -6,9 +6,9 @@ The cases (:data:`CASES`) are shared with the CPU emulation of the same kernel (
 and the reference's own tests: batch 1 / 3 / 8 with pad sequences, heads 4-16, P 64, N 64 / 128, one or two SSM
 groups, one or two norm groups (also differing from the SSM groups), conv width 4 and 2, fp32 / bf16 / fp16 SSM
 pools, bf16 / fp16 io, int32 / int64 slot tables (``[batch]`` and vLLM's ``[batch, 1]``), and pools that are strided
-views (an SSM pool inside larger pages at an offset, a channel-contiguous conv pool with spare columns). Compared:
-the conv pool exactly, the SSM pool and the output within an ulp or two of their dtypes (the kernel's exp, softplus,
-rsqrt and summation order are the device's).
+views (an SSM pool inside larger pages at an odd offset: scalar state accesses; a channel-contiguous conv pool
+with spare columns). Compared: the conv pool exactly, the SSM pool and the output within an ulp or two of their
+dtypes (the kernel's exp, softplus, rsqrt and summation order are the device's).
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ def build(c: Case, dev: str, seed: int = 0) -> dict:
     ssm = (torch.randn(slots, H, P, N, generator=g) * 0.5).to(c.state)
     if c.strided:
         conv = conv.transpose(1, 2).contiguous().transpose(1, 2)  # channel-contiguous, as vLLM's pool
-        page = torch.zeros(slots, H * P * N + 96, dtype=c.state)
-        page[:, 32 : 32 + H * P * N] = ssm.reshape(slots, -1)
-        ssm = page[:, 32 : 32 + H * P * N].view(slots, H, P, N)
+        # pages of an odd length at an odd offset: no 16-byte state access fits (the scalar-access kernel)
+        page = torch.zeros(slots, H * P * N + 97, dtype=c.state)
+        page[:, 33 : 33 + H * P * N] = ssm.reshape(slots, -1)
+        ssm = page[:, 33 : 33 + H * P * N].view(slots, H, P, N)
     perm = torch.randperm(slots, generator=g)
     if c.pad_slot_id in range(slots):
         perm = perm[perm != c.pad_slot_id]
