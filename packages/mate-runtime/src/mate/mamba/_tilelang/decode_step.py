@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 
 import torch
-from mate.mamba._contract.decode_step import DecodeStepCall
+from mate.mamba._contract.decode_step import DecodeStepCall, check_index_data
 from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._contract.template import CallTemplate
-from mate.mamba._platform.device import tilelang_target
+from mate.mamba._platform import settings
+from mate.mamba._platform.device import is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
 from mate.mamba._tilelang.decode_step_plan import call_spec, launch_args, spec_for, vector_ok, workspace_sizes
 from mate.mamba._tilelang.workspace import WORKSPACE
@@ -43,8 +44,12 @@ def counters(n: int, device: torch.device) -> torch.Tensor:
 
 
 def run(call: DecodeStepCall, sources: dict | None = None):
-    """``(out, launcher)``; the launcher (None without ``sources`` or for a call whose fields are not the caller's
-    tensors or views of them) runs a call of the same metadata from the caller's tensors."""
+    """``(out, launcher)``; the launcher (None without ``sources``, with ``MATE_CHECK_INPUTS=1`` (the slots read back
+    and checked first, outside graph capture) or for a call whose fields are not the caller's tensors or views of
+    them) runs a call of the same metadata from the caller's tensors."""
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_index_data(call)
+        sources = None
     specs: dict = {}  # vector state accesses allowed? -> spec
     result = _launch(call, specs)
     if sources is None:
@@ -91,6 +96,10 @@ def prewarm(device, *, jobs=1, **config) -> None:
     compile_missing(specs, target=tilelang_target(device), jobs=jobs)
     for spec in specs:
         kernel(spec, device)
+    device = torch.device(device)
+    if device.index is None:  # the launches' tensors name their index: key the counters alike
+        device = torch.device(device.type, torch.get_device_module(device.type).current_device())
+    counters(MIN_COUNTERS, device)  # allocated (and zeroed) outside any graph capture
 
 
 def compile_grid() -> list:
