@@ -78,3 +78,37 @@ def test_planner_refuses_what_the_kernel_does_not_serve():
                                        conv_state=torch.zeros(6, w.shape[0], 5, dtype=w.dtype)))  # fmt: skip
     (spec,) = plan_mamba2_decode_step(**kw)
     assert spec.dim == 64 and spec.width == 4 and spec.heads_per_group == 4 and spec.heads_per_norm == 4
+
+
+def test_launcher_and_its_fast_path_run_the_planned_kernel(monkeypatch):
+    """The TileLang launcher end to end (spec, launch arguments, workspace, zero-once counters), its kernel run by
+    the emulator: a first call, then the launcher it leaves for calls of the same metadata, on new tensors."""
+    from mate.mamba._ops import DECODE_STEP
+    from mate.mamba._tilelang import decode_step as launcher
+
+    def kernel(spec, device):
+        em = _built.get(spec) or _built.setdefault(spec, Emulated(spec.build(), spec.pass_configs()))
+        nb = spec.dim // spec.tiling.block_p
+        return lambda *a: em(*a, grid=(nb, a[6].shape[1], a[0].shape[0]), threads=spec.tiling.threads)
+
+    monkeypatch.setattr(launcher, "kernel", kernel)
+    monkeypatch.setattr(launcher, "_kernels", {})
+    from mate.mamba import settings
+
+    kw = build(Case(batch=3, pads=(1,)), "cpu")
+    a, r = clone(kw), clone(kw)
+    names = DECODE_STEP.tensor_names
+
+    def want():
+        return mamba2_decode_step(**r, backend="torch"), r["conv_state"], r["ssm_state"]
+
+    with settings.override(MATE_CHECK_INPUTS="1"):  # the slots checked on the host: no launcher left
+        out, again = launcher.run(normalize_decode_step(**a), {n: a.get(n) for n in names})
+    assert again is None
+    check((out, a["conv_state"], a["ssm_state"]), want())
+    with settings.override(MATE_CHECK_INPUTS="0"):
+        out, again = launcher.run(normalize_decode_step(**a), {n: a.get(n) for n in names})
+        check((out, a["conv_state"], a["ssm_state"]), want())
+        out2 = again(tuple(a.get(n) for n in names))
+    check((out2, a["conv_state"], a["ssm_state"]), want())
+    assert out2 is not out and not bool(launcher.counters(1, torch.device("cpu")).any())
