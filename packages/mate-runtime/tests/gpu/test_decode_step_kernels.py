@@ -159,7 +159,7 @@ def test_kernel_matches_reference_twice(c):
     for step in range(2):  # the second call proves the counters and accumulators were reset
         if step:
             a["dt"] = r["dt"] = kw["dt"] * 0.5
-        check(run(a, "tilelang"), tuple(t.cpu() for t in run(r, "torch")))
+        check(tuple(t.cpu() for t in run(a, "tilelang")), tuple(t.cpu() for t in run(r, "torch")))
 
 
 @needs_gpu
