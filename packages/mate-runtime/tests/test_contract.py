@@ -166,6 +166,9 @@ def test_mamba_exports():
         "prewarm_causal_conv1d",
         "plan_causal_conv1d_fn",
         "plan_causal_conv1d_update",
+        "mamba2_decode_step",
+        "prewarm_mamba2_decode_step",
+        "plan_mamba2_decode_step",
     }
 
 

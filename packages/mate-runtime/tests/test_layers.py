@@ -36,6 +36,7 @@ LAYERS = (
             "mate.mamba.planning",
             "mate.mamba.conv1d",
             "mate.mamba.norm",
+            "mate.mamba.decode_step",
         ),
     ),
     ("custom ops", ("mate.mamba._ops",)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import linecache
 
+import mate.mamba.decode_step as api_decode_step
 import mate.mamba.norm as api_norm
 import mate.mamba.replay as api_replay
 import mate.mamba.ssd as api_ssd
@@ -13,11 +14,12 @@ import mate.mamba.ssu as api_ssu
 import pytest
 import torch
 from mate.mamba import replay_state_update, rms_norm_gated, selective_state_update, ssd_combined_fwd_varlen
+from mate.mamba._contract.decode_step import normalize_decode_step
 from mate.mamba._contract.norm import normalize_norm
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
 from mate.mamba._contract.ssu import normalize_ssu
-from mate.mamba._ops import NORM_PARAMS, REPLAY_PARAMS, REQUIRED, SSD_PARAMS, SSU_PARAMS
+from mate.mamba._ops import DECODE_STEP_PARAMS, NORM_PARAMS, REPLAY_PARAMS, REQUIRED, SSD_PARAMS, SSU_PARAMS
 
 
 def _ssu_inputs(seed=0):
@@ -178,6 +180,7 @@ def test_unsupported_capability_is_rejected_while_tracing():
         pytest.param(ssd_combined_fwd_varlen, SSD_PARAMS, normalize_ssd, id="ssd"),
         pytest.param(replay_state_update, REPLAY_PARAMS, normalize_replay, id="replay"),
         pytest.param(rms_norm_gated, NORM_PARAMS, normalize_norm, id="norm"),
+        pytest.param(api_decode_step.mamba2_decode_step, DECODE_STEP_PARAMS, normalize_decode_step, id="decode_step"),
     ],
 )
 def test_public_signature_and_normaliser_follow_the_op_table(public, table, normaliser):
@@ -197,7 +200,7 @@ def test_public_signature_and_normaliser_follow_the_op_table(public, table, norm
 
 
 @pytest.mark.parametrize("compiling", [False, True])
-@pytest.mark.parametrize("op", ["ssu", "ssd", "replay", "norm"])
+@pytest.mark.parametrize("op", ["ssu", "ssd", "replay", "norm", "decode_step"])
 def test_public_functions_forward_every_argument_in_table_order(monkeypatch, op, compiling):
     """Each public function passes every argument to its eager or traced entry in table order."""
     table, public, module = {
@@ -205,6 +208,7 @@ def test_public_functions_forward_every_argument_in_table_order(monkeypatch, op,
         "ssd": (SSD_PARAMS, ssd_combined_fwd_varlen, api_ssd),
         "replay": (REPLAY_PARAMS, replay_state_update, api_replay),
         "norm": (NORM_PARAMS, rms_norm_gated, api_norm),
+        "decode_step": (DECODE_STEP_PARAMS, api_decode_step.mamba2_decode_step, api_decode_step),
     }[op]
     seen = []
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)

@@ -1,5 +1,5 @@
 // The CUDA constructs of MATE's decode kernels (the SSU / ReplaySSM kernels: registers, shared memory and
-// __syncthreads, warp shuffles, cp.async as a synchronous copy; no tensor cores, no bulk copies), for running TileLang's generated CUDA
+// __syncthreads, warp shuffles, cp.async as a synchronous copy; the fused decode step's atomics and fences; no tensor cores, no bulk copies), for running TileLang's generated CUDA
 // source as C++ on the CPU (tests/emulate/cuda_emulator.py). A CTA's threads are std::threads; a warp shuffle is an
 // exchange through a CTA-wide buffer between two barriers, which is exact when every thread of the CTA reaches the
 // same shuffles (the kernels' shuffles are all outside lane-dependent branches); __syncthreads is the CTA's
@@ -278,6 +278,27 @@ inline void cp_async_commit() {}
 template <int N>
 void cp_async_wait() {}
 }  // namespace tl
+
+// TileLang's scalar atomics (tl_templates/cuda/atomic.h's names; the memory order is the device's business: every
+// one is sequentially consistent here) and __threadfence. The CTAs run one after another, which is one valid
+// schedule of a kernel whose CTAs hand work over through counters (the last one to arrive does the rest).
+template <typename T1, typename T2>
+T1 AtomicAddRet(T1* address, T2 val, int = 0) {
+  return std::atomic_ref<T1>(*address).fetch_add((T1)val);
+}
+template <typename T1, typename T2>
+void AtomicAdd(T1* address, T2 val, int = 0) {
+  std::atomic_ref<T1>(*address).fetch_add((T1)val);
+}
+template <typename T>
+T AtomicLoad(T* ref, int) {
+  return std::atomic_ref<T>(*ref).load();
+}
+template <typename T1, typename T2>
+void AtomicStore(T1* ref, T2 value, int) {
+  std::atomic_ref<T1>(*ref).store((T1)value);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // run ``kernel()`` over a grid: ``threads`` std::threads per CTA, the CTAs one after another (each thread walks
 // every CTA; a barrier separates them, so a CTA's writes are done before the next one starts)

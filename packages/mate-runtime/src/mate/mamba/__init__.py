@@ -1,5 +1,5 @@
 """``mate.mamba``: Mamba2 selective state update (decode), ReplaySSM decode, packed SSD prefill, causal conv1d and
-gated RMSNorm.
+gated RMSNorm, and a Mamba2 layer's fused decode step.
 
 The Mamba module of MATE. It ships no ``mate/__init__.py``: beside Moore Threads' MATE it is that package's
 ``mate.mamba``; alone, ``mate`` is a namespace package. Importing it never imports TileLang: kernels are
@@ -25,14 +25,17 @@ _PUBLIC = {
     "advance_replay_ring": "replay",
     "causal_conv1d_fn": "conv1d",
     "causal_conv1d_update": "conv1d",
+    "mamba2_decode_step": "decode_step",
     "materialize_replayed_state": "replay",
     "plan_causal_conv1d_fn": "planning",
     "plan_causal_conv1d_update": "planning",
+    "plan_mamba2_decode_step": "planning",
     "plan_replay_state_update": "planning",
     "plan_rms_norm_gated": "planning",
     "plan_selective_state_update": "planning",
     "plan_ssd_combined_fwd_varlen": "planning",
     "prewarm_causal_conv1d": "conv1d",
+    "prewarm_mamba2_decode_step": "decode_step",
     "prewarm_replay_state_update": "replay",
     "prewarm_rms_norm_gated": "norm",
     "prewarm_selective_state_update": "ssu",
@@ -45,10 +48,12 @@ _PUBLIC = {
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from mate.mamba.conv1d import causal_conv1d_fn, causal_conv1d_update, prewarm_causal_conv1d
+    from mate.mamba.decode_step import mamba2_decode_step, prewarm_mamba2_decode_step
     from mate.mamba.norm import prewarm_rms_norm_gated, rms_norm_gated
     from mate.mamba.planning import (
         plan_causal_conv1d_fn,
         plan_causal_conv1d_update,
+        plan_mamba2_decode_step,
         plan_replay_state_update,
         plan_rms_norm_gated,
         plan_selective_state_update,
@@ -83,14 +88,17 @@ __all__ = [  # = _PUBLIC's names
     "advance_replay_ring",
     "causal_conv1d_fn",
     "causal_conv1d_update",
+    "mamba2_decode_step",
     "materialize_replayed_state",
     "plan_causal_conv1d_fn",
     "plan_causal_conv1d_update",
+    "plan_mamba2_decode_step",
     "plan_replay_state_update",
     "plan_rms_norm_gated",
     "plan_selective_state_update",
     "plan_ssd_combined_fwd_varlen",
     "prewarm_causal_conv1d",
+    "prewarm_mamba2_decode_step",
     "prewarm_replay_state_update",
     "prewarm_rms_norm_gated",
     "prewarm_selective_state_update",

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 from mate.mamba._contract.conv1d import normalize_conv1d_fn, normalize_conv1d_update
+from mate.mamba._contract.decode_step import normalize_decode_step
 from mate.mamba._contract.norm import normalize_norm
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
@@ -223,7 +224,7 @@ class OpTable:
         # the traced entry allocates a plain-Tensor ``out`` the caller left None (an optional one is the op's)
         out = self.index.get("out")
         self._out = out if out is not None and params[out].type is torch.Tensor else None
-        self._x = self.index["x"]
+        self._x = self.index.get("x")  # None: the op has no x (its traced entry allocates its out itself)
 
     def signature(self, returns) -> inspect.Signature:
         """The op's signature: every parameter positional (the traced entry passes them all), no defaults."""
@@ -532,3 +533,49 @@ def _trace_conv1d_update(args: tuple) -> torch.Tensor:
 # return what vLLM's functions return.
 trace_conv1d_fn = CONV1D_FN.entry("trace_conv1d_fn", _trace_conv1d_fn)
 trace_conv1d_update = CONV1D_UPDATE.entry("trace_conv1d_update", _trace_conv1d_update)
+
+
+# ------------------------------------------------------------------------------------------------ fused decode step
+
+# ``mate.mamba.mamba2_decode_step``: the layer's tensors positionally, the slot table and the options keyword-only
+DECODE_STEP_PARAMS = (
+    Param("xBC", T),
+    Param("z", T),
+    Param("dt", T),
+    Param("conv_state", T, mutated=True),
+    Param("conv_weight", T),
+    Param("conv_bias", OptT),
+    Param("ssm_state", T, mutated=True),
+    Param("A", T),
+    Param("D", OptT),
+    Param("dt_bias", OptT),
+    Param("norm_weight", T),
+    Param("state_indices", T, keyword=True),
+    Param("ngroups", int, keyword=True),
+    Param("pad_slot_id", int, -1, keyword=True),
+    Param("norm_group_size", int | None, None, keyword=True),
+    Param("eps", float, 1e-6, keyword=True),
+    Param("out", OptT, None, mutated=True, keyword=True),
+    Param("backend", str, "auto", keyword=True),
+)
+
+DECODE_STEP = OpTable(DECODE_STEP_PARAMS)
+_out_op("mamba2_decode_step", "decode_step", DECODE_STEP, normalize_decode_step)
+
+
+def _trace_decode_step(args: tuple) -> torch.Tensor:
+    """Emits the op with ``out`` (allocated here when None: ``[batch, heads * head_dim]`` in xBC's dtype, the
+    shape of z), returns it."""
+    vals = DECODE_STEP.op_args(args)
+    i = DECODE_STEP.index["out"]
+    if vals[i] is None:
+        z = vals[DECODE_STEP.index["z"]]
+        vals[i] = torch.empty(z.shape, dtype=z.dtype, device=z.device)
+    torch.ops.mate.mamba2_decode_step(*vals)
+    return vals[i]
+
+
+# The traced mamba2_decode_step (the table's parameters, positionally): emits the op, returns out.
+trace_decode_step = DECODE_STEP.entry("trace_decode_step", _trace_decode_step)
+
+__all__ += ["DECODE_STEP", "DECODE_STEP_PARAMS", "trace_decode_step"]

@@ -6,8 +6,8 @@
 - ``mate-mamba demo``: one Mamba2 layer's worth of work on a Nemotron-like shape (prefill of a ragged batch through
   ``ssd_combined_fwd_varlen``, decode steps and one MTP step through ``selective_state_update``), checked
   against the float64 token-by-token recurrence of ``mate.mamba.testing`` (``mate.mamba.demo``).
-- ``mate-mamba bench ssu|ssd|replay|norm|conv1d [args]``: the benchmark harness (``mate.mamba.bench.ssu`` /
-  ``ssd`` / ``replay`` / ``norm`` / ``conv1d``).
+- ``mate-mamba bench ssu|ssd|replay|norm|conv1d|layer [args]``: the benchmark harness (``mate.mamba.bench.ssu`` /
+  ``ssd`` / ``replay`` / ``norm`` / ``conv1d`` / ``layer``).
 - ``mate-mamba prewarm [args]``: compile the kernels a model configuration needs (``mate.mamba.prewarm_model``).
 - ``mate-mamba cache list|verify|clear|export FILE|import FILE``: MATE's compiled-kernel cache (``MATE_CACHE_DIR``).
 
@@ -43,6 +43,7 @@ PASSTHROUGH = {
     ("bench", "replay"): ("mate.mamba.bench.replay", "benchmark replay_state_update"),
     ("bench", "norm"): ("mate.mamba.bench.norm", "benchmark rms_norm_gated"),
     ("bench", "conv1d"): ("mate.mamba.bench.conv1d", "benchmark causal_conv1d_update / causal_conv1d_fn"),
+    ("bench", "layer"): ("mate.mamba.bench.layer", "benchmark mamba2_decode_step (a layer's fused decode step)"),
     ("prewarm",): ("mate.mamba.prewarm_model", "compile the kernels of a model configuration before serving"),
 }
 
@@ -306,13 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: mate-mamba bench ssu|ssd|replay|norm|conv1d [options of mate.mamba.bench.<kernel>]",
+        help="benchmarks: mate-mamba bench ssu|ssd|replay|norm|conv1d|layer [options of mate.mamba.bench.<kernel>]",
     )
     bench.add_argument(
-        "kernel", choices=("ssu", "ssd", "replay", "norm", "conv1d"),
+        "kernel", choices=("ssu", "ssd", "replay", "norm", "conv1d", "layer"),
         help="ssu: selective_state_update (decode), ssd: ssd_combined_fwd_varlen (prefill), replay: "
         "replay_state_update (ReplaySSM decode), norm: rms_norm_gated (the gated RMSNorm), conv1d: "
-        "causal_conv1d_update / causal_conv1d_fn; "
+        "causal_conv1d_update / causal_conv1d_fn, layer: mamba2_decode_step; "
         "mate-mamba bench ssu --help lists its options",
     )  # fmt: skip
     sub.add_parser("prewarm", help="compile a model configuration's kernels: mate-mamba prewarm [options]")
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     # bench / prewarm hand every remaining argument (``--help`` included) to the module's own parser.
     if rest[:1] == ["prewarm"]:
         return run_module_main(PASSTHROUGH[("prewarm",)][0], rest[1:] + ["--debug"] * debug, debug)
-    if rest[:1] == ["bench"] and len(rest) > 1 and rest[1] in ("ssu", "ssd", "replay", "norm", "conv1d"):
+    if rest[:1] == ["bench"] and len(rest) > 1 and rest[1] in ("ssu", "ssd", "replay", "norm", "conv1d", "layer"):
         return run_module_main(PASSTHROUGH[("bench", rest[1])][0], rest[2:], debug)
     parser = build_parser()
     args = parser.parse_args(argv)

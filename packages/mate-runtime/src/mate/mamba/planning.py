@@ -15,6 +15,7 @@ kernel, programmatic dependent launch (``MATE_SSU_PDL=auto``) and the SSD's sequ
 from __future__ import annotations
 
 from mate.mamba._contract.conv1d import normalize_conv1d_fn, normalize_conv1d_update
+from mate.mamba._contract.decode_step import normalize_decode_step
 from mate.mamba._contract.norm import normalize_norm
 from mate.mamba._contract.replay import normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
@@ -66,5 +67,13 @@ def plan_causal_conv1d_update(*args, backend: str = "auto", validate_data: bool 
     return plan("conv1d_update", normalize_conv1d_update(*args, **kwargs))
 
 
+def plan_mamba2_decode_step(*args, backend: str = "auto", **kwargs) -> tuple:
+    """The kernel spec ``mamba2_decode_step(*args, **kwargs)`` launches on the TileLang backend (one, or none for a
+    call without sequences). Nothing is written to the arguments."""
+    del backend
+    return plan("decode_step", normalize_decode_step(*args, **kwargs))
+
+
 __all__ = ["plan_selective_state_update", "plan_ssd_combined_fwd_varlen", "plan_replay_state_update",
            "plan_rms_norm_gated", "plan_causal_conv1d_fn", "plan_causal_conv1d_update"]  # fmt: skip
+__all__ += ["plan_mamba2_decode_step"]

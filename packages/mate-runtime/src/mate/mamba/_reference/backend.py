@@ -3,7 +3,7 @@ fast-path launcher: it checks the index tables' values on every call."""
 
 from __future__ import annotations
 
-from mate.mamba._reference import conv1d, norm, replay, ssd, ssu
+from mate.mamba._reference import conv1d, decode_step, norm, replay, ssd, ssu
 
 
 def run(op: str, call, sources: dict | None = None):
@@ -22,7 +22,10 @@ def run(op: str, call, sources: dict | None = None):
         return conv1d.causal_conv1d_fn(call), None
     if op == "conv1d_update":
         return conv1d.causal_conv1d_update(call), None
-    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn or conv1d_update, got {op!r}")
+    if op == "decode_step":
+        return decode_step.mamba2_decode_step(call), None
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn, conv1d_update or decode_step, "
+                     f"got {op!r}")  # fmt: skip
 
 
 __all__ = ["run"]

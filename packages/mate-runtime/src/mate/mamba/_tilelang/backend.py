@@ -9,6 +9,8 @@ from mate.mamba._platform.device import hardware
 from mate.mamba._tilelang import (
     conv1d,
     conv1d_plan,
+    decode_step,
+    decode_step_plan,
     norm,
     norm_plan,
     replay,
@@ -36,7 +38,10 @@ def run(op: str, call, sources: dict | None = None):
         return conv1d.run_fn(call, sources)
     if op == "conv1d_update":
         return conv1d.run_update(call, sources)
-    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn or conv1d_update, got {op!r}")
+    if op == "decode_step":
+        return decode_step.run(call, sources)
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn, conv1d_update or decode_step, "
+                     f"got {op!r}")  # fmt: skip
 
 
 def plan(op: str, call) -> tuple:
@@ -51,6 +56,9 @@ def plan(op: str, call) -> tuple:
     if op in ("conv1d_fn", "conv1d_update"):
         planned = (conv1d_plan.plan_fn if op == "conv1d_fn" else conv1d_plan.plan_update)(call)
         return () if planned is None else (planned[0],)
+    if op == "decode_step":
+        planned = decode_step_plan.plan(call)
+        return () if planned is None else (planned,)
     planned = ssu_plan.plan(call) if op == "ssu" else replay_plan.plan(call)
     return () if planned is None else (planned[0],)
 
@@ -58,7 +66,7 @@ def plan(op: str, call) -> tuple:
 def prewarm(op: str, device, config: dict) -> None:
     """Compile (without launching) every kernel one serving configuration of ``op`` uses on ``device``."""
     prewarms = {"ssu": ssu.prewarm, "ssd": ssd.prewarm, "replay": replay.prewarm, "norm": norm.prewarm,
-                "conv1d": conv1d.prewarm}  # fmt: skip
+                "conv1d": conv1d.prewarm, "decode_step": decode_step.prewarm}  # fmt: skip
     prewarms[op](device, **config)
 
 

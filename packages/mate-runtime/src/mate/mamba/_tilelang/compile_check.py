@@ -1,8 +1,8 @@
 """Lower and compile every kernel spec of the compile grid, without a GPU.
 
-``python -m mate.mamba._tilelang.compile_check [--only ssu|replay|ssd|norm|conv1d] [--arch sm_90a] [--sources FILE]``
-prints one line per spec (``[3/24] ssu <spec> ok 2.1s``) and exits non-zero if any failed. CI runs it on the CPU
-machine (nvcc is there), proving that every kernel still lowers and compiles for Hopper.
+``python -m mate.mamba._tilelang.compile_check [--only ssu|replay|ssd|norm|conv1d|decode_step] [--arch sm_90a]
+[--sources FILE]`` prints one line per spec (``[3/24] ssu <spec> ok 2.1s``) and exits non-zero if any failed. CI
+runs it on the CPU machine (nvcc is there), proving that every kernel still lowers and compiles for Hopper.
 
 ``--sources FILE``: a JSON map from ``str(spec)`` to the sha256 of its generated CUDA source. Every spec the file
 names must generate exactly that source (the default kernels' code may not change unnoticed: a refactor of the
@@ -23,7 +23,7 @@ import traceback
 
 def grid(only: str | None = None) -> list:
     """The compile grid's specs (``only``: one family)."""
-    from mate.mamba._tilelang import conv1d, norm, replay, ssd, ssu
+    from mate.mamba._tilelang import conv1d, decode_step, norm, replay, ssd, ssu
 
     specs = []
     if only in (None, "ssu"):
@@ -36,6 +36,8 @@ def grid(only: str | None = None) -> list:
         specs += norm.compile_grid()
     if only in (None, "conv1d"):
         specs += conv1d.compile_grid()
+    if only in (None, "decode_step"):
+        specs += decode_step.compile_grid()
     return specs
 
 
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mate.mamba._tilelang.compile_check", description=__doc__.split("\n\n")[0]
     )
-    families = ("ssu", "replay", "ssd", "norm", "conv1d")
+    families = ("ssu", "replay", "ssd", "norm", "conv1d", "decode_step")
     ap.add_argument("--only", choices=families, default=None, help="compile one kernel family only")
     ap.add_argument("--arch", default="sm_90a", help="CUDA arch to compile for (default sm_90a)")
     ap.add_argument("--sources", default=None, help="JSON map str(spec) -> sha256 of the generated CUDA to check")

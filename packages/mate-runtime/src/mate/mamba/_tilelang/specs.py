@@ -362,3 +362,39 @@ class Conv1dFnSpec(KernelSpec):
 
 
 __all__ += ["Conv1dFnSpec", "Conv1dUpdateSpec"]
+
+
+@dataclass(frozen=True)
+class DecodeStepSpec(KernelSpec):
+    """``mate_kernels.decode_step.decode_step_kernel``: a Mamba2 layer's fused decode step (conv1d update, SSU,
+    gated norm), one launch over ``(P / block_p, heads, batch)``."""
+
+    module: ClassVar[str] = "mate_kernels.decode_step"
+    factory: ClassVar[str] = "decode_step_kernel"
+    family: ClassVar[str] = "decode_step"
+
+    dim: int
+    dstate: int
+    heads_per_group: int
+    heads_per_norm: int
+    width: int
+    io_dtype: str
+    state_dtype: str
+    dt_dtype: str
+    weight_dtype: str
+    bias_dtype: str
+    has_bias: bool
+    d_dtype: str
+    has_D: bool
+    dt_bias_dtype: str
+    has_dt_bias: bool
+    norm_weight_dtype: str
+    index_dtype: str
+    tiling: SSUTiling
+    vector_state: bool
+
+    def pass_configs(self) -> dict:
+        return ssu_pass_configs()  # every index is in range (slots outside either pool are skipped)
+
+
+__all__ += ["DecodeStepSpec"]

@@ -1,0 +1,137 @@
+"""TileLang launcher for ``mamba2_decode_step``: one normalised :class:`DecodeStepCall` -> one kernel launch on the
+current stream (:mod:`.decode_step_plan` decides the kernel), no host<->device synchronisation.
+
+Scratch: ``y_ws`` and ``partials`` from the workspace cache (written before they are read in every launch) and
+the hand-over counters, zeroed once when allocated: each launch leaves them zero (the kernel's docstring), so a
+steady-state call and a CUDA-graph replay touch nothing else. As for every workspace, two launches must not run
+concurrently on different streams of one device.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from mate.mamba._contract.decode_step import DecodeStepCall, check_index_data
+from mate.mamba._contract.dtypes import DTYPE_NAMES
+from mate.mamba._contract.template import CallTemplate
+from mate.mamba._platform import settings
+from mate.mamba._platform.device import is_capturing, tilelang_target
+from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
+from mate.mamba._tilelang.decode_step_plan import call_spec, launch_args, spec_for, vector_ok, workspace_sizes
+from mate.mamba._tilelang.workspace import WORKSPACE
+
+PREWARM_HINT = "mate.mamba.prewarm_mamba2_decode_step(heads=..., dim=..., dstate=..., ngroups=..., ...)"
+kernel, _kernels = kernel_lookup(PREWARM_HINT)  # kernel(spec, device), and its memo (spec -> kernel)
+
+MIN_COUNTERS = 1 << 16  # int32 counters first allocated (256 KB): 4096 sequences at 8 + 8 groups
+_counters: dict = {}  # device -> the zeroed counters (a smaller one retired, never freed: a graph may hold it)
+_retired: list = []
+_lock = threading.Lock()
+
+
+def counters(n: int, device: torch.device) -> torch.Tensor:
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < n:
+        with _lock:
+            buf = _counters.get(device)
+            if buf is None or buf.numel() < n:
+                if buf is not None:
+                    _retired.append(buf)
+                buf = _counters[device] = torch.zeros(max(n, MIN_COUNTERS, 0 if buf is None else 2 * buf.numel()),
+                                                      dtype=torch.int32, device=device)  # fmt: skip
+    return buf
+
+
+def run(call: DecodeStepCall, sources: dict | None = None):
+    """``(out, launcher)``; the launcher (None without ``sources``, with ``MATE_CHECK_INPUTS=1`` (the slots read back
+    and checked first, outside graph capture) or for a call whose fields are not the caller's tensors or views of
+    them) runs a call of the same metadata from the caller's tensors."""
+    if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
+        check_index_data(call)
+        sources = None
+    specs: dict = {}  # vector state accesses allowed? -> spec
+    result = _launch(call, specs)
+    if sources is None:
+        return result, None
+    template = CallTemplate.of(call, tuple(sources.values()), fresh=("out",))
+    if template is None:
+        return result, None
+    return result, lambda tensors: _launch(template.rebuild(tensors), specs)
+
+
+def _launch(call: DecodeStepCall, specs: dict) -> torch.Tensor:
+    if call.batch:
+        vector = vector_ok(call)
+        spec = specs.get(vector)
+        if spec is None:
+            spec = specs[vector] = call_spec(call, vector)
+        kern = _kernels.get(spec)
+        dev = call.xBC.device
+        if kern is None:
+            kern = kernel(spec, dev)
+        sizes = workspace_sizes(spec, call)
+        y_ws = WORKSPACE.get(spec, "y_ws", (call.batch, call.heads * call.dim), torch.float32, dev)
+        partials = WORKSPACE.get(spec, "partials", (sizes["partials"],), torch.float32, dev)
+        kern(*launch_args(call, y_ws, partials, counters(sizes["counters"], dev)))
+    return call.out
+
+
+def serving_specs(*, heads, dim, dstate, ngroups, width, norm_group_size, io_dtype, state_dtype, dt_dtype,
+                  param_dtype, weight_dtype, index_dtype, has_conv_bias) -> list:  # fmt: skip
+    """The kernel a configuration's aligned calls use (pools of whole 16-byte state rows)."""
+    name = DTYPE_NAMES.get
+    return [spec_for(
+        dim=dim, dstate=dstate, heads_per_group=heads // ngroups, heads_per_norm=norm_group_size // dim, width=width,
+        io_dtype=name(io_dtype), state_dtype=name(state_dtype), dt_dtype=name(dt_dtype),
+        weight_dtype=name(weight_dtype), bias_dtype=name(weight_dtype), has_bias=has_conv_bias,
+        d_dtype=name(param_dtype), has_D=True, dt_bias_dtype=name(param_dtype), has_dt_bias=True,
+        norm_weight_dtype=name(param_dtype), index_dtype=name(index_dtype), vector_state=True,
+    )]  # fmt: skip
+
+
+def prewarm(device, *, jobs=1, **config) -> None:
+    """Compile (without launching) the kernel of one configuration on ``device`` (see :func:`serving_specs`)."""
+    specs = serving_specs(**config)
+    compile_missing(specs, target=tilelang_target(device), jobs=jobs)
+    for spec in specs:
+        kernel(spec, device)
+    device = torch.device(device)
+    if device.index is None:  # the launches' tensors name their index: key the counters alike
+        device = torch.device(device.type, torch.get_device_module(device.type).current_device())
+    counters(MIN_COUNTERS, device)  # allocated (and zeroed) outside any graph capture
+
+
+def compile_grid() -> list:
+    """A representative grid: Nemotron-H 8B's per-rank layer (bf16 pools, fp32 params), an fp32 pool, width 2 with
+    fp16 io, two norm groups per SSM group."""
+    return [
+        spec_for(
+            dim=64,
+            dstate=n,
+            heads_per_group=hpg,
+            heads_per_norm=hpn,
+            width=w,
+            io_dtype=io,
+            state_dtype=st,
+            dt_dtype=io,
+            weight_dtype=io,
+            bias_dtype=io,
+            has_bias=True,
+            d_dtype="float32",
+            has_D=True,
+            dt_bias_dtype="float32",
+            has_dt_bias=True,
+            norm_weight_dtype=io,
+            index_dtype="int32",
+            vector_state=True,
+        )  # fmt: skip
+        for n, hpg, hpn, w, io, st in (
+            (128, 16, 16, 4, "bfloat16", "bfloat16"),
+            (128, 16, 16, 4, "bfloat16", "float32"),
+            (64, 4, 2, 2, "float16", "float16"),
+        )
+    ]
+
+
+__all__ = ["PREWARM_HINT", "compile_grid", "counters", "kernel", "prewarm", "run", "serving_specs"]
