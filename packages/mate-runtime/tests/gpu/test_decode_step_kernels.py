@@ -136,7 +136,11 @@ def check(got: tuple, want: tuple) -> None:
     """``(out, conv_state, ssm_state)`` of two runs."""
     (o, cs, ss), (wo, wcs, wss) = got, want
     assert torch.equal(cs, wcs), "conv pool"
-    torch.testing.assert_close(ss.float(), wss.float(), rtol=2 * ULP[wss.dtype], atol=1e-5)
+    # the state against the pool's scale, as the SSU tests compare it: a new value is a sum of terms larger than
+    # itself, so one rounding step of x (the conv's output in the io dtype, where the device's exp and the host's
+    # may differ by an ulp) moves it by a step of those terms, not of its own size (seen at fp16 on an H100)
+    atol = 2 * ULP[wo.dtype] * wss.float().abs().max().item()  # (out has xBC's dtype)
+    torch.testing.assert_close(ss.float(), wss.float(), rtol=2 * ULP[wss.dtype], atol=atol)
     torch.testing.assert_close(o.float(), wo.float(), rtol=2 * ULP[wo.dtype], atol=2 * ULP[wo.dtype])
 
 
