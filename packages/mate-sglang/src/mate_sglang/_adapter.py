@@ -35,7 +35,7 @@ def settings() -> tuple:
             ON_OFF,
             "1: SGLang's causal conv1d functions (kernels/ops/mamba/causal_conv1d_triton.py, "
             "srt/layers/attention/mamba/causal_conv1d.py and every module that imported them) run MATE's. Off by "
-            "default until MATE's conv1d kernels have run on a GPU.",
+            "default until MATE's conv1d kernels are measured against SGLang's (docs/benchmarks/conv1d.md).",
             on_off,
         ),
     )

@@ -23,7 +23,7 @@ them in *every* interpreter of the environment, which covers SGLang's scheduler 
 * with ``MATE_SGLANG_CONV1D=1``, the causal conv1d functions of ``kernels/ops/mamba/causal_conv1d_triton.py`` and
   ``srt/layers/attention/mamba/causal_conv1d.py``, and every SGLang module's binding of them, become
   :mod:`mate_sglang.conv1d`'s; the call forms MATE does not serve run SGLang's (off by default until MATE's conv1d
-  kernels have run on a GPU).
+  kernels are measured against SGLang's).
 
 When ``sglang`` is imported the hook reads its version: another version than 0.5.23 gets a warning saying that
 MATE serves only where the registry and signatures match 0.5.23's; an SGLang without the ``triton_ops`` layout

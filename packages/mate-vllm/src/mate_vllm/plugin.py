@@ -29,7 +29,7 @@ vLLM calls :func:`register` in every process it starts. It does nothing unless `
   ``.../ops/causal_conv1d.py`` (and every vLLM module that imported them by name) become
   :func:`mate_vllm.ops.causal_conv1d_fn` / :func:`~mate_vllm.ops.causal_conv1d_update` (the same signatures and
   results). A call form MATE refuses with ``NotImplementedError`` runs vLLM's own function, with one warning per
-  reason. Off by default until MATE's conv1d kernels have run on a GPU.
+  reason. Off by default until MATE's conv1d kernels are measured against vLLM's.
 
 The patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
 imports nothing from vLLM. Written against vLLM 0.33.0: another version gets a warning when ``vllm`` is imported,

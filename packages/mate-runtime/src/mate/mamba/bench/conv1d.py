@@ -142,10 +142,14 @@ def load_vllm():
     """vLLM's two entry points and its launch-metadata helper, or None (a printed note) where not importable."""
     try:
         from vllm.model_executor.layers.mamba.ops import causal_conv1d as ops
-        from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
     except Exception as exc:  # the peer is optional: MATE's rows are still measured
         print(f"vLLM not importable, its rows skipped: {type(exc).__name__}: {exc}", flush=True)
         return None
+    try:  # without it vLLM's prefill reads the lengths back to the host: no graph capture, so no prefill rows
+        from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
+    except Exception as exc:
+        print(f"vLLM's compute_causal_conv1d_metadata not importable, its prefill rows skipped: {exc}", flush=True)
+        compute_causal_conv1d_metadata = None
     return types.SimpleNamespace(update=ops.causal_conv1d_update, fn=ops.causal_conv1d_fn,
                                  metadata=compute_causal_conv1d_metadata)  # fmt: skip
 
@@ -248,7 +252,7 @@ def measure(cell: Planned, impls, vllm, dev, ceiling, args) -> list[dict]:
     wins = [make_window(cell, dim, 17 + i, dev) for i in range(nwin)]
     tokens = wins[0]["x"].shape[0] if cell.op == "update" else wins[0]["x"].shape[1]
     makers = {"mate": lambda w: mate_fn(cell, w)}
-    if vllm is not None and "vllm" in impls:
+    if vllm is not None and "vllm" in impls and (cell.op == "update" or vllm.metadata is not None):
         makers["vllm"] = lambda w: vllm_fn(cell, w, vllm)
     fns = {name: [make(w) for w in wins] for name, make in makers.items() if name in impls}
     diff = None
