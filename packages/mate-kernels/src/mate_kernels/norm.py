@@ -82,8 +82,8 @@ def norm_kernel(*, group_size: int, io_dtype: str, z_dtype: str, weight_dtype: s
             gate = T.alloc_local((K * VEC,), f32)
             raw_x = T.alloc_local((K * VEC,), io_dtype)
             raw_z = T.alloc_local((K * VEC,), z_dtype)
-            raw_w = T.alloc_local((VEC,), weight_dtype)
-            raw_b = T.alloc_local((VEC,), bias_dtype)
+            raw_w = T.alloc_local((K * VEC,), weight_dtype)
+            raw_b = T.alloc_local((K * VEC,), bias_dtype)
             raw_o = T.alloc_local((VEC,), io_dtype)
             acc = T.alloc_var(f32)
             rstd = T.alloc_var(f32)
@@ -91,7 +91,8 @@ def norm_kernel(*, group_size: int, io_dtype: str, z_dtype: str, weight_dtype: s
             y = T.alloc_var(f32)
             r = T.cast(row, i64)
             base = g * GS + tx * VEC
-            # every load first (x, then z), out-of-group pieces as zeros
+            # every load first (x, z, then weight and bias, so their round trip overlaps the reduction's instead of
+            # following it), out-of-group pieces as zeros
             for k in T.unroll(K):
                 c = base + k * TH * VEC
                 if not guard or c < (g + 1) * GS:
@@ -100,6 +101,11 @@ def norm_kernel(*, group_size: int, io_dtype: str, z_dtype: str, weight_dtype: s
                     if has_z:
                         for i in T.vectorized(VEC):
                             raw_z[k * VEC + i] = za[r, c + i]
+                    for i in T.vectorized(VEC):
+                        raw_w[k * VEC + i] = weight[c + i]
+                    if has_bias:
+                        for i in T.vectorized(VEC):
+                            raw_b[k * VEC + i] = bias[c + i]
                 else:
                     for i in T.unroll(VEC):
                         raw_x[k * VEC + i] = T.cast(0, io_dtype)
@@ -127,15 +133,10 @@ def norm_kernel(*, group_size: int, io_dtype: str, z_dtype: str, weight_dtype: s
             for k in T.unroll(K):
                 c = base + k * TH * VEC
                 if not guard or c < (g + 1) * GS:
-                    for i in T.vectorized(VEC):
-                        raw_w[i] = weight[c + i]
-                    if has_bias:
-                        for i in T.vectorized(VEC):
-                            raw_b[i] = bias[c + i]
                     for i in T.unroll(VEC):
-                        y = h[k * VEC + i] * rstd * T.cast(raw_w[i], f32)
+                        y = h[k * VEC + i] * rstd * T.cast(raw_w[k * VEC + i], f32)
                         if has_bias:
-                            y = y + T.cast(raw_b[i], f32)
+                            y = y + T.cast(raw_b[k * VEC + i], f32)
                         if has_z and norm_before_gate:
                             y = y * gate[k * VEC + i]
                         raw_o[i] = T.cast(y, io_dtype)
