@@ -18,7 +18,7 @@ sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 from cuda_emulator import Emulated, unavailable  # noqa: E402
 from mate.mamba._contract.conv1d import normalize_conv1d_fn, normalize_conv1d_update  # noqa: E402
 from mate.mamba._tilelang import conv1d_plan  # noqa: E402
-from test_conv1d_kernels import CASES, Case, build, check  # noqa: E402
+from test_conv1d_kernels import CASES, F32, Case, build, check  # noqa: E402
 
 pytestmark = pytest.mark.emulated
 if (why := unavailable()) is not None:
@@ -51,7 +51,43 @@ def emulated(fn, args):
 
 @pytest.mark.parametrize("c", CASES)
 def test_emulated_kernel_matches_reference(c):
-    check(replace(c, dim=136), kernel=emulated, dev="cpu")
+    check(replace(c, dim=min(c.dim, 136)), kernel=emulated, dev="cpu")
+
+
+@pytest.mark.parametrize(
+    ("c", "vec"),
+    [pytest.param(Case(layout="token-contiguous"), 8, id="fn-vllm-layout"),
+     pytest.param(Case(form="one", layout="token-contiguous"), 8, id="update-vllm-layout"),
+     pytest.param(Case(form="one", io=F32, layout="token-contiguous"), 4, id="update-fp32-x"),
+     pytest.param(Case(form="one"), 1, id="update-pool-dim-strided"),
+     pytest.param(Case(form="one", layout="token-contiguous", dim=100), 1, id="update-dim-not-multiple"),
+     pytest.param(Case(form="one", layout="misaligned"), 1, id="update-misaligned"),
+     pytest.param(Case(layout="misaligned"), 1, id="fn-misaligned")],
+)  # fmt: skip
+def test_planner_picks_the_vector_form_where_the_layout_allows(c, vec):
+    fn, args, _ = build(replace(c, dim=min(c.dim, 136)), 0, "cpu")
+    if fn.__name__ == "causal_conv1d_fn":
+        spec = conv1d_plan.spec_fn(normalize_conv1d_fn(**args))
+    else:
+        spec = conv1d_plan.spec_update(normalize_conv1d_update(**args))
+    assert spec.vec == vec
+
+
+def test_fast_path_launcher_rechecks_the_alignment(monkeypatch):
+    """The launcher a call leaves picks its kernel per call by the pointers' alignment."""
+    from mate.mamba._tilelang import conv1d as launcher
+
+    used = []
+    monkeypatch.setattr(launcher, "kernel", lambda spec, device: lambda *a: used.append(spec.vec))
+    c = Case(form="one", layout="token-contiguous", dim=64)
+    _, args, _ = build(c, 0, "cpu")
+    call = normalize_conv1d_update(**args)
+    launch = launcher._launcher(call, conv1d_plan.spec_update, conv1d_plan.args_update)
+    launch(call)
+    _, bad, _ = build(replace(c, layout="misaligned"), 0, "cpu")
+    launch(normalize_conv1d_update(**bad))
+    launch(call)
+    assert used == [8, 1, 8]
 
 
 def test_emulated_fn_across_token_blocks():

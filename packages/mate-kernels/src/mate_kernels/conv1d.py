@@ -4,11 +4,14 @@
 pool's dtype, products rounded to ``prod_dtype``, an fp32 sum from the bias in tap order, the result rounded to
 the pool's dtype first where ``round_via_state``.
 
-Both kernels give a thread one channel: it keeps the ``W - 1`` previous inputs in registers and slides them token
-by token, so each input and output is touched once. Threads of a CTA hold consecutive channels: the loads and
-stores of a token are coalesced when the tensors are channel-contiguous (vLLM's layout). Every stride is a runtime
-value (one compiled kernel for any pool view); every index is guarded, so no value of the tables makes a kernel
-read or write outside its tensors.
+Both kernels give a thread ``vec`` consecutive channels: it keeps their ``W - 1`` previous inputs in registers and
+slides them token by token, so each input and output is touched once. Threads of a CTA hold consecutive channel
+groups: the loads and stores of a token are coalesced when the tensors are channel-contiguous (vLLM's layout).
+With ``vec == 1`` every stride is a runtime value (one compiled kernel for any pool view). With ``vec > 1`` (16
+bytes of the widest dtype) x, out and the pool have channel stride 1 and every other stride a multiple of ``vec``,
+the weight is a dense ``[D, W]`` and the bias dense, all 16-byte aligned and ``D % vec == 0`` (the planner's
+conditions): each token's x, out and pool column, and a thread's weights, move in 16-byte vectors. Every index is
+guarded, so no value of the tables makes a kernel read or write outside its tensors.
 
 ``conv1d_update_kernel``: grid (channel blocks, sequences). A sequence on the null block (or a slot outside the
 pool) does nothing; otherwise its slot's history is read, the slot's columns rewritten in ascending order (each
@@ -26,25 +29,30 @@ writes. Tokens of skipped sequences and past the last one are written as zeros.
 MAX_WIDTH = 6
 SEARCH_STEPS = 32  # binary-search steps over query_start_loc (any int32 batch)
 
-# the tuning space: threads per CTA (channels per CTA) and, for the prefill, tokens per CTA; the planner's table
+# the tuning space: threads per CTA, channels per thread (1: the scalar form; else 16 bytes of the widest dtype)
+# and, for the prefill, tokens per CTA; the planner's table
 THREADS = (128, 256)
+VEC = (1, 2, 4, 8)
 BLOCK_T = (32, 64, 128)
 
 
-def _check(width: int, threads: int) -> None:
+def _check(width: int, threads: int, vec: int) -> None:
     if not 2 <= width <= MAX_WIDTH:
         raise ValueError(f"width: expected 2..{MAX_WIDTH}, got {width!r}")
     if threads not in THREADS:
         raise ValueError(f"threads: expected one of {THREADS}, got {threads!r}")
+    if vec not in VEC:
+        raise ValueError(f"vec: expected one of {VEC}, got {vec!r}")
 
 
 def _tap_sum(T, *, W: int, prod_dtype: str):
-    """The macro ``acc += sum_j round(win[j] * wv[j], prod_dtype)``, in tap order (fp32 registers)."""
+    """The macro ``acc[v] += sum_j round(win[v, j] * wv[v, j], prod_dtype)``, in tap order (fp32 registers; a
+    channel's window and weights at ``v * W``)."""
 
     @T.macro
-    def tap_sum(win, wv, acc):
+    def tap_sum(win, wv, acc, v):
         for j in T.unroll(W):
-            acc[0] = acc[0] + T.cast(T.cast(win[j] * wv[j], prod_dtype), "float32")
+            acc[v] = acc[v] + T.cast(T.cast(win[v * W + j] * wv[v * W + j], prod_dtype), "float32")
 
     return tap_sum
 
@@ -57,18 +65,38 @@ def _finish(T, a, *, silu: bool, state_dtype: str, out_dtype: str, via_state: bo
     return T.cast(a, out_dtype)
 
 
+def _layout(T, V: int, strides: tuple, dim_axis: int) -> tuple:
+    """A tensor's strides as declared: all runtime in the scalar form; the vector form's channel stride is 1."""
+    return tuple(1 if V > 1 and i == dim_axis else st for i, st in enumerate(strides))
+
+
+def _aligned(T, V: int, buf, dim_axis: int):
+    """``buf`` with its other strides written as multiples of ``V`` (the planner guarantees they are), so TileLang
+    can prove the 16-byte accesses."""
+    if V == 1:
+        return buf
+    strides = [1 if i == dim_axis else T.floordiv(st, V) * V for i, st in enumerate(buf.strides)]
+    return T.view(buf, strides=strides)
+
+
+def _weights(T, V: int, W: int, D, dtype: str, w0, w1):
+    """The weight's declared type: runtime strides in the scalar form, dense ``[D, W]`` in the vector form (a
+    thread's ``V * W`` weights are then consecutive)."""
+    return T.StridedTensor((D, W), (w0, w1), dtype) if V == 1 else T.Tensor((D, W), dtype)
+
+
 def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype: str, bias_dtype: str,
                          slot_dtype: str, acc_dtype: str, qsl_dtype: str, has_bias: bool, silu: bool, varlen: bool,
-                         spec_decode: bool,
-                         has_slots: bool, has_null: bool, round_via_state: bool, threads: int = 128):  # fmt: skip
+                         spec_decode: bool, has_slots: bool, has_null: bool, round_via_state: bool, threads: int = 128,
+                         vec: int = 1):  # fmt: skip
     """The decode update. Arguments, positionally: ``x [rows, D, T]`` and ``out`` (x's dtype), ``weight [D, W]``,
     ``bias [nb]`` (a dummy without one), ``state [S, D, K]``, ``slots [ns]``, ``accepted [na]``, ``qsl [nq]``
     (their dtypes; dummies where absent), then ``batch``, ``seqlen`` (T, or max_query_len packed), ``state_len``
     (vLLM's rewritten columns) and ``null_id`` (int64)."""
-    _check(width, threads)
+    _check(width, threads, vec)
     import tilelang.language as T
 
-    W, TH = width, threads
+    W, TH, V = width, threads, vec
     f32, i64 = "float32", "int64"
     tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
     rows, D, Tn, S, K = T.dynamic("rows, D, Tn, S, K")
@@ -78,11 +106,11 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
 
     @T.prim_func
     def conv1d_update(
-        x: T.StridedTensor((rows, D, Tn), (x0, x1, x2), x_dtype),
-        out: T.StridedTensor((rows, D, Tn), (o0, o1, o2), x_dtype),
-        weight: T.StridedTensor((D, W), (w0, w1), weight_dtype),
-        bias: T.StridedTensor((nb,), (bs,), bias_dtype),
-        state: T.StridedTensor((S, D, K), (s0, s1, s2), state_dtype),
+        x: T.StridedTensor((rows, D, Tn), _layout(T, V, (x0, x1, x2), 1), x_dtype),
+        out: T.StridedTensor((rows, D, Tn), _layout(T, V, (o0, o1, o2), 1), x_dtype),
+        weight: _weights(T, V, W, D, weight_dtype, w0, w1),
+        bias: T.StridedTensor((nb,), _layout(T, V, (bs,), 0), bias_dtype),
+        state: T.StridedTensor((S, D, K), _layout(T, V, (s0, s1, s2), 1), state_dtype),
         slots: T.StridedTensor((ns,), (ss,), slot_dtype),
         accepted: T.StridedTensor((na,), (as_,), acc_dtype),
         qsl: T.StridedTensor((nq,), (qs,), qsl_dtype),
@@ -91,16 +119,21 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
         state_len: T.int32,
         null_id: T.int64,
     ):
-        with T.Kernel(T.ceildiv(D, TH), batch, threads=TH) as (bx, b):
+        xa, oa, sa = _aligned(T, V, x, 1), _aligned(T, V, out, 1), _aligned(T, V, state, 1)
+        with T.Kernel(T.ceildiv(D, TH * V), batch, threads=TH) as (bx, b):
             tx = T.get_thread_binding()
-            win = T.alloc_local((W,), f32)
-            wv = T.alloc_local((W,), f32)
-            acc = T.alloc_local((1,), f32)
+            win = T.alloc_local((V * W,), f32)
+            wv = T.alloc_local((V * W,), f32)
+            acc = T.alloc_local((V,), f32)
+            rx = T.alloc_local((V,), x_dtype)  # one token's x / out in x's dtype
+            rs = T.alloc_local((V,), state_dtype)  # one pool column
+            rw = T.alloc_local((V * W,), weight_dtype)
+            rb = T.alloc_local((V,), bias_dtype)
             slot = T.alloc_var(i64)
             start = T.alloc_var(i64)
             n = T.alloc_var(i64)
             off = T.alloc_var(i64)
-            c = bx * TH + tx
+            c = (bx * TH + tx) * V
             slot = T.cast(slots[b], i64) if has_slots else T.cast(b, i64)
             row = 0 if varlen else b
             if varlen:  # the query's tokens, clamped into x and to max_query_len
@@ -109,7 +142,7 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
             else:
                 start = 0
                 n = T.cast(seqlen, i64)
-            live = c < D and slot >= 0 and slot < T.cast(S, i64) and n > 0
+            live = c + V <= D and slot >= 0 and slot < T.cast(S, i64) and n > 0
             if has_null:
                 live = live and slot != null_id
             if live:
@@ -119,39 +152,62 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
                 if spec_decode:  # the accepted window, kept inside the pool's columns
                     off = T.min(T.max(T.cast(accepted[b], i64) - 1, 0), T.cast(K - (W - 1), i64))
                 for j in T.unroll(W - 1):
-                    win[j] = T.cast(state[slot, c, off + j], f32)
+                    for v in T.vectorized(V):
+                        rs[v] = sa[slot, c + v, off + j]
+                    for v in T.unroll(V):
+                        win[v * W + j] = T.cast(rs[v], f32)
                 for i in T.serial(T.min(cols, T.cast(K, i64))):
                     if i + n < cols:
-                        state[slot, c, i] = state[slot, c, T.min(off + i + shift, T.cast(K - 1, i64))]
+                        for v in T.vectorized(V):
+                            rs[v] = sa[slot, c + v, T.min(off + i + shift, T.cast(K - 1, i64))]
                     else:
-                        state[slot, c, i] = T.cast(x[row, c, start + i - (cols - n)], state_dtype)
-                for j in T.unroll(W):
-                    wv[j] = T.cast(weight[c, j], f32)
+                        for v in T.vectorized(V):
+                            rx[v] = xa[row, c + v, start + i - (cols - n)]
+                        for v in T.unroll(V):
+                            rs[v] = T.cast(rx[v], state_dtype)
+                    for v in T.vectorized(V):
+                        sa[slot, c + v, i] = rs[v]
+                if V == 1:
+                    for j in T.unroll(W):
+                        rw[j] = weight[c, j]
+                else:
+                    wflat = T.view(weight, shape=(D * W,))
+                    for e in T.vectorized(V * W):
+                        rw[e] = wflat[c * W + e]
+                for e in T.unroll(V * W):
+                    wv[e] = T.cast(rw[e], f32)
+                if has_bias:
+                    for v in T.vectorized(V):
+                        rb[v] = bias[c + v]
                 for t in T.serial(n):
-                    win[W - 1] = T.cast(T.cast(x[row, c, start + t], state_dtype), f32)
-                    acc[0] = T.cast(bias[c], f32) if has_bias else T.float32(0.0)
-                    tap_sum(win, wv, acc)
-                    out[row, c, start + t] = _finish(T, acc[0], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
-                                                     via_state=round_via_state)  # fmt: skip
-                    for j in T.unroll(W - 1):
-                        win[j] = win[j + 1]
+                    for v in T.vectorized(V):
+                        rx[v] = xa[row, c + v, start + t]
+                    for v in T.unroll(V):
+                        win[v * W + W - 1] = T.cast(T.cast(rx[v], state_dtype), f32)
+                        acc[v] = T.cast(rb[v], f32) if has_bias else T.float32(0.0)
+                        tap_sum(win, wv, acc, v)
+                        rx[v] = _finish(T, acc[v], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
+                                        via_state=round_via_state)  # fmt: skip
+                        for j in T.unroll(W - 1):
+                            win[v * W + j] = win[v * W + j + 1]
+                    for v in T.vectorized(V):
+                        oa[row, c + v, start + t] = rx[v]
 
     return conv1d_update
 
 
 def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype: str, bias_dtype: str,
                      qsl_dtype: str, slot_dtype: str, has_bias: bool, silu: bool, has_slots: bool, has_init: bool,
-                     has_null: bool,
-                     threads: int = 128, block_t: int = 64):  # fmt: skip
+                     has_null: bool, threads: int = 128, block_t: int = 64, vec: int = 1):  # fmt: skip
     """The varlen prefill. Arguments, positionally: ``x [D, tokens]`` and ``out`` (x's dtype), ``weight [D, W]``,
     ``bias [nb]``, ``state [S, D, K]``, ``qsl [batch + 1]``, ``slots [ns]`` (their dtypes), ``init [ni]`` (bool;
     dummies where absent), then ``pad_id`` and ``null_id`` (int64)."""
-    _check(width, threads)
+    _check(width, threads, vec)
     if block_t not in BLOCK_T:
         raise ValueError(f"block_t: expected one of {BLOCK_T}, got {block_t!r}")
     import tilelang.language as T
 
-    W, TH, BT = width, threads, block_t
+    W, TH, BT, V = width, threads, block_t, vec
     f32, i64 = "float32", "int64"
     tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
     D, tokens, S, K, nq, nb, ns, ni = T.dynamic("D, tokens, S, K, nq, nb, ns, ni")
@@ -163,39 +219,57 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
 
     @T.prim_func
     def conv1d_fn(
-        x: T.StridedTensor((D, tokens), (x0, x1), x_dtype),
-        out: T.StridedTensor((D, tokens), (o0, o1), x_dtype),
-        weight: T.StridedTensor((D, W), (w0, w1), weight_dtype),
-        bias: T.StridedTensor((nb,), (bs,), bias_dtype),
-        state: T.StridedTensor((S, D, K), (s0, s1, s2), state_dtype),
+        x: T.StridedTensor((D, tokens), _layout(T, V, (x0, x1), 0), x_dtype),
+        out: T.StridedTensor((D, tokens), _layout(T, V, (o0, o1), 0), x_dtype),
+        weight: _weights(T, V, W, D, weight_dtype, w0, w1),
+        bias: T.StridedTensor((nb,), _layout(T, V, (bs,), 0), bias_dtype),
+        state: T.StridedTensor((S, D, K), _layout(T, V, (s0, s1, s2), 1), state_dtype),
         qsl: T.StridedTensor((nq,), (qs,), qsl_dtype),
         slots: T.StridedTensor((ns,), (ss,), slot_dtype),
         init: T.StridedTensor((ni,), (is_,), "bool"),
         pad_id: T.int64,
         null_id: T.int64,
     ):
-        with T.Kernel(T.ceildiv(tokens, BT), T.ceildiv(D, TH), threads=TH) as (bx, by):
+        xa, oa, sa = _aligned(T, V, x, 0), _aligned(T, V, out, 0), _aligned(T, V, state, 1)
+        with T.Kernel(T.ceildiv(tokens, BT), T.ceildiv(D, TH * V), threads=TH) as (bx, by):
             tx = T.get_thread_binding()
-            win = T.alloc_local((W,), f32)
-            wv = T.alloc_local((W,), f32)
-            acc = T.alloc_local((1,), f32)
+            win = T.alloc_local((V * W,), f32)
+            wv = T.alloc_local((V * W,), f32)
+            acc = T.alloc_local((V,), f32)
+            rx = T.alloc_local((V,), x_dtype)
+            rs = T.alloc_local((V,), state_dtype)
+            rw = T.alloc_local((V * W,), weight_dtype)
+            rb = T.alloc_local((V,), bias_dtype)
             lo = T.alloc_var(i64)
             hi = T.alloc_var(i64)
             first = T.alloc_var(i64)
             last = T.alloc_var(i64)
             slot = T.alloc_var(i64)
-            c = by * TH + tx
+            c = (by * TH + tx) * V
             t0 = T.cast(bx * BT, i64)
             t1 = T.min(t0 + BT, T.cast(tokens, i64))
             batch = T.cast(nq - 1, i64)
 
-            if c < D:
-                for j in T.unroll(W):
-                    wv[j] = T.cast(weight[c, j], f32)
+            if c + V <= D:
+                if V == 1:
+                    for j in T.unroll(W):
+                        rw[j] = weight[c, j]
+                else:
+                    wflat = T.view(weight, shape=(D * W,))
+                    for e in T.vectorized(V * W):
+                        rw[e] = wflat[c * W + e]
+                for e in T.unroll(V * W):
+                    wv[e] = T.cast(rw[e], f32)
+                if has_bias:
+                    for v in T.vectorized(V):
+                        rb[v] = bias[c + v]
                 end = start_of(qsl, batch)
+                for v in T.unroll(V):
+                    rx[v] = T.cast(0, x_dtype)
                 for t in T.serial(t1 - t0):  # tokens past the last sequence
                     if t0 + t >= end:
-                        out[c, t0 + t] = T.cast(0, x_dtype)
+                        for v in T.vectorized(V):
+                            oa[c + v, t0 + t] = rx[v]
                 # first / last: the last sequence starting at or before t0 / t1 - 1 (a non-empty one holds it)
                 lo = 0
                 hi = batch
@@ -229,35 +303,61 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                     t_hi = T.if_then_else(s >= t0, T.min(T.max(t1, s + (W - 1)), e), T.min(t1, e))
                     for k in T.unroll(1, W):
                         tok = t_lo - k
-                        win[W - 1 - k] = T.float32(0.0)
+                        for v in T.unroll(V):
+                            win[v * W + W - 1 - k] = T.float32(0.0)
                         if tok >= s:
-                            win[W - 1 - k] = T.cast(T.cast(x[c, tok], state_dtype), f32)
+                            for v in T.vectorized(V):
+                                rx[v] = xa[c + v, tok]
+                            for v in T.unroll(V):
+                                win[v * W + W - 1 - k] = T.cast(T.cast(rx[v], state_dtype), f32)
                         elif with_init:
-                            win[W - 1 - k] = T.cast(state[slot, c, (W - 1) + tok - s], f32)
+                            for v in T.vectorized(V):
+                                rs[v] = sa[slot, c + v, (W - 1) + tok - s]
+                            for v in T.unroll(V):
+                                win[v * W + W - 1 - k] = T.cast(rs[v], f32)
                     for ti in T.serial(t_hi - t_lo):
                         t = t_lo + ti
-                        win[W - 1] = T.cast(T.cast(x[c, t], state_dtype), f32)
-                        acc[0] = T.cast(bias[c], f32) if has_bias else T.float32(0.0)
-                        tap_sum(win, wv, acc)
-                        if live:
-                            out[c, t] = _finish(T, acc[0], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
+                        for v in T.vectorized(V):
+                            rx[v] = xa[c + v, t]
+                        for v in T.unroll(V):
+                            win[v * W + W - 1] = T.cast(T.cast(rx[v], state_dtype), f32)
+                            acc[v] = T.cast(rb[v], f32) if has_bias else T.float32(0.0)
+                            tap_sum(win, wv, acc, v)
+                            if live:
+                                rx[v] = _finish(T, acc[v], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
                                                 via_state=True)  # fmt: skip
-                        else:
-                            out[c, t] = T.cast(0, x_dtype)
-                        for j in T.unroll(W - 1):
-                            win[j] = win[j + 1]
+                            else:
+                                rx[v] = T.cast(0, x_dtype)
+                            for j in T.unroll(W - 1):
+                                win[v * W + j] = win[v * W + j + 1]
+                        for v in T.vectorized(V):
+                            oa[c + v, t] = rx[v]
                     if live and s >= t0 and e > s:  # the final state, by the CTA of the first token
                         n = e - s
                         for i in T.unroll(W - 1):
                             p = n - (W - 1) + i
                             if p >= 0:
-                                state[slot, c, i] = T.cast(x[c, s + p], state_dtype)
+                                for v in T.vectorized(V):
+                                    rx[v] = xa[c + v, s + p]
+                                for v in T.unroll(V):
+                                    rs[v] = T.cast(rx[v], state_dtype)
                             elif with_init:
-                                state[slot, c, i] = state[slot, c, i + n]
+                                for v in T.vectorized(V):
+                                    rs[v] = sa[slot, c + v, i + n]
                             else:
-                                state[slot, c, i] = T.cast(0, state_dtype)
+                                for v in T.unroll(V):
+                                    rs[v] = T.cast(0, state_dtype)
+                            for v in T.vectorized(V):
+                                sa[slot, c + v, i] = rs[v]
 
     return conv1d_fn
 
 
-__all__ = ["BLOCK_T", "MAX_WIDTH", "THREADS", "conv1d_fn_kernel", "conv1d_update_kernel"]
+def vector_width(*dtypes: str) -> int:
+    """Channels per thread of the vector form: 16 bytes of the widest of ``dtypes``."""
+    return 16 // max(_BYTES[d] for d in dtypes)
+
+
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+__all__ = ["BLOCK_T", "MAX_WIDTH", "THREADS", "VEC", "conv1d_fn_kernel", "conv1d_update_kernel", "vector_width"]

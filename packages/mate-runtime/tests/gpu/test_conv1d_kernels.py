@@ -21,7 +21,8 @@ class Case:
     state: torch.dtype = BF16
     bias: bool = True
     silu: bool = True
-    layout: str = "dense"  # dense, token-contiguous (vLLM's SD layout transposed), page (an offset view)
+    layout: str = "dense"  # dense, token-contiguous (vLLM's layout: dim contiguous), page (an offset view),
+    # misaligned (token-contiguous 2 bytes past a 16-byte boundary: the scalar form)
     index: torch.dtype = torch.int32
     qsl: torch.dtype = torch.int32
     form: str = "fn"  # fn, one, dense3, varlen
@@ -66,10 +67,21 @@ CASES = [
         ),
         id="update-mtp-varlen-w2-fp32-int64",
     ),  # fmt: skip
+    # the vector form (vLLM's layout, dim a multiple of 16 bytes' channels) and the scalar one beside it
+    pytest.param(Case(layout="token-contiguous"), id="fn-w4-bf16-vec"),
+    pytest.param(Case(width=3, bias=False, layout="token-contiguous", dim=96), id="fn-w3-vec-one-cta"),
+    pytest.param(Case(form="one", layout="token-contiguous"), id="update-one-token-vec"),
+    pytest.param(Case(form="one", io=F32, state=BF16, layout="token-contiguous", out=True), id="update-fp32-bf16-vec4"),
+    pytest.param(Case(form="dense3", mtp=True, layout="token-contiguous", silu=False), id="update-mtp-dense-vec"),
+    pytest.param(Case(form="one", layout="token-contiguous", dim=100), id="update-vec-dim-not-multiple"),
+    pytest.param(Case(form="one", layout="misaligned"), id="update-misaligned-pool"),
+    pytest.param(Case(layout="misaligned", width=2), id="fn-misaligned-pool"),
 ]
 
 
 def _pool(S, D, K, dt, layout, g, dev):
+    if layout == "misaligned":
+        return torch.randn(S * K * D + 1, generator=g).to(dt)[1:].view(S, K, D).transpose(1, 2).to(dev)
     if layout == "token-contiguous":
         return torch.randn(S, K, D, generator=g).to(dt).transpose(1, 2).to(dev)
     if layout == "page":
@@ -226,3 +238,25 @@ def test_fast_path_allocates_only_the_result(c):
     assert torch.equal(result, want)
     for name in mutated:
         assert torch.equal(args[name], slow[name])
+
+
+def test_fast_path_rechecks_the_alignment():
+    """A call of an earlier (vector-form) call's metadata whose pool is 2 bytes off a 16-byte boundary takes the
+    scalar form on the fast path: equal to the reference."""
+    if (why := _gpu_ready()) is not None:
+        pytest.skip(why)
+    c = Case(form="one", layout="token-contiguous")
+    fn, args, _ = build(c, 0, "cuda")
+    fn(**_clone(args), backend="tilelang")  # the vector form, remembered by the fast path
+    pool = args["conv_state"]
+    S, D, K = pool.shape
+    buf = torch.empty(S * K * D + 1, dtype=pool.dtype, device="cuda")
+    shifted = buf[1:].view(S, K, D).transpose(1, 2)  # the same shape and strides, misaligned
+    shifted.copy_(pool)
+    mine, ref = _clone(args), _clone(args)
+    mine["conv_state"] = shifted
+    got = fn(**mine, backend="tilelang")
+    want = fn(**ref, backend="torch")
+    tol = _tol(c.io) + _tol(c.state)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(shifted.float(), ref["conv_state"].float(), rtol=tol, atol=tol)

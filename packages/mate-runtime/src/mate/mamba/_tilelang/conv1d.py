@@ -6,14 +6,17 @@ metadata."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from mate.mamba._contract.conv1d import Conv1dFnCall, Conv1dUpdateCall, check_fn_data, check_update_data
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
-from mate.mamba._tilelang.conv1d_plan import TUNING, args_fn, args_update, spec_fn, spec_update
+from mate.mamba._tilelang.conv1d_plan import TUNING, args_fn, args_update, pointers, spec_fn, spec_update
 from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
+from mate_kernels.conv1d import vector_width
 
 PREWARM_HINT = "mate.mamba.prewarm_causal_conv1d(dim=..., width=..., io_dtype=..., state_dtype=...)"
 kernel, _kernels = kernel_lookup(PREWARM_HINT)
@@ -28,7 +31,7 @@ def run_update(call: Conv1dUpdateCall, sources: dict | None = None):
     if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
         check_update_data(call)
         sources = None
-    launch = _launcher(spec_update(call), args_update, call.state.device)
+    launch = _launcher(call, spec_update, args_update)
     launch(call)
     return call.result, _replay(call, sources, launch, lambda c: c.result)
 
@@ -38,20 +41,30 @@ def run_fn(call: Conv1dFnCall, sources: dict | None = None):
     if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
         check_fn_data(call)
         sources = None
-    spec = spec_fn(call)
-    launch = _launcher(spec, args_fn, call.state.device)
-    if spec is None and call.x.shape[1]:
+    launch = _launcher(call, spec_fn, args_fn)
+    if spec_fn(call) is None and call.x.shape[1]:
         launch = _zero_out  # no sequence: every token is outside one
     launch(call)
     return call.out, _replay(call, sources, launch, lambda c: c.out, fresh=("out",))
 
 
-def _launcher(spec, args_of, device):
-    """``launch(call)``: the compiled kernel of ``spec`` (looked up once, here) run on ``args_of(call)``."""
-    if spec is None:
-        return lambda call: None
-    kern = kernel(spec, device)
-    return lambda call: kern(*args_of(call))
+def _launcher(call, spec_of, args_of):
+    """``launch(call)`` for calls of ``call``'s metadata: the compiled kernel of ``spec_of(call)``, looked up once
+    per pointer alignment (:func:`~.conv1d_plan.pointers`, checked per call: the vector form needs 16 bytes), run
+    on ``args_of(call)``."""
+    if spec_of(call) is None:
+        return lambda c: None
+    device = call.state.device
+    kernels: dict = {}
+
+    def launch(c):
+        key = pointers(c)
+        kern = kernels.get(key)
+        if kern is None:
+            kern = kernels[key] = kernel(spec_of(c), device)
+        kern(*args_of(c))
+
+    return launch
 
 
 def _zero_out(call: Conv1dFnCall) -> None:
@@ -75,7 +88,8 @@ def _replay(call, sources, launch, result_of, fresh=()):
 
 def serving_specs(*, dim, width, io_dtype, state_dtype, weight_dtype, index_dtype, has_bias, silu) -> list:
     """The kernels one serving configuration launches: the prefill (with and without the tables vLLM passes) and
-    the update's forms (one token, MTP dense and packed; the result into x or a caller's out)."""
+    the update's forms (one token, MTP dense and packed; the result into x or a caller's out), each in its vector
+    and scalar form."""
     del dim  # a runtime dimension
     n = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.int32: "int32",
          torch.int64: "int64"}  # fmt: skip
@@ -91,7 +105,9 @@ def serving_specs(*, dim, width, io_dtype, state_dtype, weight_dtype, index_dtyp
                 qsl_dtype=idx if varlen else "int32", varlen=varlen, spec_decode=spec_decode, has_slots=True,
                 has_null=True, round_via_state=via, threads=TUNING["threads"],
             ))  # fmt: skip
-    return specs
+    # each in the vector form (vLLM's layout at aligned pointers) and the scalar one (any other call)
+    vec = vector_width(*{n[io_dtype], n[state_dtype], n[weight_dtype]})
+    return specs + [dataclasses.replace(s, vec=vec) for s in specs]
 
 
 def prewarm(device, **config) -> None:

@@ -4,9 +4,12 @@ order, dummies for absent tensors: a kernel flag says they are never read). The 
 metadata only, so a fast-path launcher decides it once (:func:`spec_update` / :func:`spec_fn`) and builds only the
 arguments per call (:func:`args_update` / :func:`args_fn`).
 
-The tuning is data (:data:`TUNING`): threads per CTA (one channel each) and the prefill's tokens per CTA. The
-prefill's token blocks trade the CTAs' count against the serial tokens per thread; 64 tokens of 128 channels keep
-a Nemotron-H conv dim (~10k channels per rank) at 8192 tokens to about 10k CTAs. Not measured on a GPU yet.
+The spec also depends on the pointers' 16-byte alignment (:func:`pointers`: the vector form needs it), which a
+fast-path launcher re-checks per call.
+
+The tuning is data (:data:`TUNING`): threads per CTA and the prefill's tokens per CTA; a thread's channels are
+16 bytes of the widest dtype where the layout allows (:func:`vector_width`), else one. The prefill's token blocks
+trade the CTAs' count against the serial tokens per thread. Not measured on a GPU yet.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from mate.mamba._contract.conv1d import Conv1dFnCall, Conv1dUpdateCall
 from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
+from mate_kernels.conv1d import vector_width as _vec_of
 
 TUNING = {"threads": 128, "block_t": 64}
 
@@ -42,6 +46,36 @@ def _index_dtype(t: torch.Tensor | None) -> str:
     return _name(t.dtype) if t is not None else "int32"
 
 
+def _vec_ok(v: int, dim: int, dense: tuple, strided: tuple, others: tuple = ()) -> bool:
+    """The vector form's layout: channel stride 1 (``dense``: (tensor, channel axis)), every other stride of those
+    a multiple of ``v``, ``others`` dense; every pointer 16-byte aligned; ``dim % v == 0``."""
+    if dim % v:
+        return False
+    for t, axis in dense:
+        if t.stride(axis) != 1 or any(st % v for i, st in enumerate(t.stride()) if i != axis and t.shape[i] > 1):
+            return False
+    return all(t.is_contiguous() for t in others) and all(t.data_ptr() % 16 == 0 for t in strided)
+
+
+def vector_width(call) -> int:
+    """Channels per thread for this call: 16 bytes of the widest dtype where the layout allows, else 1."""
+    w = call.weight
+    bias = () if call.bias is None else (call.bias,)
+    v = _vec_of(*(_name(t.dtype) for t in (call.x, call.state, w, *bias)))
+    axis = 1 if isinstance(call, Conv1dUpdateCall) else 0
+    tensors = (call.x, call.out, call.state, w, *bias)
+    ok = _vec_ok(v, call.x.shape[axis], ((call.x, axis), (call.out, axis), (call.state, 1)), tensors, (w, *bias))
+    return v if ok else 1
+
+
+def pointers(call) -> tuple:
+    """What a spec depends on beyond the call's metadata: the 16-byte alignment of the tensors the vector form
+    reads or writes."""
+    bias = call.bias
+    return (call.x.data_ptr() % 16, call.out.data_ptr() % 16, call.state.data_ptr() % 16, call.weight.data_ptr() % 16,
+            0 if bias is None else bias.data_ptr() % 16)  # fmt: skip
+
+
 def spec_update(call: Conv1dUpdateCall) -> Conv1dUpdateSpec | None:
     """The decode update's kernel, or None for a call without sequences (nothing to launch)."""
     if call.batch == 0:
@@ -54,6 +88,7 @@ def spec_update(call: Conv1dUpdateCall) -> Conv1dUpdateSpec | None:
         has_bias=call.bias is not None, silu=call.silu, varlen=call.query_start_loc is not None,
         spec_decode=call.num_accepted_tokens is not None, has_slots=call.slots is not None,
         has_null=call.null_block_id is not None, round_via_state=call.round_via_state, threads=TUNING["threads"],
+        vec=vector_width(call),
     )  # fmt: skip
 
 
@@ -61,7 +96,7 @@ def args_update(call: Conv1dUpdateCall) -> tuple:
     """The decode update's launch arguments (the factory's order; cached dummies for absent tensors)."""
     dev = call.x.device
     idx = _dummy(dev)
-    bias = call.bias if call.bias is not None else call.weight[:, 0]
+    bias = call.bias if call.bias is not None else _dummy(dev, call.weight.dtype)
     null = call.null_block_id if call.null_block_id is not None else 0
     return (call.x, call.out, call.weight, bias, call.state, idx if call.slots is None else call.slots,
             idx if call.num_accepted_tokens is None else call.num_accepted_tokens,
@@ -86,14 +121,14 @@ def spec_fn(call: Conv1dFnCall) -> Conv1dFnSpec | None:
         qsl_dtype=_name(call.query_start_loc.dtype), slot_dtype=_index_dtype(call.cache_indices),
         has_bias=call.bias is not None, silu=call.silu, has_slots=call.cache_indices is not None,
         has_init=call.has_initial_state is not None, has_null=call.null_block_id is not None,
-        threads=TUNING["threads"], block_t=TUNING["block_t"],
+        threads=TUNING["threads"], block_t=TUNING["block_t"], vec=vector_width(call),
     )  # fmt: skip
 
 
 def args_fn(call: Conv1dFnCall) -> tuple:
     """The prefill's launch arguments (the factory's order; cached dummies for absent tensors)."""
     dev = call.x.device
-    bias = call.bias if call.bias is not None else call.weight[:, 0]
+    bias = call.bias if call.bias is not None else _dummy(dev, call.weight.dtype)
     slots = call.cache_indices if call.cache_indices is not None else _dummy(dev)
     init = call.has_initial_state if call.has_initial_state is not None else _dummy(dev, torch.bool)
     null = call.null_block_id if call.null_block_id is not None else 0
@@ -109,12 +144,12 @@ def plan_fn(call: Conv1dFnCall):
 
 def grid_update(spec: Conv1dUpdateSpec, call: Conv1dUpdateCall) -> tuple[int, int, int]:
     """The launch grid (what the kernel's ``T.Kernel`` derives; the CPU emulator is told it)."""
-    return (-(-call.x.shape[1] // spec.threads), call.batch, 1)
+    return (-(-call.x.shape[1] // (spec.threads * spec.vec)), call.batch, 1)
 
 
 def grid_fn(spec: Conv1dFnSpec, call: Conv1dFnCall) -> tuple[int, int, int]:
-    return (-(-call.x.shape[1] // spec.block_t), -(-call.x.shape[0] // spec.threads), 1)
+    return (-(-call.x.shape[1] // spec.block_t), -(-call.x.shape[0] // (spec.threads * spec.vec)), 1)
 
 
-__all__ = ["TUNING", "args_fn", "args_update", "grid_fn", "grid_update", "plan_fn", "plan_update", "spec_fn",
-           "spec_update"]  # fmt: skip
+__all__ = ["TUNING", "args_fn", "args_update", "grid_fn", "grid_update", "plan_fn", "plan_update", "pointers",
+           "spec_fn", "spec_update", "vector_width"]  # fmt: skip

@@ -316,6 +316,12 @@ __all__ = [
 ]
 
 
+def _conv1d_pass_configs(vec: int) -> dict:
+    """The vector form's: every index is in range (the kernel's guards), and TileLang's per-element guards would
+    split its 16-byte accesses; the scalar form keeps them."""
+    return ssu_pass_configs() if vec > 1 else {}
+
+
 @dataclass(frozen=True)
 class Conv1dUpdateSpec(KernelSpec):
     """``mate_kernels.conv1d.conv1d_update_kernel``: the causal conv1d's decode update (every call form)."""
@@ -340,6 +346,10 @@ class Conv1dUpdateSpec(KernelSpec):
     has_null: bool
     round_via_state: bool
     threads: int
+    vec: int = 1  # channels per thread: 1 the scalar form, else 16-byte vector accesses
+
+    def pass_configs(self) -> dict:
+        return _conv1d_pass_configs(self.vec)
 
 
 @dataclass(frozen=True)
@@ -364,6 +374,10 @@ class Conv1dFnSpec(KernelSpec):
     has_null: bool
     threads: int
     block_t: int
+    vec: int = 1
+
+    def pass_configs(self) -> dict:
+        return _conv1d_pass_configs(self.vec)
 
 
 __all__ += ["Conv1dFnSpec", "Conv1dUpdateSpec"]
