@@ -61,6 +61,7 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
     VEC, NV, L, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
     GS = HPN * P  # features per norm group
     CH = BP + 2 * N  # conv channels per CTA: its x rows, the group's B and C
+    KC = (CH + TH - 1) // TH  # of them, per thread
     if TH % 32:
         raise ValueError(f"tiling: {TH} threads are not whole warps")
     NF = (GS + TH - 1) // TH  # features per thread in the norm group's last CTA
@@ -76,19 +77,13 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
     )
     sc0, sc1, sc2, ss0 = T.dynamic("sc0, sc1, sc2, ss0", i64)
 
-    @T.macro
-    def conv_value(acc, old, xBC, conv_state, conv_weight, conv_bias, b, c, slot):
-        """acc = the conv update's value of channel ``c`` (fp32, rounded through the io dtype), old = its W - 1 pool
-        columns (the caller writes the shifted row)."""
-        tok = xBC[b, c]
-        for j in T.unroll(W - 1):
-            old[j] = conv_state[slot, c, j]
-        acc[0] = T.cast(conv_bias[c], f32) if has_bias else T.float32(0)
-        for j in T.unroll(W - 1):
-            acc[0] = acc[0] + T.cast(T.cast(T.cast(old[j], f32) * T.cast(conv_weight[c, j], f32), prod), f32)
-        acc[0] = acc[0] + T.cast(T.cast(T.cast(tok, f32) * T.cast(conv_weight[c, W - 1], f32), prod), f32)
-        acc[0] = acc[0] / (T.float32(1) + T.exp(-acc[0]))
-        acc[0] = T.cast(T.cast(acc[0], io_dtype), f32)
+    def conv_value(k, tokv, oldv, wv, biasv):
+        """The conv update's value (before SiLU) of the thread's channel ``k`` from its loaded pool row, token,
+        weights and bias: products in ``prod``, summed in fp32 from the bias."""
+        v = T.cast(biasv[k], f32) if has_bias else T.float32(0)
+        for j in range(W - 1):
+            v = v + T.cast(T.cast(T.cast(oldv[k * (W - 1) + j], f32) * T.cast(wv[k * W + j], f32), prod), f32)
+        return v + T.cast(T.cast(T.cast(tokv[k], f32) * T.cast(wv[k * W + W - 1], f32), prod), f32)
 
     @T.prim_func
     def mamba2_decode_step(
@@ -119,11 +114,16 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
             cv = T.alloc_local((NV * VEC,), f32)
             xv = T.alloc_local((R,), f32)
             zv = T.alloc_local((R,), f32)
-            Av = T.alloc_local((1,), f32)
+            Av = T.alloc_local((2,), f32)  # A, D
             dtv = T.alloc_local((2,), f32)
             acc = T.alloc_local((R,), f32)
             cacc = T.alloc_local((1,), f32)
             old = T.alloc_local((W - 1,), io_dtype)
+            ci = T.alloc_local((KC,), i32)  # the thread's conv channels, their token, pool row, weights, bias
+            tokv = T.alloc_local((KC,), io_dtype)
+            oldv = T.alloc_local((KC * (W - 1),), io_dtype)
+            wv = T.alloc_local((KC * W,), weight_dtype)
+            biasv = T.alloc_local((KC,), bias_dtype)
             yl = T.alloc_local((FB,), f32)
             zl = T.alloc_local((FB,), f32)
             wl = T.alloc_local((FB,), f32)
@@ -154,28 +154,47 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                 for k in T.unroll(NS):
                     raw[k] = T.cast(T.float32(0), state_dtype)
             Av[0] = A[h]
+            if has_D:
+                Av[1] = T.cast(D[h], f32)
             dtv[0] = T.cast(dt[b, h], f32)
             if has_dt_bias:
                 dtv[0] = dtv[0] + T.cast(dt_bias[h], f32)
             for r in T.unroll(R):
                 zv[r] = T.cast(z[b, h * P + pb * BP + r * RP + rg], f32)
             # the conv, each of the CTA's channels by one thread: an x channel's conv-pool row is read by this
-            # thread alone (written at once); B and C rows by every CTA of the group (the last one writes them)
-            for k in T.unroll((CH + TH - 1) // TH):
+            # thread alone (written at once); B and C rows by every CTA of the group (the last one writes them).
+            # Every pass's loads are issued before any value is computed (a thread past the last channel reads
+            # the last one and stores nothing)
+            for k in T.unroll(KC):
+                j = T.min(k * TH + tx, CH - 1)
+                bc = T.if_then_else(j < BP + N, hp + g * N + j - BP, hp + G * N + g * N + j - BP - N)
+                ci[k] = T.if_then_else(j < BP, h * P + pb * BP + j, bc)
+                tokv[k] = xBC[b, ci[k]]
+                for i in T.unroll(W):
+                    wv[k * W + i] = conv_weight[ci[k], i]
+                if has_bias:
+                    biasv[k] = conv_bias[ci[k]]
+            if live:
+                for k in T.unroll(KC):
+                    for i in T.unroll(W - 1):
+                        oldv[k * (W - 1) + i] = conv_state[slot, ci[k], i]
+            for k in T.unroll(KC):
                 j = k * TH + tx
-                if j < CH:
-                    bc = T.if_then_else(j < BP + N, hp + g * N + j - BP, hp + G * N + g * N + j - BP - N)
-                    c = T.if_then_else(j < BP, h * P + pb * BP + j, bc)
-                    if live:
-                        conv_value(cacc, old, xBC, conv_state, conv_weight, conv_bias, b, c, slot)
-                        if j < BP:
-                            if W > 2:
-                                for i in T.unroll(W - 2):
-                                    conv_state[slot, c, i] = old[i + 1]
-                            conv_state[slot, c, W - 2] = xBC[b, c]
-                        chan[j] = cacc[0]
-                    else:
-                        chan[j] = T.cast(xBC[b, c], f32)
+                if live:
+                    cacc[0] = conv_value(k, tokv, oldv, wv, biasv)
+                    cacc[0] = cacc[0] / (T.float32(1) + T.exp(-cacc[0]))
+                    cacc[0] = T.cast(T.cast(cacc[0], io_dtype), f32)
+                    if k * TH < BP and j < BP:
+                        if W > 2:
+                            for i in T.unroll(W - 2):
+                                conv_state[slot, ci[k], i] = oldv[k * (W - 1) + i + 1]
+                        conv_state[slot, ci[k], W - 2] = tokv[k]
+                else:
+                    cacc[0] = T.cast(tokv[k], f32)
+                if (k + 1) * TH <= CH:
+                    chan[j] = cacc[0]
+                elif j < CH:
+                    chan[j] = cacc[0]
             T.sync_threads()
             for r in T.unroll(R):
                 xv[r] = chan[r * RP + rg]
@@ -197,7 +216,7 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                     col = h * P + pb * BP + r * RP + rg
                     y = acc[r]
                     if has_D:
-                        y = y + T.cast(D[h], f32) * xv[r]
+                        y = y + Av[1] * xv[r]
                     yq = T.cast(T.cast(y, io_dtype), f32)
                     y_ws[b, col] = yq
                     hv = yq * (zv[r] / (T.float32(1) + T.exp(-zv[r])))
