@@ -62,6 +62,9 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
     GS = HPN * P  # features per norm group
     CH = BP + 2 * N  # conv channels per CTA: its x rows, the group's B and C
     KC = (CH + TH - 1) // TH  # of them, per thread
+    # 2-byte states: the SSU one-token kernel's occupancy, 1024 threads per SM (Nemotron-H: 64 registers, no
+    # spill; 80 without it, 6 CTAs per SM); an fp32 state would spill under it
+    MIN_BLOCKS = 1024 // TH if state_dtype in ("bfloat16", "float16") else 0
     if TH % 32:
         raise ValueError(f"tiling: {TH} threads are not whole warps")
     NF = (GS + TH - 1) // TH  # features per thread in the norm group's last CTA
@@ -108,6 +111,8 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
     ):
         pool = ops.aligned(ssm_state, vector_state)
         with T.Kernel(NB, H, Bt, threads=TH) as (pb, h, b):
+            if MIN_BLOCKS:
+                T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             tx = T.get_thread_binding()
             raw = T.alloc_local((NS,), state_dtype)
             bv = T.alloc_local((NV * VEC,), f32)
