@@ -60,6 +60,15 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                   vector_state=vector_state, transposed=False)  # fmt: skip
     VEC, NV, L, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
     GS = HPN * P  # features per norm group
+    CH = BP + 2 * N  # conv channels per CTA: its x rows, the group's B and C
+    KC = (CH + TH - 1) // TH  # of them, per thread
+    # 2-byte states: the SSU one-token kernel's occupancy, 1024 threads per SM (Nemotron-H: 64 registers, no
+    # spill; 80 without it, 6 CTAs per SM); an fp32 state would spill under it
+    MIN_BLOCKS = 1024 // TH if state_dtype in ("bfloat16", "float16") else 0
+    if TH % 32:
+        raise ValueError(f"tiling: {TH} threads are not whole warps")
+    NF = (GS + TH - 1) // TH  # features per thread in the norm group's last CTA
+    FB = min(NF, 8)  # of them, those whose loads are issued together
     CPG = HPN * NB  # CTAs per norm group
     CPS = HPG * NB  # CTAs per SSM group
     # the conv's products are rounded to the promoted dtype of pool and weight (fp32 when they differ)
@@ -71,19 +80,13 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
     )
     sc0, sc1, sc2, ss0 = T.dynamic("sc0, sc1, sc2, ss0", i64)
 
-    @T.macro
-    def conv_value(acc, old, xBC, conv_state, conv_weight, conv_bias, b, c, slot):
-        """acc = the conv update's value of channel ``c`` (fp32, rounded through the io dtype), old = its W - 1 pool
-        columns (the caller writes the shifted row)."""
-        tok = xBC[b, c]
-        for j in T.unroll(W - 1):
-            old[j] = conv_state[slot, c, j]
-        acc[0] = T.cast(conv_bias[c], f32) if has_bias else T.float32(0)
-        for j in T.unroll(W - 1):
-            acc[0] = acc[0] + T.cast(T.cast(T.cast(old[j], f32) * T.cast(conv_weight[c, j], f32), prod), f32)
-        acc[0] = acc[0] + T.cast(T.cast(T.cast(tok, f32) * T.cast(conv_weight[c, W - 1], f32), prod), f32)
-        acc[0] = acc[0] / (T.float32(1) + T.exp(-acc[0]))
-        acc[0] = T.cast(T.cast(acc[0], io_dtype), f32)
+    def conv_value(k, tokv, oldv, wv, biasv):
+        """The conv update's value (before SiLU) of the thread's channel ``k`` from its loaded pool row, token,
+        weights and bias: products in ``prod``, summed in fp32 from the bias."""
+        v = T.cast(biasv[k], f32) if has_bias else T.float32(0)
+        for j in range(W - 1):
+            v = v + T.cast(T.cast(T.cast(oldv[k * (W - 1) + j], f32) * T.cast(wv[k * W + j], f32), prod), f32)
+        return v + T.cast(T.cast(T.cast(tokv[k], f32) * T.cast(wv[k * W + W - 1], f32), prod), f32)
 
     @T.prim_func
     def mamba2_decode_step(
@@ -108,20 +111,30 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
     ):
         pool = ops.aligned(ssm_state, vector_state)
         with T.Kernel(NB, H, Bt, threads=TH) as (pb, h, b):
+            if MIN_BLOCKS:
+                T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             tx = T.get_thread_binding()
-            s = T.alloc_local((NS,), f32)
             raw = T.alloc_local((NS,), state_dtype)
-            buf = T.alloc_local((VEC,), state_dtype)
             bv = T.alloc_local((NV * VEC,), f32)
             cv = T.alloc_local((NV * VEC,), f32)
             xv = T.alloc_local((R,), f32)
-            Av = T.alloc_local((1,), f32)
+            zv = T.alloc_local((R,), f32)
+            Av = T.alloc_local((2,), f32)  # A, D
             dtv = T.alloc_local((2,), f32)
             acc = T.alloc_local((R,), f32)
             cacc = T.alloc_local((1,), f32)
             old = T.alloc_local((W - 1,), io_dtype)
-            oldx = T.alloc_local((R * (W - 1),), io_dtype)
+            ci = T.alloc_local((KC,), i32)  # the thread's conv channels, their token, pool row, weights, bias
+            tokv = T.alloc_local((KC,), io_dtype)
+            oldv = T.alloc_local((KC * (W - 1),), io_dtype)
+            wv = T.alloc_local((KC * W,), weight_dtype)
+            biasv = T.alloc_local((KC,), bias_dtype)
+            yl = T.alloc_local((FB,), f32)
+            zl = T.alloc_local((FB,), f32)
+            wl = T.alloc_local((FB,), f32)
+            chan = T.alloc_shared((CH,), f32)  # the CTA's conv outputs: its x rows, then the group's B, then C
             red = T.alloc_shared((RP,), f32)
+            wsum = T.alloc_shared((TH // 32,), f32)
             flag = T.alloc_shared((2,), i32)
             part = T.alloc_var(f32)
             total = T.alloc_var(f32)
@@ -139,51 +152,68 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
             hp = H * P
             slot = T.cast(slots[b], i64)
             live = T.And(slot != pad, T.And(slot >= 0, T.And(slot < T.cast(S1, i64), slot < T.cast(S2, i64))))
-            # the conv of the CTA's x channels; every lane of a row filters it, so the row's new conv-pool row is
-            # written (by its lane 0) only once the CTA has read every old one
-            for r in T.unroll(R):
-                c = h * P + pb * BP + r * RP + rg
-                if live:
-                    conv_value(cacc, old, xBC, conv_state, conv_weight, conv_bias, b, c, slot)
-                    xv[r] = cacc[0]
-                    for j in T.unroll(W - 1):
-                        oldx[r * (W - 1) + j] = old[j]
-                else:
-                    xv[r] = T.cast(xBC[b, c], f32)
-            T.sync_threads()
-            if live and lane == 0:
-                for r in T.unroll(R):
-                    c = h * P + pb * BP + r * RP + rg
-                    if W > 2:
-                        for i in T.unroll(W - 2):
-                            conv_state[slot, c, i] = oldx[r * (W - 1) + i + 1]
-                    conv_state[slot, c, W - 2] = xBC[b, c]
-            # the group's B and C (read only here: the group's last CTA writes their conv-pool rows)
-            for v in T.unroll(NV):
-                for i in T.unroll(VEC):
-                    n = (v * L + lane) * VEC + i
-                    cb = hp + g * N + n
-                    cc = hp + G * N + g * N + n
-                    if live:
-                        conv_value(cacc, old, xBC, conv_state, conv_weight, conv_bias, b, cb, slot)
-                        bv[v * VEC + i] = cacc[0]
-                        conv_value(cacc, old, xBC, conv_state, conv_weight, conv_bias, b, cc, slot)
-                        cv[v * VEC + i] = cacc[0]
-                    else:
-                        bv[v * VEC + i] = T.cast(xBC[b, cb], f32)
-                        cv[v * VEC + i] = T.cast(xBC[b, cc], f32)
-            # the SSU step (tied dt, A, D per head), a sentinel's state zero
+            # the state's loads first: in flight during the conv (a sentinel's state is zero)
+            if live:
+                ops.fetch_state(raw, pool, slot, h, pb, tx)
+            else:
+                for k in T.unroll(NS):
+                    raw[k] = T.cast(T.float32(0), state_dtype)
             Av[0] = A[h]
+            if has_D:
+                Av[1] = T.cast(D[h], f32)
             dtv[0] = T.cast(dt[b, h], f32)
             if has_dt_bias:
                 dtv[0] = dtv[0] + T.cast(dt_bias[h], f32)
+            for r in T.unroll(R):
+                zv[r] = T.cast(z[b, h * P + pb * BP + r * RP + rg], f32)
+            # the conv, each of the CTA's channels by one thread: an x channel's conv-pool row is read by this
+            # thread alone (written at once); B and C rows by every CTA of the group (the last one writes them).
+            # Every pass's loads are issued before any value is computed (a thread past the last channel reads
+            # the last one and stores nothing)
+            for k in T.unroll(KC):
+                j = T.min(k * TH + tx, CH - 1)
+                bc = T.if_then_else(j < BP + N, hp + g * N + j - BP, hp + G * N + g * N + j - BP - N)
+                ci[k] = T.if_then_else(j < BP, h * P + pb * BP + j, bc)
+                tokv[k] = xBC[b, ci[k]]
+                for i in T.unroll(W):
+                    wv[k * W + i] = conv_weight[ci[k], i]
+                if has_bias:
+                    biasv[k] = conv_bias[ci[k]]
+            if live:
+                for k in T.unroll(KC):
+                    for i in T.unroll(W - 1):
+                        oldv[k * (W - 1) + i] = conv_state[slot, ci[k], i]
+            for k in T.unroll(KC):
+                j = k * TH + tx
+                if live:
+                    cacc[0] = conv_value(k, tokv, oldv, wv, biasv)
+                    cacc[0] = cacc[0] / (T.float32(1) + T.exp(-cacc[0]))
+                    cacc[0] = T.cast(T.cast(cacc[0], io_dtype), f32)
+                    if k * TH < BP and j < BP:
+                        if W > 2:
+                            for i in T.unroll(W - 2):
+                                conv_state[slot, ci[k], i] = oldv[k * (W - 1) + i + 1]
+                        conv_state[slot, ci[k], W - 2] = tokv[k]
+                else:
+                    cacc[0] = T.cast(tokv[k], f32)
+                if (k + 1) * TH <= CH:
+                    chan[j] = cacc[0]
+                elif j < CH:
+                    chan[j] = cacc[0]
+            T.sync_threads()
+            for r in T.unroll(R):
+                xv[r] = chan[r * RP + rg]
+            for v in T.unroll(NV):
+                n0 = (v * L + lane) * VEC
+                for i in T.vectorized(VEC):
+                    bv[v * VEC + i] = chan[BP + n0 + i]
+                for i in T.vectorized(VEC):
+                    cv[v * VEC + i] = chan[BP + N + n0 + i]
+            # the SSU step (tied dt, A, D per head), each value narrowed back at once (as the SSU's pack_early)
             ops.apply_softplus(dtv, 1, FLAG_SOFTPLUS)
+            ops.recur_and_reduce(raw, Av, acc, xv, dtv, bv, cv, tx, True)
             if live:
-                ops.fetch_state(raw, pool, slot, h, pb, tx)
-            ops.convert_state(s, raw, live)
-            ops.recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx)
-            if live:
-                ops.store_state(s, buf, pool, slot, h, pb, tx)
+                ops.store_raw(raw, pool, slot, h, pb, tx)
             # y (rounded as the SSU's out), its row of the workspace, the CTA's partial sum of squares
             part = T.float32(0)
             if lane == 0:
@@ -191,11 +221,10 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                     col = h * P + pb * BP + r * RP + rg
                     y = acc[r]
                     if has_D:
-                        y = y + T.cast(D[h], f32) * xv[r]
+                        y = y + Av[1] * xv[r]
                     yq = T.cast(T.cast(y, io_dtype), f32)
                     y_ws[b, col] = yq
-                    zf = T.cast(z[b, col], f32)
-                    hv = yq * (zf / (T.float32(1) + T.exp(-zf)))
+                    hv = yq * (zv[r] / (T.float32(1) + T.exp(-zv[r])))
                     part = part + hv * hv
                 red[rg] = part
             T.sync_threads()
@@ -214,20 +243,36 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                 flag[1] = T.if_then_else(prev2 == CPS - 1, 1, 0)
             T.sync_threads()
             if flag[0] != 0:
-                # the norm group's last CTA: the group's sum in a fixed order, then its features
+                # the norm group's last CTA: the group's sum in a fixed order (each thread's strided partials, then
+                # a butterfly per warp, then the warps in order), then its features FB at a time per thread (their
+                # loads issued together)
                 T.call_extern("handle", "__threadfence")
                 total = T.float32(0)
-                for k in T.serial(CPG):
-                    total = total + T.atomic_load(partials[(b * NG + ng) * CPG + k], memory_order="relaxed")
+                for k in T.serial((CPG + TH - 1) // TH):
+                    if k * TH + tx < CPG:
+                        total = total + T.atomic_load(partials[(b * NG + ng) * CPG + k * TH + tx],
+                                                      memory_order="relaxed")  # fmt: skip
+                for j in T.unroll(5):
+                    total = total + T.shfl_xor(total, 16 >> j)
+                if tx % 32 == 0:
+                    wsum[tx // 32] = total
+                T.sync_threads()
+                total = T.float32(0)
+                for k in T.unroll(TH // 32):
+                    total = total + wsum[k]
                 rstd = T.rsqrt(total / T.float32(GS) + eps)
-                for k in T.serial((GS + TH - 1) // TH):
-                    f = k * TH + tx
-                    if f < GS:
-                        col = ng * GS + f
-                        yq = T.atomic_load(y_ws[b, col], memory_order="relaxed")
-                        zf = T.cast(z[b, col], f32)
-                        hv = yq * (zf / (T.float32(1) + T.exp(-zf)))
-                        out[b, col] = T.cast(hv * rstd * T.cast(norm_weight[col], f32), io_dtype)
+                for k in T.serial((NF + FB - 1) // FB):
+                    for i in T.unroll(FB):
+                        # past the group's end (a partial last pass) its last feature is read, nothing written
+                        col = ng * GS + T.min((k * FB + i) * TH + tx, GS - 1)
+                        yl[i] = T.atomic_load(y_ws[b, col], memory_order="relaxed")
+                        zl[i] = T.cast(z[b, col], f32)
+                        wl[i] = T.cast(norm_weight[col], f32)
+                    for i in T.unroll(FB):
+                        f = (k * FB + i) * TH + tx
+                        if f < GS:
+                            hv = yl[i] * (zl[i] / (T.float32(1) + T.exp(-zl[i])))
+                            out[b, ng * GS + f] = T.cast(hv * rstd * wl[i], io_dtype)
                 if tx == 0:
                     counters[b * NG + ng] = 0
             if flag[1] != 0:
