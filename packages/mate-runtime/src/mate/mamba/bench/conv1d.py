@@ -190,15 +190,8 @@ DESCRIPTION = (
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mate-mamba bench conv1d", description=DESCRIPTION)
-    ap.add_argument(
-        "--out", default="bench-results", metavar="DIR",
-        help="directory the report is written to (default: %(default)s)",
-    )  # fmt: skip
-    ap.add_argument("--name", default="conv1d", help="file name of the report, without suffix (default: %(default)s)")
-    ap.add_argument(
-        "--impls", type=lambda v: arglists.names(v, IMPLS, "implementations"), default=list(IMPLS), metavar="LIST",
-        help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(IMPLS)})",
-    )  # fmt: skip
+    arglists.add_report(ap, "conv1d")
+    arglists.add_impls(ap, IMPLS)
     ap.add_argument(
         "--ops", type=lambda v: arglists.names(v, ("update", "fn"), "ops"), default=["update", "fn"],
         metavar="LIST", help="comma list of the entry points to time, of update, fn (default: update,fn)",
@@ -214,13 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"served at) or all: only those. Cases: {', '.join(SSD_CASES)} (default: all; with --quick, its case)",
     )  # fmt: skip
     ap.add_argument("--list", action="store_true", help="print the cells the options select, and exit (no device)")
-    ap.add_argument(
-        "--replays", type=int, default=10, metavar="N", help="graph replays per timed sample (default: %(default)s)"
-    )
-    ap.add_argument(
-        "--repeats", type=int, default=5, metavar="N",
-        help="timed samples per implementation and cell; the median is reported (default: %(default)s)",
-    )  # fmt: skip
+    arglists.add_timing(ap, replays=10)
     return ap
 
 

@@ -23,6 +23,7 @@ import sys
 from typing import NamedTuple
 
 import torch
+from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, write_report
 from mate.mamba.bench.shapes import SSD_CASES, SSDCase
 from mate.mamba.bench.ssd import parse_models
@@ -150,11 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"comma list of per-rank cases or models (default: {DEFAULT_CASE})")  # fmt: skip
     ap.add_argument("--batches", type=_batches, default=list(BATCHES), metavar="LIST",
                     help=f"comma list of batch sizes (default: {','.join(map(str, BATCHES))})")  # fmt: skip
-    ap.add_argument("--out", default="bench-results", help="report directory (default: %(default)s)")
-    ap.add_argument("--name", default="layer", help="report file name stem (default: %(default)s)")
+    arglists.add_report(ap, "layer")
     ap.add_argument("--list", action="store_true", help="print the cells the options select, and exit (no device)")
-    ap.add_argument("--replays", type=int, default=10, metavar="N", help="graph replays per sample (default: 10)")
-    ap.add_argument("--repeats", type=int, default=5, metavar="N", help="timed samples; the median (default: 5)")
+    arglists.add_timing(ap, replays=10)
     return ap
 
 

@@ -343,19 +343,8 @@ DESCRIPTION = (
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mate-mamba bench norm", description=DESCRIPTION)
-    ap.add_argument(
-        "--out",
-        default="bench-results",
-        metavar="DIR",
-        help="directory the report is written to (default: %(default)s)",
-    )
-    ap.add_argument("--name", default="norm", help="file name of the report, without suffix (default: %(default)s)")
-    ap.add_argument(
-        "--impls", type=lambda v: arglists.names(v, IMPLS, "implementations"), default=list(DEFAULT_IMPLS),
-        metavar="LIST",
-        help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(DEFAULT_IMPLS)}; "
-        "vllm-compiled compiles once per case)",
-    )  # fmt: skip
+    arglists.add_report(ap, "norm")
+    arglists.add_impls(ap, IMPLS, DEFAULT_IMPLS, note="; vllm-compiled compiles once per case")
     ap.add_argument(
         "--quick", action="store_true",
         help=f"only {', '.join(QUICK_SHAPES)} at {','.join(map(str, QUICK_TOKENS))} tokens",
@@ -374,13 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of x / z / weight dtypes, of bf16, fp16 (default: bf16)",
     )  # fmt: skip
     ap.add_argument("--list", action="store_true", help="print the selected cases and exit (no device needed)")
-    ap.add_argument(
-        "--replays", type=int, default=20, metavar="N", help="graph replays per timed sample (default: %(default)s)"
-    )
-    ap.add_argument(
-        "--repeats", type=int, default=5, metavar="N",
-        help="timed samples per implementation and case; the median is reported (default: %(default)s)",
-    )  # fmt: skip
+    arglists.add_timing(ap, replays=20)
     return ap
 
 

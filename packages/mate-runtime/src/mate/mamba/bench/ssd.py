@@ -354,15 +354,8 @@ DESCRIPTION = (
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mate-mamba bench ssd", description=DESCRIPTION)
-    ap.add_argument(
-        "--out", default="bench-results", metavar="DIR",
-        help="directory the report is written to (default: %(default)s)",
-    )  # fmt: skip
-    ap.add_argument("--name", default="ssd", help="file name of the report, without suffix (default: %(default)s)")
-    ap.add_argument(
-        "--impls", type=lambda v: arglists.names(v, IMPLS, "implementations"), default=list(IMPLS), metavar="LIST",
-        help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(IMPLS)})",
-    )  # fmt: skip
+    arglists.add_report(ap, "ssd")
+    arglists.add_impls(ap, IMPLS)
     ap.add_argument(
         "--quick", action="store_true",
         help="the headline case (nemotron-h-8b-tp1) at 1x8192 and 32x512 tokens, chunk sizes 128 and 256, only",
@@ -387,13 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pool", choices=tuple(POOL_DTYPES), default=None,
         help="MATE reads and writes its states in a block-scaled pool of this dtype (vLLM: fp32 states)",
     )  # fmt: skip
-    ap.add_argument(
-        "--replays", type=int, default=10, metavar="N", help="graph replays per timed sample (default: %(default)s)"
-    )
-    ap.add_argument(
-        "--repeats", type=int, default=5, metavar="N",
-        help="timed samples per implementation and case; the median is reported (default: %(default)s)",
-    )  # fmt: skip
+    arglists.add_timing(ap, replays=10)
     return ap
 
 

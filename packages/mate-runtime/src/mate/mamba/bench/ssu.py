@@ -219,11 +219,6 @@ IMPLS = ("mate", "vllm", "flashinfer")
 PEERS = ("vllm", "flashinfer")
 
 
-def parse_impls(text: str) -> list[str]:
-    """The ``--impls`` list: names of :data:`IMPLS`, comma-separated (argparse reports a bad one in one line)."""
-    return arglists.names(text, IMPLS, "implementations")
-
-
 def load_impls(names: list[str], pdl: bool = False) -> tuple[dict, dict]:
     """({name: call}, {name: why skipped}); ``pdl``: the ``mate+pdl`` column too, right after ``mate``."""
     impls, skipped = {}, {}
@@ -453,15 +448,8 @@ DESCRIPTION = (
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mate-mamba bench ssu", description=DESCRIPTION)
-    ap.add_argument(
-        "--out", default="bench-results", metavar="DIR",
-        help="directory the report is written to (default: %(default)s)",
-    )  # fmt: skip
-    ap.add_argument("--name", default="ssu", help="file name of the report, without suffix (default: %(default)s)")
-    ap.add_argument(
-        "--impls", type=parse_impls, default=list(IMPLS), metavar="LIST",
-        help=f"comma list of the implementations to time, of {', '.join(IMPLS)} (default: {','.join(IMPLS)})",
-    )  # fmt: skip
+    arglists.add_report(ap, "ssu")
+    arglists.add_impls(ap, IMPLS)
     ap.add_argument(
         "--pdl", action="store_true",
         help="one more MATE column, mate+pdl: the kernels with programmatic dependent launch (run under "
@@ -486,13 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time each call after a kernel that rewrites its inputs (the place of a conv1d in a decode step), "
         "and that kernel alone in the same rounds",
     )  # fmt: skip
-    ap.add_argument(
-        "--replays", type=int, default=20, metavar="N", help="graph replays per timed sample (default: %(default)s)"
-    )
-    ap.add_argument(
-        "--repeats", type=int, default=5, metavar="N",
-        help="timed samples per implementation and case; the median is reported (default: %(default)s)",
-    )  # fmt: skip
+    arglists.add_timing(ap, replays=20)
     ap.add_argument(
         "--accuracy", type=int, default=None, metavar="STEPS",
         help="instead of timing: the error each state format (MATE's float and block-scaled ones, FlashInfer's "
