@@ -48,6 +48,16 @@ class CallTemplate:
             t.rules.append((f.name, *rule))
         return t
 
+    @classmethod
+    def launcher(cls, call, sources: dict | None, launch, fresh: tuple[str, ...] = ()):
+        """The dispatcher's launcher for calls of ``call``'s metadata: ``tensors -> launch(call rebuilt from
+        them)``; None without ``sources`` (the caller's keyed tensors by name) or for a call whose fields are not
+        derived from them."""
+        if sources is None:
+            return None
+        template = cls.of(call, tuple(sources.values()), fresh=fresh)
+        return None if template is None else lambda tensors: launch(template.rebuild(tensors))
+
     def rebuild(self, tensors: tuple):
         """The call with ``tensors`` (the same keyed order as the sources the template was made from)."""
         fields = dict(self.fixed)

@@ -33,7 +33,7 @@ def run_update(call: Conv1dUpdateCall, sources: dict | None = None):
         sources = None
     launch = _launcher(call, spec_update, args_update)
     launch(call)
-    return call.result, _replay(call, sources, launch, lambda c: c.result)
+    return call.result, CallTemplate.launcher(call, sources, _returning(launch, "result"))
 
 
 def run_fn(call: Conv1dFnCall, sources: dict | None = None):
@@ -45,7 +45,7 @@ def run_fn(call: Conv1dFnCall, sources: dict | None = None):
     if spec_fn(call) is None and call.x.shape[1]:
         launch = _zero_out  # no sequence: every token is outside one
     launch(call)
-    return call.out, _replay(call, sources, launch, lambda c: c.out, fresh=("out",))
+    return call.out, CallTemplate.launcher(call, sources, _returning(launch, "out"), fresh=("out",))
 
 
 def _launcher(call, spec_of, args_of):
@@ -67,23 +67,18 @@ def _launcher(call, spec_of, args_of):
     return launch
 
 
+def _returning(launch, field: str):
+    """``launch`` returning the launched call's ``field`` (what the op returns)."""
+
+    def run(c):
+        launch(c)
+        return getattr(c, field)
+
+    return run
+
+
 def _zero_out(call: Conv1dFnCall) -> None:
     call.out.zero_()
-
-
-def _replay(call, sources, launch, result_of, fresh=()):
-    if sources is None:
-        return None
-    template = CallTemplate.of(call, tuple(sources.values()), fresh=fresh)
-    if template is None:
-        return None
-
-    def replay(tensors):
-        c = template.rebuild(tensors)
-        launch(c)
-        return result_of(c)
-
-    return replay
 
 
 def serving_specs(*, dim, width, io_dtype, state_dtype, weight_dtype, index_dtype, has_bias, silu) -> list:

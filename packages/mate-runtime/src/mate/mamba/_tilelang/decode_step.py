@@ -51,13 +51,7 @@ def run(call: DecodeStepCall, sources: dict | None = None):
         check_index_data(call)
         sources = None
     specs: dict = {}  # vector state accesses allowed? -> spec
-    result = _launch(call, specs)
-    if sources is None:
-        return result, None
-    template = CallTemplate.of(call, tuple(sources.values()), fresh=("out",))
-    if template is None:
-        return result, None
-    return result, lambda tensors: _launch(template.rebuild(tensors), specs)
+    return _launch(call, specs), CallTemplate.launcher(call, sources, lambda c: _launch(c, specs), fresh=("out",))
 
 
 def _launch(call: DecodeStepCall, specs: dict) -> torch.Tensor:

@@ -24,13 +24,7 @@ def run(call: NormCall, sources: dict | None = None):
     the caller's tensors or views of them) runs a call of the same metadata from the caller's tensors, the spec
     chosen here reused (chosen again when the pointers' alignment differs)."""
     specs: dict = {}  # vector accesses allowed? -> spec
-    result = _launch(call, specs)
-    if sources is None:
-        return result, None
-    template = CallTemplate.of(call, tuple(sources.values()), fresh=("out",))
-    if template is None:
-        return result, None
-    return result, lambda tensors: _launch(template.rebuild(tensors), specs)
+    return _launch(call, specs), CallTemplate.launcher(call, sources, lambda c: _launch(c, specs), fresh=("out",))
 
 
 def _launch(call: NormCall, specs: dict) -> torch.Tensor:

@@ -33,11 +33,7 @@ def run(call: ReplayCall, sources: dict | None = None):
     checked = settings.get("MATE_CHECK_INPUTS")
     if checked and not is_capturing(call.state.device):
         check_replay_data(call)
-    result = _launch(call)
-    if sources is None or checked:
-        return result, None
-    template = CallTemplate.of(call, tuple(sources.values()))
-    return result, None if template is None else (lambda tensors: _launch(template.rebuild(tensors)))
+    return _launch(call), CallTemplate.launcher(call, None if checked else sources, _launch)
 
 
 def _launch(call: ReplayCall) -> torch.Tensor:

@@ -64,12 +64,8 @@ def run(call: SSDCall, sources: dict | None = None):
         check_index_data(call)  # reads the tables back (a sync): the debugging mode only
     prepared: dict = {}  # pointer alignment -> _Launch
     result = _launch(call, prepared)
-    if sources is None or checked:
-        return result, None
-    template = CallTemplate.of(call, tuple(sources.values()), fresh=("out",))
-    if template is None:
-        return result, None
-    return result, lambda tensors: _launch(template.rebuild(tensors), prepared)
+    return result, CallTemplate.launcher(call, None if checked else sources, lambda c: _launch(c, prepared),
+                                         fresh=("out",))  # fmt: skip
 
 
 def _launch(call: SSDCall, prepared: dict) -> torch.Tensor | None:
