@@ -170,3 +170,15 @@ def test_workspace_grows_and_reuses():
     assert ws.allocations == 2 and d.data_ptr() == c.data_ptr()
     ws.get("k", "buf", (4,), torch.int32, "cpu")  # another dtype is another buffer
     assert ws.allocations == 3
+
+
+def test_zeroed_workspace_is_zero_when_allocated_and_kept_as_left():
+    """``zeroed``: a new (or grown) buffer starts at zero; a reused one holds what the last user left (the decode
+    step's counters rely on both: zeroed once, left zero by every launch)."""
+    ws = Workspace()
+    a = ws.get("k", "counters", (8,), torch.int32, "cpu", zeroed=True)
+    assert not a.any()
+    a[3] = 7
+    assert int(ws.get("k", "counters", (8,), torch.int32, "cpu", zeroed=True)[3]) == 7
+    grown = ws.get("k", "counters", (64,), torch.int32, "cpu", zeroed=True)
+    assert ws.allocations == 2 and not grown.any()

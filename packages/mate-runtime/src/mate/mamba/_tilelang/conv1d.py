@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 from mate.mamba._contract.conv1d import Conv1dFnCall, Conv1dUpdateCall, check_fn_data, check_update_data
+from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import is_capturing, tilelang_target
@@ -86,8 +87,7 @@ def serving_specs(*, dim, width, io_dtype, state_dtype, weight_dtype, index_dtyp
     the update's forms (one token, MTP dense and packed; the result into x or a caller's out), each in its vector
     and scalar form."""
     del dim  # a runtime dimension
-    n = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.int32: "int32",
-         torch.int64: "int64"}  # fmt: skip
+    n = DTYPE_NAMES
     common = dict(width=width, x_dtype=n[io_dtype], state_dtype=n[state_dtype], weight_dtype=n[weight_dtype],
                   bias_dtype=n[weight_dtype], has_bias=has_bias, silu=silu)  # fmt: skip
     idx = n[index_dtype]

@@ -9,8 +9,6 @@ concurrently on different streams of one device.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from mate.mamba._contract.decode_step import DecodeStepCall, check_index_data
 from mate.mamba._contract.dtypes import DTYPE_NAMES
@@ -25,22 +23,11 @@ PREWARM_HINT = "mate.mamba.prewarm_mamba2_decode_step(heads=..., dim=..., dstate
 kernel, _kernels = kernel_lookup(PREWARM_HINT)  # kernel(spec, device), and its memo (spec -> kernel)
 
 MIN_COUNTERS = 1 << 16  # int32 counters first allocated (256 KB): 4096 sequences at 8 + 8 groups
-_counters: dict = {}  # device -> the zeroed counters (a smaller one retired, never freed: a graph may hold it)
-_retired: list = []
-_lock = threading.Lock()
 
 
 def counters(n: int, device: torch.device) -> torch.Tensor:
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < n:
-        with _lock:
-            buf = _counters.get(device)
-            if buf is None or buf.numel() < n:
-                if buf is not None:
-                    _retired.append(buf)
-                buf = _counters[device] = torch.zeros(max(n, MIN_COUNTERS, 0 if buf is None else 2 * buf.numel()),
-                                                      dtype=torch.int32, device=device)  # fmt: skip
-    return buf
+    """The hand-over counters (at least ``n``), zeroed when allocated; the kernel leaves them zero."""
+    return WORKSPACE.get("decode_step", "counters", (max(n, MIN_COUNTERS),), torch.int32, device, zeroed=True)
 
 
 def run(call: DecodeStepCall, sources: dict | None = None):

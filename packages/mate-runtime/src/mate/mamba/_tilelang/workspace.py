@@ -26,8 +26,10 @@ class Workspace:
     lock: threading.Lock = field(default_factory=threading.Lock)
     allocations: int = 0  # how many buffers were ever allocated (tests read it)
 
-    def get(self, key: Hashable, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
-        """A ``shape`` view of the kept buffer for (key, name, dtype, device); contents are undefined."""
+    def get(self, key: Hashable, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+            zeroed: bool = False):  # fmt: skip
+        """A ``shape`` view of the kept buffer for (key, name, dtype, device); contents are undefined, or with
+        ``zeroed`` zero when the buffer is allocated (for scratch its kernels leave zero, e.g. counters)."""
         need = math.prod(shape)
         k = (key, name, dtype, torch.device(device))
         buf = self.buffers.get(k)
@@ -36,7 +38,7 @@ class Workspace:
                 buf = self.buffers.get(k)
                 if buf is None or buf.numel() < need:
                     size = max(need, 1) if buf is None else max(need, 2 * buf.numel())
-                    new = torch.empty(size, dtype=dtype, device=device)
+                    new = (torch.zeros if zeroed else torch.empty)(size, dtype=dtype, device=device)
                     self.allocations += 1
                     if buf is not None:
                         self.retired.append(buf)
