@@ -57,6 +57,28 @@ def _tap_sum(T, *, W: int, prod_dtype: str):
     return tap_sum
 
 
+def _load_params(T, *, V: int, W: int, has_bias: bool):
+    """The macro loading channels ``[c, c + V)``'s weights into ``rw`` (and, widened, ``wv``: channel ``v``'s taps at
+    ``v * W``) and their bias into ``rb``; the vector form reads a dense weight as one run of ``V * W`` values."""
+
+    @T.macro
+    def load_params(weight, bias, rw, wv, rb, c, D):
+        if V == 1:
+            for j in T.unroll(W):
+                rw[j] = weight[c, j]
+        else:
+            wflat = T.view(weight, shape=(D * W,))
+            for e in T.vectorized(V * W):
+                rw[e] = wflat[c * W + e]
+        for e in T.unroll(V * W):
+            wv[e] = T.cast(rw[e], "float32")
+        if has_bias:
+            for v in T.vectorized(V):
+                rb[v] = bias[c + v]
+
+    return load_params
+
+
 def _finish(T, a, *, silu: bool, state_dtype: str, out_dtype: str, via_state: bool):
     if silu:
         a = a / (T.float32(1.0) + T.exp(-a))
@@ -99,6 +121,7 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
     W, TH, V = width, threads, vec
     f32, i64 = "float32", "int64"
     tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
+    load_params = _load_params(T, V=V, W=W, has_bias=has_bias)
     rows, D, Tn, S, K = T.dynamic("rows, D, Tn, S, K")
     nb, ns, na, nq = T.dynamic("nb, ns, na, nq")
     x0, x1, x2, o0, o1, o2, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, x2, o0, o1, o2, w0, w1, s0, s1, s2", i64)
@@ -167,18 +190,7 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
                             rs[v] = T.cast(rx[v], state_dtype)
                     for v in T.vectorized(V):
                         sa[slot, c + v, i] = rs[v]
-                if V == 1:
-                    for j in T.unroll(W):
-                        rw[j] = weight[c, j]
-                else:
-                    wflat = T.view(weight, shape=(D * W,))
-                    for e in T.vectorized(V * W):
-                        rw[e] = wflat[c * W + e]
-                for e in T.unroll(V * W):
-                    wv[e] = T.cast(rw[e], f32)
-                if has_bias:
-                    for v in T.vectorized(V):
-                        rb[v] = bias[c + v]
+                load_params(weight, bias, rw, wv, rb, c, D)
                 for t in T.serial(n):
                     for v in T.vectorized(V):
                         rx[v] = xa[row, c + v, start + t]
@@ -210,6 +222,7 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
     W, TH, BT, V = width, threads, block_t, vec
     f32, i64 = "float32", "int64"
     tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
+    load_params = _load_params(T, V=V, W=W, has_bias=has_bias)
     D, tokens, S, K, nq, nb, ns, ni = T.dynamic("D, tokens, S, K, nq, nb, ns, ni")
     x0, x1, o0, o1, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, o0, o1, w0, w1, s0, s1, s2", i64)
     bs, qs, ss, is_ = T.dynamic("bs, qs, ss, is_", i64)
@@ -251,18 +264,7 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
             batch = T.cast(nq - 1, i64)
 
             if c + V <= D:
-                if V == 1:
-                    for j in T.unroll(W):
-                        rw[j] = weight[c, j]
-                else:
-                    wflat = T.view(weight, shape=(D * W,))
-                    for e in T.vectorized(V * W):
-                        rw[e] = wflat[c * W + e]
-                for e in T.unroll(V * W):
-                    wv[e] = T.cast(rw[e], f32)
-                if has_bias:
-                    for v in T.vectorized(V):
-                        rb[v] = bias[c + v]
+                load_params(weight, bias, rw, wv, rb, c, D)
                 end = start_of(qsl, batch)
                 for v in T.unroll(V):
                     rx[v] = T.cast(0, x_dtype)
