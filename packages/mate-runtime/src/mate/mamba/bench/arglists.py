@@ -42,3 +42,22 @@ def add_timing(ap: argparse.ArgumentParser, replays: int, repeats: int = 5) -> N
         "--repeats", type=int, default=repeats, metavar="N",
         help="timed samples per implementation and case; the median is reported (default: %(default)s)",
     )  # fmt: skip
+
+
+def listed_or_refused(prog: str, cells: list, lines, listing: bool, options: str, what: str = "cell") -> int | None:
+    """The exit status of a benchmark before its device work, or None to go on: 2 (a line on stderr) when the
+    options select no ``what`` or no CUDA device is there, 0 after printing ``lines(cells)`` for ``--list``."""
+    import sys
+
+    import torch
+
+    if not cells:
+        print(f"{prog}: the options select no {what} (see {options})", file=sys.stderr)
+        return 2
+    if listing:
+        print("\n".join(lines(cells)))
+        return 0
+    if not torch.cuda.is_available():
+        print(f"{prog}: needs a CUDA device (--list prints the {what}s without one)", file=sys.stderr)
+        return 2
+    return None

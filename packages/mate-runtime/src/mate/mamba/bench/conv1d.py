@@ -283,15 +283,10 @@ def measure(cell: Planned, impls, vllm, dev, ceiling, args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # bad names exit 2 with one line, before any device is needed
     plan = build_plan(args)
-    if not plan:
-        print("mate-mamba bench conv1d: the options select no cell (see --models, --ops, --quick)", file=sys.stderr)
-        return 2
-    if args.list:
-        print("\n".join(list_lines(plan)))
-        return 0
-    if not torch.cuda.is_available():
-        print("mate-mamba bench conv1d: needs a CUDA device (--list prints the cells without one)", file=sys.stderr)
-        return 2
+    code = arglists.listed_or_refused("mate-mamba bench conv1d", plan, list_lines, args.list,
+                                      "--models, --ops, --quick")  # fmt: skip
+    if code is not None:
+        return code
     dev = torch.device("cuda", torch.cuda.current_device())
     vllm = load_vllm() if "vllm" in args.impls else None
     ceiling = copy_ceiling_tbps(dev)

@@ -207,15 +207,9 @@ def measure(cell: Planned, vllm, dev, ceiling, args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     plan = build_plan(args)
-    if not plan:
-        print("mate-mamba bench layer: the options select no cell (see --models, --batches)", file=sys.stderr)
-        return 2
-    if args.list:
-        print("\n".join(list_lines(plan)))
-        return 0
-    if not torch.cuda.is_available():
-        print("mate-mamba bench layer: needs a CUDA device (--list prints the cells without one)", file=sys.stderr)
-        return 2
+    code = arglists.listed_or_refused("mate-mamba bench layer", plan, list_lines, args.list, "--models, --batches")
+    if code is not None:
+        return code
     dev = torch.device("cuda", torch.cuda.current_device())
     vllm = load_vllm()
     ceiling = copy_ceiling_tbps(dev)

@@ -370,15 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # bad values exit 2 with one line, before any device is needed
     selected = cases(args.quick, args.models, args.tokens, args.dtype)
-    if not selected:
-        print("mate-mamba bench norm: the options select no case (see --models, --tokens, --quick)", file=sys.stderr)
-        return 2
-    if args.list:
-        print("\n".join(list_lines(selected)))
-        return 0
-    if not torch.cuda.is_available():
-        print("mate-mamba bench norm: needs a CUDA device", file=sys.stderr)
-        return 2
+    code = arglists.listed_or_refused("mate-mamba bench norm", selected, list_lines, args.list,
+                                      "--models, --tokens, --quick", what="case")  # fmt: skip
+    if code is not None:
+        return code
     dev = torch.device("cuda", torch.cuda.current_device())
     impls, skipped = load_impls(args.impls)
     for name, why in skipped.items():
