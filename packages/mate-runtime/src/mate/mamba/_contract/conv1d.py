@@ -16,11 +16,12 @@ written tensor's dtype. Where vLLM writes the result into a pool-dtype copy of `
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES
-from mate.mamba._contract.errors import bad_arg, values
+from mate.mamba._contract.errors import bad_arg, check_tensor, values
 
 MAX_WIDTH = 6  # the widest filter vLLM's update kernel has code for (served models: 4)
 ACTIVATIONS = (None, "silu", "swish")  # and True (= "silu") / False (= None), as vLLM takes them
@@ -89,15 +90,7 @@ class Conv1dUpdateCall:
         return self.width - 1 + extra
 
 
-def _tensor(name, t, ndims, dtypes, device=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        bad_arg(name, t, "a torch.Tensor")
-    if t.dim() not in ((ndims,) if isinstance(ndims, int) else ndims):
-        bad_arg(name, t, f"a {' or '.join(map(str, (ndims,) if isinstance(ndims, int) else ndims))}-D tensor")
-    if t.dtype not in dtypes:
-        bad_arg(name, t, f"dtype in ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
-    if device is not None and t.device != device:
-        bad_arg(name, t, f"a tensor on {device} (x's device)")
+_tensor = functools.partial(check_tensor, device_of="x")  # (name, t, ndims, dtypes, device=None)
 
 
 def _silu(activation) -> bool:

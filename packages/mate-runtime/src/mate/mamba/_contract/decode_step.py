@@ -19,13 +19,14 @@ by one cache index per sequence, and one table gives one pad rule (a sequence is
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 from mate.mamba._contract.conv1d import MAX_WIDTH
 from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
-from mate.mamba._contract.errors import bad_arg, values
+from mate.mamba._contract.errors import bad_arg, check_tensor, values
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,7 @@ class DecodeStepCall:
         return self.heads * self.dim // self.norm_group_size
 
 
-def _tensor(name, t, ndims, dtypes, device=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        bad_arg(name, t, "a torch.Tensor")
-    if t.dim() != ndims:
-        bad_arg(name, t, f"a {ndims}-D tensor")
-    if t.dtype not in dtypes:
-        bad_arg(name, t, f"dtype in ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
-    if device is not None and t.device != device:
-        bad_arg(name, t, f"a tensor on {device} (xBC's device)")
+_tensor = functools.partial(check_tensor, device_of="xBC")  # (name, t, ndims, dtypes, device=None)
 
 
 def _shape(name, t, shape, what) -> None:

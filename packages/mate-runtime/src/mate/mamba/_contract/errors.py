@@ -40,6 +40,21 @@ def bad_arg(name: str, value: Any, expected: str) -> NoReturn:
     raise ValueError(f"{name}: got {describe(value)}; expected {expected}")
 
 
+def check_tensor(name: str, t, ndims, dtypes, device=None, *, device_of: str) -> None:
+    """``t`` is a tensor of ``ndims`` dims (an int, several, or None for any), a dtype of ``dtypes`` and, unless
+    ``device`` is None, on ``device`` (``device_of``: the argument that set it); else a ValueError naming ``name``."""
+    if not isinstance(t, torch.Tensor):
+        bad_arg(name, t, "a torch.Tensor")
+    if ndims is not None:
+        dims = (ndims,) if isinstance(ndims, int) else tuple(ndims)
+        if t.dim() not in dims:
+            bad_arg(name, t, f"a {' or '.join(f'{n}-D' for n in dims)} tensor")
+    if t.dtype not in dtypes:
+        bad_arg(name, t, f"dtype in ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
+    if device is not None and t.device != device:
+        bad_arg(name, t, f"a tensor on {device} ({device_of}'s device)")
+
+
 def check_dtypes(args) -> None:
     """Each ``(name, dtype, allowed)`` of a prewarm call: the first dtype outside its allowed ones is named."""
     for name, dt, allowed in args:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from mate.mamba._contract.dtypes import IO_DTYPES, PARAM_DTYPES
-from mate.mamba._contract.errors import bad_arg
+from mate.mamba._contract.errors import bad_arg, check_tensor
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,7 @@ class NormCall:
 
 
 def _tensor(name, t, dtypes, device):
-    if not isinstance(t, torch.Tensor):
-        bad_arg(name, t, "a torch.Tensor")
-    if t.dtype not in dtypes:
-        bad_arg(name, t, f"dtype in ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
-    if device is not None and t.device != device:
-        bad_arg(name, t, f"a tensor on {device} (x's device)")
+    check_tensor(name, t, None, dtypes, device, device_of="x")
 
 
 def _rows(t: torch.Tensor, hidden: int) -> torch.Tensor:

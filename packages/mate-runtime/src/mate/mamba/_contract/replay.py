@@ -15,6 +15,7 @@ The window is ``W = L - T``: a call whose live tokens and new tokens do not fit 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,7 @@ from mate.mamba._contract.dtypes import (
     SR_STATES,
     STATE_DTYPES,
 )
-from mate.mamba._contract.errors import bad_arg, unsupported, values
+from mate.mamba._contract.errors import bad_arg, check_tensor, unsupported, values
 from mate.mamba._contract.ssu import host_ints
 
 REPLAY_ALGORITHMS = ("auto", "monolith", "two-kernel")  # FlashInfer's (its kernel choice; MATE plans its own)
@@ -72,15 +73,7 @@ class ReplayCall:
         return self.x.shape[0] if self.cu_seqlens is None else self.cu_seqlens.shape[0] - 1
 
 
-def _tensor(name, t, ndims, dtypes, device):
-    if not isinstance(t, torch.Tensor):
-        bad_arg(name, t, "a torch.Tensor")
-    if t.dim() not in ((ndims,) if isinstance(ndims, int) else ndims):
-        bad_arg(name, t, f"a {ndims}-D tensor")
-    if t.dtype not in dtypes:
-        bad_arg(name, t, f"dtype in ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
-    if device is not None and t.device != device:
-        bad_arg(name, t, f"a tensor on {device} (state's device)")
+_tensor = functools.partial(check_tensor, device_of="state")  # (name, t, ndims, dtypes, device)
 
 
 def _shape(name, t, shape, what=""):

@@ -14,12 +14,13 @@ states are returned. A chunk spans at most ``chunk_size`` tokens.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, PARAM_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
-from mate.mamba._contract.errors import bad_arg, majority_culprit, unsupported, values
+from mate.mamba._contract.errors import bad_arg, check_tensor, majority_culprit, unsupported, values
 from mate.mamba._contract.ssu import host_ints
 
 MIN_CHUNK_SIZE = 8  # the engines' prefill ops take powers of two from 8 up
@@ -100,15 +101,7 @@ class SSDCall:
         return self.dt_limit != (0.0, math.inf)
 
 
-def _tensor(name, t, ndims, dtypes, device):
-    if not isinstance(t, torch.Tensor):
-        bad_arg(name, t, "a torch.Tensor")
-    if t.dim() != ndims:
-        bad_arg(name, t, f"a {ndims}-D tensor")
-    if t.dtype not in dtypes:
-        bad_arg(name, t, f"dtype in ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
-    if device is not None and t.device != device:
-        bad_arg(name, t, f"a tensor on {device} (x's device)")
+_tensor = functools.partial(check_tensor, device_of="x")  # (name, t, ndims, dtypes, device)
 
 
 def _shape(name, t, shape):

@@ -34,6 +34,7 @@ mode is one of:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +47,7 @@ from mate.mamba._contract.dtypes import (
     SR_STATES,
     STATE_DTYPES,
 )
-from mate.mamba._contract.errors import bad_arg, majority_culprit, unsupported, values
+from mate.mamba._contract.errors import bad_arg, check_tensor, majority_culprit, unsupported, values
 
 ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
 BACKENDS = ("auto", "tilelang", "torch")
@@ -155,16 +156,7 @@ def _new_call(**fields) -> SSUCall:
     return call
 
 
-def _check_tensor(name, t, *, ndims, dtypes, device):
-    if not isinstance(t, torch.Tensor):
-        bad_arg(name, t, "a torch.Tensor")
-    if t.dim() not in ndims:
-        bad_arg(name, t, f"a {' or '.join(f'{n}-D' for n in ndims)} tensor")
-    if t.dtype not in dtypes:
-        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        bad_arg(name, t, f"dtype in ({names})")
-    if device is not None and t.device != device:
-        bad_arg(name, t, f"a tensor on {device} (the state's device)")
+_check_tensor = functools.partial(check_tensor, device_of="the state")  # (name, t, *, ndims, dtypes, device)
 
 
 def _state_scale(name, scale, of, st, single_head, device, entries=None):
