@@ -134,31 +134,6 @@ def test_ssu_stochastic_rounding_cases_and_their_cost_column():
     assert lines["fp16+sr"]["MATE fp16 / MATE"] == round(50.0 / 52.0, 2) and "MATE fp16 / MATE" not in lines["fp16"]
 
 
-bench_replay = pytest.importorskip("mate.mamba.bench.replay")
-
-
-@pytest.mark.parametrize(
-    "argv, n_configs",
-    [
-        pytest.param([], 8, id="all"),  # 2 shapes x 2 states x 2 token counts
-        pytest.param(["--quick"], 4, id="quick"),
-        pytest.param(["--states", "bf16", "--tokens", "6"], 2, id="bf16-mtp"),
-        pytest.param(["--quick", "--batches", "64", "--states", "fp32", "--tokens", "1"], 1, id="one"),
-    ],
-)
-def test_replay_prebuilds_one_flashinfer_module_per_configuration(argv, n_configs):
-    args = bench_replay.build_parser().parse_args(argv)
-    chosen = bench_replay.selected(args)
-    configs = bench_replay.flashinfer_configs(chosen)
-    assert len(configs) == n_configs == len({(c.shape.name, c.state, c.T) for c in chosen})
-    assert args.prebuild_jobs == 8
-
-
-def test_replay_rejects_negative_prebuild_jobs(capsys):
-    assert bench_replay.main(["--prebuild-jobs", "-1"]) == 2
-    assert "--prebuild-jobs" in capsys.readouterr().err
-
-
 def test_ssu_state_list_and_ceiling_column():
     """``--state int8,bf16``: the cases of both formats (so the int8 line can report the bf16 peers); a bad name
     exits 2 before any device is needed; MATE's line carries its fraction of the copy ceiling."""
