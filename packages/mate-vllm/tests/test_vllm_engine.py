@@ -11,6 +11,7 @@ checked against the float64 recurrence of ``mate.mamba.testing``.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import mate_vllm.plugin as plugin
@@ -100,15 +101,20 @@ def test_stochastic_rounding_is_served_from_vllms_config():
         sd._mamba_ssu_backend = saved
 
 
-def test_replayssm_is_left_to_vllm_by_default_with_one_warning(backend):
-    with warnings.catch_warnings(record=True) as seen:
+def test_replayssm_default_follows_the_shipped_rule(backend, caplog):
+    """MATE_VLLM_REPLAYSSM=auto (the default) with the rule mate-vllm ships (FlashInfer faster everywhere in the
+    runs of record): FlashInfer's own checkpointing_ssu stays in vLLM's slot, no warning, the rule logged once."""
+    from flashinfer.mamba.checkpointing_ssu import checkpointing_ssu
+
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level("INFO", logger="mate_vllm"):
         warnings.simplefilter("always")
         for _ in range(2):
             sd.initialize_mamba_ssu_backend(MambaConfig(backend="flashinfer"), kv_cache_config(), use_replayssm=True)
-    msgs = [str(w.message) for w in seen if "--use-replayssm" in str(w.message)]
-    assert len(msgs) <= 1 and plugin.status()["replayssm"] == "left to vLLM"
-    assert not msgs or "MATE_VLLM_REPLAYSSM=1" in msgs[0]
-    assert sd._flashinfer_replayssm_kernel is not ops.checkpointing_ssu  # FlashInfer's own checkpointing_ssu
+    assert not [w for w in seen if "--use-replayssm" in str(w.message)]
+    assert sd._flashinfer_replayssm_kernel is checkpointing_ssu
+    said = plugin.status()["replayssm"]
+    assert said.startswith("FlashInfer's kernel serves every ReplaySSM call")
+    assert [r.getMessage() for r in caplog.records if r.name == "mate_vllm"] in ([f"--use-replayssm: {said}"], [])
 
 
 def _replay_exact(pool, x, dt, A, B, C, D, dt_bias, slots, W):
@@ -142,18 +148,27 @@ def _replay_exact(pool, x, dt, A, B, C, D, dt_bias, slots, W):
 
 
 @pytest.mark.parametrize("T", [pytest.param(1, id="standard-decode"), pytest.param(3, id="speculative-3")])
-def test_replayssm_flashinfer_path_runs_mates_replay(backend, T):
-    """MATE_VLLM_REPLAYSSM=1: vLLM's initializer sets its FlashInfer ReplaySSM kernel and MATE's op replaces it;
-    vLLM's own selective_state_update_replayssm_flashinfer (its reshaping, pad slot 0, the scratch trio, the
-    philox_rounds it always passes) then runs MATE's reference on this CPU: outputs equal the float64 recurrence,
-    flushed checkpoints hold the replayed state, the others are untouched, and the new tokens join the ring."""
+@pytest.mark.parametrize("mode", [pytest.param("1", id="every-call"), pytest.param("auto", id="rule-names-it")])
+def test_replayssm_flashinfer_path_runs_mates_replay(backend, T, mode, tmp_path):
+    """MATE_VLLM_REPLAYSSM=1, or auto with a rule naming this call: vLLM's initializer sets its FlashInfer ReplaySSM
+    kernel and MATE's op (or the router, which picks it) replaces it; vLLM's own
+    selective_state_update_replayssm_flashinfer (its reshaping, pad slot 0, the scratch trio, the philox_rounds it
+    always passes) then runs MATE's reference on this CPU: outputs equal the float64 recurrence, flushed
+    checkpoints hold the replayed state, the others are untouched, and the new tokens join the ring."""
     g = torch.Generator().manual_seed(7 + T)
     S, H, P, N, G, W = 7, 4, 8, 16, 2, 4
     L = W + T
-    with settings.override(MATE_VLLM_REPLAYSSM="1"):
+    rule = tmp_path / "rule.json"
+    cell = dict(state="float32", tokens=T, heads=H, dim=P, dstate=N, groups=G, batches=[2, 8])
+    rule.write_text(json.dumps(dict(source="a synthetic measurement", mate=[cell])))
+    with settings.override(MATE_VLLM_REPLAYSSM=mode, MATE_VLLM_REPLAYSSM_RULE=str(rule)):
         sd.initialize_mamba_ssu_backend(MambaConfig(backend="flashinfer"), kv_cache_config(), use_replayssm=True)
-    assert sd._flashinfer_replayssm_kernel is ops.checkpointing_ssu
-    assert plugin.status()["replayssm"].startswith("served by MATE")
+    if mode == "1":
+        assert sd._flashinfer_replayssm_kernel is ops.checkpointing_ssu
+        assert plugin.status()["replayssm"].startswith("served by MATE")
+    else:
+        assert sd._flashinfer_replayssm_kernel.__name__ == "checkpointing_ssu_routed"
+        assert plugin.status()["replayssm"].startswith("MATE serves ReplaySSM for float32 state")
     pool = dict(
         state=torch.randn(S, H, P, N, generator=g) * 0.5,
         x_cache=torch.randn(S, H, L, P, generator=g).to(torch.bfloat16),

@@ -7,6 +7,7 @@ where vLLM is not installed, and for what only another vLLM version can show."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -254,31 +255,72 @@ def test_stochastic_rounding_config_reaches_the_backend(tmp_path):
     assert "BACKEND mate True 7" in r.stdout, r.stderr
 
 
+SYNTHETIC_RULE = {
+    "source": "a synthetic measurement",
+    "mate": [{"state": "bfloat16", "tokens": 6, "heads": 128, "dim": 64, "dstate": 128, "groups": 8,
+              "batches": [64, None]}],
+}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "env, backend, served",
+    "env, backend, slot, said",
     [
-        pytest.param({}, "flashinfer", False, id="default-left-to-vllm"),
-        pytest.param({"MATE_VLLM_REPLAYSSM": "1"}, "flashinfer", True, id="flashinfer-served"),
-        pytest.param({"MATE_VLLM_REPLAYSSM": "1"}, "triton", False, id="triton-left-to-vllm"),
+        pytest.param(
+            {},
+            "flashinfer",
+            "flashinfer",
+            "FlashInfer's kernel serves every ReplaySSM call",
+            id="default-auto-shipped-rule",
+        ),  # fmt: skip
+        pytest.param(
+            {"MATE_VLLM_REPLAYSSM": "auto", "rule": SYNTHETIC_RULE},
+            "flashinfer",
+            "routed",
+            "MATE serves ReplaySSM for bfloat16 state, 6 token(s) per step, H128 P64 N128 G8, batch 64+; "
+            "FlashInfer's kernel for the rest (a synthetic measurement)",
+            id="auto-synthetic-rule",
+        ),  # fmt: skip
+        pytest.param({"MATE_VLLM_REPLAYSSM": "1"}, "flashinfer", "mate", "served by MATE", id="1-every-call"),
+        pytest.param({"MATE_VLLM_REPLAYSSM": "0"}, "flashinfer", "flashinfer", None, id="0-left-to-vllm"),
+        pytest.param({"MATE_VLLM_REPLAYSSM": "1"}, "triton", "none", None, id="triton-left-to-vllm"),
     ],
 )
-def test_replayssm_kernel_slot(tmp_path, env, backend, served):
-    """--use-replayssm: MATE_VLLM_REPLAYSSM=1 puts MATE's op in the FlashInfer backend's ReplaySSM kernel slot
-    after each initialisation; otherwise (and on the Triton backend) one warning says the decode is vLLM's."""
+def test_replayssm_kernel_slot(tmp_path, env, backend, slot, said):
+    """--use-replayssm on each initialisation: auto (default) routes per call by the rule where it names a cell
+    for MATE (logged once), else leaves FlashInfer's kernel (logged once); 1 puts MATE's op in the slot; 0 and the
+    Triton backend leave vLLM's kernel with one warning."""
     fake = write_fake(tmp_path, FAKE)
+    env = dict(env)
+    if "rule" in env:
+        path = tmp_path / "rule.json"
+        path.write_text(json.dumps(env.pop("rule")))
+        env["MATE_VLLM_REPLAYSSM_RULE"] = str(path)
     code = f"""
+        import logging
+        logging.basicConfig(level=logging.INFO)
         import mate_vllm.plugin as plugin, mate_vllm.ops as mops
         plugin.register()
         from vllm.model_executor.layers.mamba.ops import ssu_dispatch as sd
         from vllm.config.mamba import MambaConfig
         for _ in range(2):
             sd.initialize_mamba_ssu_backend(MambaConfig({backend!r}), use_replayssm=True)
-        print("SLOT", sd._flashinfer_replayssm_kernel is mops.checkpointing_ssu, plugin.status()["replayssm"])
+        k = sd._flashinfer_replayssm_kernel
+        name = ("none" if k is None else "mate" if k is mops.checkpointing_ssu else "flashinfer"
+                if k is sd._stand_in_checkpointing_ssu else "routed" if k.__name__ == "checkpointing_ssu_routed" else k)
+        print("SLOT", name)
+        print("STATUS", plugin.status()["replayssm"])
     """
     r = run(code, {"MATE_VLLM_ENABLE": "1", **env}, [fake])
     assert r.returncode == 0, r.stderr
-    assert f"SLOT {served}" in r.stdout
-    assert r.stderr.count("--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel") == (0 if served else 1)
+    assert f"SLOT {slot}\n" in r.stdout
+    status = r.stdout.split("STATUS ", 1)[1].strip()
+    warned = r.stderr.count("--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel")
+    if said is None:
+        assert status == "left to vLLM" and warned == 1
+    else:
+        assert status.startswith(said) and warned == 0
+        logged = r.stderr.count(f"INFO:mate_vllm:--use-replayssm: {said}")
+        assert logged == (0 if slot == "mate" else 1)
 
 
 @pytest.mark.parametrize("value", ["0", ""])
@@ -294,7 +336,14 @@ def test_enable_flag_values(tmp_path, value):
     assert "MateSSUBackend" not in r.stdout and r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("env", [{"MATE_VLLM_ENABLE": "ture"}, {"MATE_VLLM_ENABLE": "1", "MATE_VLLM_PREFILL": "2"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({"MATE_VLLM_ENABLE": "ture"}, id="enable"),
+        pytest.param({"MATE_VLLM_ENABLE": "1", "MATE_VLLM_PREFILL": "2"}, id="prefill"),
+        pytest.param({"MATE_VLLM_ENABLE": "1", "MATE_VLLM_REPLAYSSM": "fast"}, id="replayssm"),
+    ],
+)
 def test_malformed_switch_raises_naming_the_variable(tmp_path, env):
     fake = write_fake(tmp_path, FAKE)
     code = """
@@ -307,5 +356,5 @@ def test_malformed_switch_raises_naming_the_variable(tmp_path, env):
     """
     r = run(code, env, [fake])
     assert r.returncode == 0, r.stderr
-    name = "MATE_VLLM_PREFILL" if "MATE_VLLM_PREFILL" in env else "MATE_VLLM_ENABLE"
+    name = next(n for n in env if env[n] != "1")
     assert f"ERR {name}={env[name]!r}: expected one of" in r.stdout

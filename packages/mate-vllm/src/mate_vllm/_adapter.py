@@ -9,10 +9,23 @@ ENV_ENABLE = "MATE_VLLM_ENABLE"
 ENV_SSU = "MATE_VLLM_SSU_BACKENDS"
 ENV_PREFILL = "MATE_VLLM_PREFILL"
 ENV_REPLAYSSM = "MATE_VLLM_REPLAYSSM"
+ENV_REPLAYSSM_RULE = "MATE_VLLM_REPLAYSSM_RULE"
+REPLAYSSM_AUTO = "auto"
 ENV_NORM = "MATE_VLLM_NORM"
 ENV_CONV1D = "MATE_VLLM_CONV1D"
 
 _adapter = None
+
+
+def _replayssm(raw: str) -> str:
+    """``MATE_VLLM_REPLAYSSM``: ``auto`` (the rule), or the kernel of every call (``mate`` / ``flashinfer``)."""
+    from mate.mamba.settings import on_off
+
+    return REPLAYSSM_AUTO if raw == REPLAYSSM_AUTO else "mate" if on_off(raw) else "flashinfer"
+
+
+def _path(raw: str) -> str | None:
+    return raw or None
 
 
 def settings() -> tuple:
@@ -32,12 +45,21 @@ def settings() -> tuple:
         Setting(ENV_PREFILL, "1", ON_OFF, "0: leave vLLM's SSD prefill to vLLM.", on_off),
         Setting(
             ENV_REPLAYSSM,
-            "0",
-            ON_OFF,
-            "1: vLLM's --use-replayssm decode on its FlashInfer backend runs MATE's replay_state_update instead of "
-            "FlashInfer's checkpointing_ssu. Off by default: on the H200 MATE's kernel is slower than FlashInfer's "
-            "(docs/ssu-kernels.md, ReplaySSM decode).",
-            on_off,
+            REPLAYSSM_AUTO,
+            (REPLAYSSM_AUTO, *ON_OFF),
+            "Which kernel serves vLLM's --use-replayssm decode on its FlashInfer backend: auto (default) MATE's "
+            "replay_state_update for the calls where the measured rule (mate_vllm.replay_rule) names it, FlashInfer's "
+            "checkpointing_ssu for the rest; 1 MATE's for every call; 0 FlashInfer's for every call.",
+            _replayssm,
+        ),
+        Setting(
+            ENV_REPLAYSSM_RULE,
+            "",
+            None,
+            f"The rule file {ENV_REPLAYSSM}=auto follows (JSON, python -m mate_vllm.replay_rule REPORT --write PATH); "
+            "empty: the one shipped with mate-vllm, derived from docs/benchmarks/replay.json.",
+            _path,
+            keep_case=True,
         ),
         Setting(
             ENV_NORM,

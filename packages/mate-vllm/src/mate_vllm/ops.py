@@ -214,7 +214,44 @@ def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
     return adapter().runtime().replay_state_update(*args, **kwargs)
 
 
+# checkpointing_ssu's arguments up to ``out``, in FlashInfer 0.7.2's order (vLLM passes them positionally)
+REPLAY_ARGS = ("state", "x_cache", "B_cache", "dt_cache", "ring_start", "prev_num_accepted_tokens", "x", "dt", "A",
+               "B", "C", "out")  # fmt: skip
+
+
+def replay_call_key(args, kwargs) -> tuple:
+    """What :mod:`mate_vllm.replay_rule` decides a ``checkpointing_ssu`` call by: (state dtype name, tokens per
+    step, batch, heads, head dim, state size, groups). Packed calls (``cu_seqlens``) count ``max_seqlen`` tokens."""
+    got = {**dict(zip(REPLAY_ARGS, args, strict=False)), **kwargs}  # (the positional ones; the rest by name)
+    state, x, B, cu = got["state"], got["x"], got["B"], got.get("cu_seqlens")
+    T, batch = (got["max_seqlen"], cu.shape[0] - 1) if cu is not None else (x.shape[1], x.shape[0])
+    _, H, P, N = state.shape
+    return str(state.dtype).removeprefix("torch."), int(T), int(batch), H, P, N, B.shape[-2]
+
+
+def routed_checkpointing_ssu(flashinfer, rule):
+    """vLLM's ReplaySSM kernel slot under ``rule`` (a :class:`mate_vllm.replay_rule.Rule`): each call runs
+    :func:`checkpointing_ssu` (MATE) or ``flashinfer`` (FlashInfer's kernel, which vLLM put in the slot) as the rule
+    says for its :func:`replay_call_key`. A decision is kept per key, so a call costs one dict lookup more (and a
+    CUDA graph, captured per batch size, none). A call whose key cannot be read goes to MATE, whose contract names
+    the bad argument."""
+    chosen: dict = {}
+
+    def checkpointing_ssu_routed(*args, **kwargs):
+        try:
+            key = replay_call_key(args, kwargs)
+        except (KeyError, AttributeError, IndexError, TypeError, ValueError):
+            return checkpointing_ssu(*args, **kwargs)
+        fn = chosen.get(key)
+        if fn is None:
+            fn = chosen[key] = checkpointing_ssu if rule.kernel(*key) == "mate" else flashinfer
+        return fn(*args, **kwargs)
+
+    return checkpointing_ssu_routed
+
+
 __all__ = [
-    "selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "rms_norm_gated",
+    "selective_state_update", "mamba_chunk_scan_combined_varlen", "checkpointing_ssu", "routed_checkpointing_ssu",
+    "replay_call_key", "rms_norm_gated",
     "causal_conv1d_fn", "causal_conv1d_update", "NULL_BLOCK_ID",
 ]  # fmt: skip

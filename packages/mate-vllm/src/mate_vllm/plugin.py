@@ -12,11 +12,13 @@ vLLM calls :func:`register` in every process it starts. It does nothing unless `
   ``MATE_VLLM_PREFILL=0``.
 
 * **ReplaySSM.** vLLM's ``--use-replayssm`` decode bypasses the SSU registry. On the FlashInfer backend it calls
-  ``ssu_dispatch._flashinfer_replayssm_kernel`` (FlashInfer's ``checkpointing_ssu``); with
-  ``MATE_VLLM_REPLAYSSM=1`` that becomes MATE's ``replay_state_update`` each time
-  ``initialize_mamba_ssu_backend(..., use_replayssm=True)`` sets it (off by default: MATE's kernel is slower than
-  FlashInfer's on the H200). Otherwise, and on the Triton backend (another ring contract), the decode stays
-  vLLM's, with one warning per process; the prefill is MATE's either way.
+  ``ssu_dispatch._flashinfer_replayssm_kernel`` (FlashInfer's ``checkpointing_ssu``). Each time
+  ``initialize_mamba_ssu_backend(..., use_replayssm=True)`` sets it, ``MATE_VLLM_REPLAYSSM=auto`` (the default)
+  routes each call to MATE's ``replay_state_update`` where the measured rule (:mod:`mate_vllm.replay_rule`) names
+  the call's state dtype, tokens per step, batch and head shape, to FlashInfer's kernel elsewhere (the rule is
+  logged once); ``1`` serves every call with MATE's, ``0`` leaves FlashInfer's. On the Triton backend (another
+  ring contract), and under ``0``, the decode stays vLLM's, with one warning per process; the prefill is MATE's
+  either way.
 
 * **Gated RMSNorm.** With ``MATE_VLLM_NORM=1``, ``rms_norm_gated`` in ``.../ops/layernorm_gated.py`` (and the
   mixer module that imports it by name) becomes :func:`mate_vllm.ops.rms_norm_gated`: what
@@ -43,7 +45,16 @@ import inspect
 import sys
 import warnings
 
-from ._adapter import ENV_CONV1D, ENV_ENABLE, ENV_NORM, ENV_PREFILL, ENV_REPLAYSSM, ENV_SSU, adapter
+from ._adapter import (
+    ENV_CONV1D,
+    ENV_ENABLE,
+    ENV_NORM,
+    ENV_PREFILL,
+    ENV_REPLAYSSM,
+    ENV_REPLAYSSM_RULE,
+    ENV_SSU,
+    adapter,
+)
 
 SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
@@ -185,19 +196,23 @@ def _patch_ssd_combined(mod) -> None:
 
 
 def _patch_replayssm(sd) -> None:
-    """Serve vLLM's ``--use-replayssm`` decode on the FlashInfer backend with MATE's ReplaySSM op, when
-    ``MATE_VLLM_REPLAYSSM=1``.
+    """Serve vLLM's ``--use-replayssm`` decode on the FlashInfer backend as ``MATE_VLLM_REPLAYSSM`` says: ``auto``
+    (default) each call by the measured rule (:mod:`mate_vllm.replay_rule`), ``1`` MATE's op for every call, ``0``
+    FlashInfer's kernel for every call.
 
     That decode bypasses the SSU registry: the mixer calls ``selective_state_update_replayssm_flashinfer``,
     which calls the module global ``_flashinfer_replayssm_kernel`` with FlashInfer's ``checkpointing_ssu``
     arguments and then keeps the ring trackers itself. ``initialize_mamba_ssu_backend`` sets that global on every
-    call, so right after it returns the global becomes :func:`mate_vllm.ops.checkpointing_ssu`; vLLM's
-    reshaping, scratch and tracker bookkeeping stay vLLM's. The Triton backend's ReplaySSM
+    call, so right after it returns the global becomes :func:`mate_vllm.ops.checkpointing_ssu` (``1``), or a router
+    between it and FlashInfer's kernel (``auto``, where the rule names a cell for MATE); vLLM's reshaping, scratch
+    and tracker bookkeeping stay vLLM's. The Triton backend's ReplaySSM
     (``selective_state_update_replayssm_output_only``, a linear buffer flushed on the host's schedule: another
-    contract) stays vLLM's, and so does the FlashInfer one without the setting, with one warning."""
+    contract) stays vLLM's with one warning, and so does the FlashInfer one under ``0``. Under ``auto`` the rule
+    is logged once (logger ``mate_vllm``, INFO)."""
     import functools
+    import logging
 
-    from . import ops
+    from . import ops, replay_rule
 
     a = adapter()
     orig = getattr(sd, "initialize_mamba_ssu_backend", None)
@@ -210,25 +225,35 @@ def _patch_replayssm(sd) -> None:
     if "_flashinfer_replayssm_kernel" not in vars(sd):
         a.warn(f"{sd.__name__} has no _flashinfer_replayssm_kernel; --use-replayssm stays vLLM's")
 
+    def left_to_vllm(why: str) -> None:
+        if a.state["replayssm"] != "left to vLLM":
+            a.state["replayssm"] = "left to vLLM"
+            a.warn(f"--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel ({why}); the prefill is "
+                   "still MATE's")  # fmt: skip
+
     @functools.wraps(orig)
     def initialize_mamba_ssu_backend(*args, **kwargs):
         orig(*args, **kwargs)
         if not kwargs.get("use_replayssm"):
             return
-        if a.setting(ENV_REPLAYSSM) and getattr(sd, "_flashinfer_replayssm_kernel", None) is not None:
+        flashinfer = getattr(sd, "_flashinfer_replayssm_kernel", None)
+        mode = a.setting(ENV_REPLAYSSM)
+        if flashinfer is None:
+            left_to_vllm("the Triton backend's ReplaySSM keeps a linear buffer on the host's schedule, a contract "
+                         "MATE does not serve")  # fmt: skip
+        elif mode == "mate":
             a.ledger.set_attr(sd, "_flashinfer_replayssm_kernel", ops.checkpointing_ssu)
             a.state["replayssm"] = "served by MATE (FlashInfer's checkpointing_ssu contract)"
-        elif a.state["replayssm"] != "left to vLLM":
-            a.state["replayssm"] = "left to vLLM"
-            if getattr(sd, "_flashinfer_replayssm_kernel", None) is None:
-                why = (
-                    "the Triton backend's ReplaySSM keeps a linear buffer on the host's schedule, a contract MATE "
-                    "does not serve"
-                )
-            else:
-                why = f"{ENV_REPLAYSSM}=1 would serve its FlashInfer kernel's calls"
-            a.warn(f"--use-replayssm: the Mamba decode runs vLLM's own ReplaySSM kernel ({why}); the prefill is "
-                   "still MATE's")  # fmt: skip
+        elif mode == "flashinfer":
+            left_to_vllm(f"{ENV_REPLAYSSM}=0; auto serves the calls where MATE's kernel is measured faster, 1 all")
+        else:
+            rule = replay_rule.load(a.setting(ENV_REPLAYSSM_RULE))
+            if rule.cells:
+                a.ledger.set_attr(sd, "_flashinfer_replayssm_kernel", ops.routed_checkpointing_ssu(flashinfer, rule))
+            said = rule.describe()
+            if a.state["replayssm"] != said:
+                a.state["replayssm"] = said
+                logging.getLogger("mate_vllm").info("--use-replayssm: %s", said)
 
     a.ledger.rebind(sd, "initialize_mamba_ssu_backend", orig, initialize_mamba_ssu_backend)
     a.state["replayssm"] = "watched"
@@ -358,6 +383,7 @@ def register() -> None:
         ENV_SSU,
         ENV_PREFILL,
         ENV_REPLAYSSM,
+        ENV_REPLAYSSM_RULE,
         ENV_NORM,
         ENV_CONV1D,
     ):  # a malformed value raises here, not later inside vLLM's imports
