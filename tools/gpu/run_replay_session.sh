@@ -8,11 +8,12 @@
 # default 570 s counted from before the setup):
 #     precompile  every ReplaySSM kernel of the tests and the benchmark, in $JOBS parallel processes
 #     tests       tests/gpu/test_replay_kernels.py + test_materialize_kernels.py, junit XML + log
-#     bench       mate-mamba bench replay --repeats 3 --replays 10 (MATE, FlashInfer, MATE's stored-state decode, the
-#                 whole registry): FlashInfer builds one JIT module per (shape, state, T) on first use, minutes
-#                 each; the benchmark builds the 8 it needs in 8 worker processes first (about 330 s on the lab's
-#                 16 cores when nothing else runs), then times everything in one run (about 150 s). Give it a
-#                 call of its own: `bash tools/gpu/run_replay_session.sh bench`
+#     prebuild    mate-mamba bench replay --prebuild-only: FlashInfer's JIT module (minutes each) and MATE's kernels of
+#                 every (shape, state, T) of the grid, in $PREBUILD_JOBS (default 12) worker processes. The grid has
+#                 24; $BENCH_ARGS (e.g. "--models nemotron-h-8b-tp1") selects fewer, so that two calls of their own
+#                 build half each on a machine whose caches persist
+#     bench       mate-mamba bench replay --prebuild-jobs 0 --repeats 3 --replays 10 $BENCH_ARGS (MATE, FlashInfer,
+#                 MATE's stored-state decode): the timing alone, about 3-5 minutes for the whole grid once built
 # Everything goes under $OUT (default ./replay-session-out).
 OUT="${OUT:-$PWD/replay-session-out}"
 stages=("$@")
@@ -36,12 +37,20 @@ for stage in "${stages[@]}"; do
         stamp "tests"
         gpu_pytest test_replay_kernels 200 $T/test_replay_kernels.py $T/test_materialize_kernels.py
         ;;
+    prebuild)
+        stamp "prebuild (jobs ${PREBUILD_JOBS:-12}) $BENCH_ARGS"
+        # shellcheck disable=SC2086
+        timeout "$(stage_limit 570)" python3 -m mate.mamba bench replay --prebuild-only \
+            --prebuild-jobs "${PREBUILD_JOBS:-12}" $BENCH_ARGS >"$OUT/prebuild.log" 2>&1
+        stamp "prebuild rc=$? $(grep -c ': built' "$OUT/prebuild.log") built, $(grep -c ': failed' "$OUT/prebuild.log") failed"
+        ;;
     bench)
         left=$(budget_left)
         [ "$left" -lt 30 ] && { stamp "bench skipped: ${left}s left"; continue; }
         stamp "bench (${left}s)"
-        timeout "$left" python3 -m mate.mamba bench replay --prebuild-jobs 8 --repeats 3 --replays 10 --out "$OUT" \
-            --name replay >"$OUT/bench.log" 2>&1
+        # shellcheck disable=SC2086
+        timeout "$left" python3 -m mate.mamba bench replay --prebuild-jobs 0 --repeats 3 --replays 10 --out "$OUT" \
+            --name replay $BENCH_ARGS >"$OUT/bench.log" 2>&1
         stamp "bench rc=$?"
         ;;
     *)
