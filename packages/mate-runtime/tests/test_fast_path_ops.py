@@ -133,6 +133,19 @@ def test_prefill_hit_equals_the_slow_path(stub, form):
         assert got.shape == want.shape and got.dtype == want.dtype
 
 
+def test_split_run_bounds_are_filled_once(stub, monkeypatch):
+    """The split design's run bounds depend only on (runs, nchunks): filled when the launch is made, not per call."""
+    launches, _ = stub
+    kw = SSD_FORMS["one-long-split"]()
+    run_ssd(kw)
+    monkeypatch.setattr(torch, "arange", lambda *a, **k: pytest.fail("the run bounds were filled again"))
+    del launches[:]
+    run_ssd(SSD_FORMS["one-long-split"]())
+    (runs,) = [a[3] for s, a in launches if s.factory == "ssd_run_states_kernel"]
+    R, nchunks = runs.shape[0] - 1, kw["seq_idx"].shape[0]
+    assert runs.tolist() == [r * nchunks // R for r in range(R + 1)]
+
+
 def _positional(kw):
     names = ["x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
              "seq_idx", "out", "D", "z", "dt_bias", "dt_softplus"]  # fmt: skip

@@ -456,3 +456,59 @@ def test_alternating_forms_each_replay_their_own_recipe(stub):
         eager(kw)
         assert_same_launch(launches[-1], expected)
     assert len(normalised) == 2
+
+
+# ----------------------------------------------------------------------------- the latest form's tensor guard
+
+
+def test_the_latest_form_hits_without_its_key(stub, monkeypatch):
+    """A call of the latest hit's form is recognised by the form's tensor guard: no key is built."""
+    launches, normalised = stub
+    for _ in range(2):  # a miss, then a hit that makes the form the latest
+        eager(vllm_decode())
+    monkeypatch.setattr(dispatch, "fast_key", lambda *a: pytest.fail("the key was built"))
+    kw = vllm_decode()
+    expected = slow_plan(kw)
+    eager(kw)
+    assert len(normalised) == 1
+    assert_same_launch(launches[-1], expected)
+
+
+def test_an_absent_tensor_is_not_a_present_one(stub):
+    """The guard tells None from a tensor of any metadata: D given and dt_bias absent, then the other way round
+    with the same [H] fp32 tensor, are two forms."""
+    launches, normalised = stub
+    for _ in range(3):
+        eager({**public_plain(), "dt_bias": None})
+    kw = public_plain()
+    kw["D"], kw["dt_bias"] = None, kw["D"]
+    expected = slow_plan(kw)
+    result = eager(kw)
+    assert len(normalised) == 2
+    assert_same_launch(launches[-1], expected, result=result)
+
+
+@pytest.mark.parametrize("case", ["repeated_tensor", "inference_mode"])
+def test_a_refused_guard_falls_back_to_the_key(stub, case):
+    """Where the guard refuses what the key accepts (one tensor passed twice: never accepted; a change of
+    inference mode: accepted again after the guard is remade) every call still hits."""
+    launches, normalised = stub
+
+    def make():
+        kw = vllm_decode()
+        if case == "repeated_tensor":
+            kw["dst_state_batch_indices"] = kw["state_batch_indices"]
+        return kw
+
+    for i in range(5):
+        kw = make()
+        expected = slow_plan(kw)
+        if case == "inference_mode" and i >= 3:
+            with torch.inference_mode():
+                eager(kw)
+        else:
+            eager(kw)
+        assert_same_launch(launches[-1], expected)
+    assert len(normalised) == 1 and len(launches) == 5
+    guard = api.FAST._last[1]
+    assert (guard is None) == (case == "repeated_tensor")

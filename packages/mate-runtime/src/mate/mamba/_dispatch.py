@@ -15,12 +15,18 @@ dtypes, devices, which arguments are None, the scalar options), never on tensor 
 equals an earlier call's skips normalisation, planning and backend choice and runs the launcher the earlier call
 left. The reference backend leaves none (it checks index data on every call), nor does a TileLang call made with
 ``MATE_CHECK_INPUTS=1``; such metadata is remembered as slow so it is not analysed twice.
+
+A call of the same form as the latest hit (a model's layers share one) is recognised without building its key: the
+form's scalars compare equal and ``torch.compile``'s own tensor guard (``TensorGuards``, C++: exact class, dispatch
+keys, dtype, device index, shape, strides, requires_grad of every tensor; about a third of the key's cost) accepts
+its tensors. The guard checks more than the key, never less, so a guard miss only falls back to the key.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import linecache
 
 import torch
 from mate.mamba._contract.errors import bad_arg
@@ -113,26 +119,33 @@ class FastPath:
         self.size = size  # metadata keys remembered (oldest dropped first): batch sizes x call forms
         self.enabled = True  # False: every call normalises (the behaviour before the fast path; benchmarks)
         self.cache: dict = {}
-        self._last: tuple = (None, None)  # (key, launcher) of the latest hit: consecutive calls share metadata
+        self._guards: dict = {}  # key -> the form's tensor guard (None: the key alone decides)
+        self._guarded = _guard_args(op, len(table.tensor_names))
+        self._last: tuple = (None, None, None, None)  # (scalars, guard, launcher, key) of the latest hit
 
     def clear(self) -> None:
         """Forget every remembered call metadata (the next call of each form takes the slow path again)."""
         self.cache.clear()
-        self._last = (None, None)
+        self._guards.clear()
+        self._last = (None, None, None, None)
 
     def __call__(self, tensors: tuple, scalars: tuple | None, args: tuple | None):
         key = None
         if scalars is not None:
             if self.enabled:
+                last = self._last
+                if scalars == last[0] and last[1] is not None and last[1].check(*self._guarded(tensors)):
+                    return last[2](tensors)
                 key = fast_key(tensors, scalars)
                 if key is not None:
-                    last = self._last
-                    if key == last[0]:  # an equality test is half the cost of hashing the key for the lookup
-                        return last[1](tensors)
+                    if key == last[3]:
+                        if last[1] is not None:  # the guard refused what the key accepts
+                            self._last = (scalars, self._reguard(key, tensors), last[2], key)
+                        return last[2](tensors)
                     launcher = self.cache.get(key)
                     if launcher is not None:
                         if launcher is not self.SLOW:
-                            self._last = (key, launcher)
+                            self._last = (scalars, self._guards.get(key), launcher, key)
                             return launcher(tensors)
                         key = None
             args = self.table.join(tensors, scalars)
@@ -141,9 +154,51 @@ class FastPath:
         result, launcher = _run(self.op, call, args[-1], sources)
         if key is not None:
             if len(self.cache) >= self.size:
-                self.cache.pop(next(iter(self.cache), None), None)
+                old = next(iter(self.cache), None)
+                self.cache.pop(old, None)
+                self._guards.pop(old, None)
             self.cache[key] = self.SLOW if launcher is None else launcher
+            if launcher is not None:
+                self._guards[key] = self._guard(tensors)
         return result
+
+    def _guard(self, tensors: tuple):
+        """The tensor guard of a form from one call's tensors, or None where it refuses them (one tensor passed
+        in two places: TensorGuards never accepts a repeated object) or where torch has none."""
+        if _TensorGuards is None:
+            return None
+        guarded = self._guarded(tensors)
+        guard = _TensorGuards(*guarded, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+        return guard if guard.check(*guarded) else None
+
+    def _reguard(self, key, tensors: tuple):
+        """A form's guard made again from a call it refused although the key is equal (the guard also checks
+        requires_grad and the dispatch keys under the current TLS, e.g. ``inference_mode``)."""
+        guard = self._guards[key] = self._guard(tensors)
+        return guard
+
+
+try:  # torch.compile's guard of tensor metadata (torch/csrc/dynamo/guards.cpp)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # the key alone
+    _TensorGuards = None
+
+
+class _Absent(torch.Tensor):
+    """The class of the stand-ins for an absent (None) tensor in a guard's arguments: the guard checks each
+    argument's exact class, which no caller's tensor has."""
+
+
+def _guard_args(op: str, n: int):
+    """``guarded(tensors)``: the keyed tensors with each None replaced by its position's own stand-in (a guard
+    takes only tensors and refuses one object in two places). Generated: a call pays no loop."""
+    names = {f"_a{i}": torch.Tensor._make_subclass(_Absent, torch.empty(0)) for i in range(n)}
+    items = ", ".join(f"_a{i} if t[{i}] is None else t[{i}]" for i in range(n))
+    src = f"def guarded(t):\n    return ({items},)\n"
+    filename = f"<mate.mamba._dispatch guarded {op}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), names)  # our own source, nothing from outside
+    return names["guarded"]
 
 
 def fast_key(tensors: tuple, scalars: tuple, _tensor=torch.Tensor, _parameter=torch.nn.Parameter):

@@ -26,7 +26,7 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 class CallTemplate:
     """How to rebuild one normalised call (a frozen dataclass of tensors and plain values) from new tensors."""
 
-    __slots__ = ("cls", "fixed", "rules")
+    __slots__ = ("cls", "fixed", "passed", "rules")
 
     @classmethod
     def of(cls, call, sources: tuple, fresh: tuple[str, ...] = ()) -> CallTemplate | None:
@@ -46,6 +46,9 @@ class CallTemplate:
             if rule is None:
                 return None
             t.rules.append((f.name, *rule))
+        # the fields passed as they are, apart: most of a call, rebuilt by a plain index each
+        t.passed = tuple((r[0], r[2]) for r in t.rules if r[1] == _AS_PASSED)
+        t.rules = [r for r in t.rules if r[1] != _AS_PASSED]
         return t
 
     @classmethod
@@ -61,16 +64,16 @@ class CallTemplate:
     def rebuild(self, tensors: tuple):
         """The call with ``tensors`` (the same keyed order as the sources the template was made from)."""
         fields = dict(self.fixed)
+        for name, i in self.passed:
+            fields[name] = tensors[i]
         for name, kind, i, shape, stride, delta, dtype in self.rules:
-            if kind == _AS_PASSED:
-                fields[name] = tensors[i]
-            elif kind == _VIEW:
+            if kind == _VIEW:
                 src = tensors[i]
                 fields[name] = torch.as_strided(src, shape, stride, src.storage_offset() + delta)
             else:
                 fields[name] = torch.empty_strided(shape, stride, dtype=dtype, device=tensors[i].device)
         call = object.__new__(self.cls)  # the fields are the validated ones: no __init__ (frozen) per call
-        call.__dict__.update(fields)
+        object.__setattr__(call, "__dict__", fields)
         return call
 
 

@@ -101,6 +101,7 @@ class _Launch:
         p = self.p = plan(call, hardware(dev))
         H, P, N, L = call.heads, call.dim, call.dstate, call.chunk_size
         batch, nchunks = call.batch, call.nchunks
+        self.nchunks = nchunks
         skey = ("ssd", H, call.groups, P, N)
         self.skey, self.device = skey, dev
         k = {name: direct_callable(kernel(spec, dev)) for name, spec in
@@ -175,6 +176,7 @@ class _Launch:
         self.flags = flags
         # full tiles of out are stored by TMA: out needs TMA-compatible strides (else a staging copy)
         self.out_buf = stage_if(_tma_ok(call.out), "out", call.out)
+        self.staged = any(b is not None for b in self.buf.values())  # else every input is read in place
 
         self.bounds = WORKSPACE.get(skey, "bounds", (batch + 1,), torch.int32, dev)
         self.dest = WORKSPACE.get(skey, "dest", (nchunks,), torch.int32, dev)
@@ -187,7 +189,12 @@ class _Launch:
         self.scan_bounds = self.bounds[::spc] if spc > 1 else self.bounds
         if p.design == "split":
             R = p.runs
-            self.runs = WORKSPACE.get(skey, "runs", (R + 1,), torch.int32, dev)
+            # the run bounds depend only on (R, nchunks): one buffer per pair, filled on the device once (during
+            # a capture the fill is captured instead, so it runs on every call of this launch)
+            self.runs = WORKSPACE.get(("ssd-runs", R, nchunks), "runs", (R + 1,), torch.int32, dev)
+            self.runs_filled = not is_capturing(dev)
+            if self.runs_filled:
+                _fill_runs(self.runs, nchunks)
             self.run_states = WORKSPACE.get(skey, "run_states", (R, H, P, N), torch.float32, dev)
             self.run_dec = WORKSPACE.get(skey, "run_dec", (R, H), torch.float32, dev)
 
@@ -200,7 +207,8 @@ class _Launch:
         return buf
 
     def __call__(self, call: SSDCall) -> torch.Tensor | None:
-        p, k, _in = self.p, self.kernels, self._in
+        p, k = self.p, self.kernels
+        _in = self._in if self.staged else _as_is
         kind = self.states_kind
         if kind == "new":
             states = torch.empty(self.states_shape, dtype=self.states_dtype, device=self.device)
@@ -234,12 +242,12 @@ class _Launch:
         values = {
             "x": _in("x", call.x), "B": _in("B", call.B), "C": _in("C", call.C), "cu_chunk_seqlens": cu,
             "seq_idx": seq_idx, "dest": self.dest, "D": D, "z": z, "initial_states": init, "out": out,
-            "states_out": st, "dtA": self.dtA, "tmeta": self.tmeta, "flags": self.flags,
+            "states_out": st, "dtA": self.dtA, "tmeta": self.tmeta, "flags": self.flags, "bounds": self.scan_bounds,
         }  # fmt: skip
         if p.design == "split":
             self._split_scan(values)
         else:
-            k["scan"](*launch_args(SCAN_ARGS[None], values | {"bounds": self.scan_bounds}))
+            k["scan"](*launch_args(SCAN_ARGS[None], values))
         if out is not call.out:
             call.out.copy_(out)
         if st is not states:
@@ -254,19 +262,19 @@ class _Launch:
 
     def _split_scan(self, values: dict) -> None:
         """The split design (``mate_kernels.ssd_split``): the state pass and the hand-over over ``p.runs`` even
-        runs of chunks, then the scan over the same runs, each entering with the true state. The run bounds are
-        computed on the device (no host copy: capture-safe). ``values``: the scan's launch values but the
-        runs'."""
+        runs of chunks, then the scan over the same runs, each entering with the true state. ``values``: the scan's
+        launch values, its bounds replaced here by the runs'."""
         p, k = self.p, self.kernels
-        R, nchunks = p.runs, values["seq_idx"].shape[0]
+        R, nchunks = p.runs, self.nchunks
         H, P, N = p.scan.heads, p.scan.dim, p.scan.dstate
         runs, run_states, run_dec = self.runs, self.run_states, self.run_dec
-        torch.arange(R + 1, out=runs, dtype=torch.int32)
-        runs.mul_(nchunks).floor_divide_(R)  # run r: chunks [r * nchunks // R, (r + 1) * nchunks // R)
+        if not self.runs_filled:
+            _fill_runs(runs, nchunks)
         k["states"](values["x"], values["B"], values["cu_chunk_seqlens"], runs, values["initial_states"],
                     values["dtA"], values["tmeta"], run_states, run_dec, values["flags"])  # fmt: skip
         k["combine"](run_states.view(R, H, P * N), run_dec)
-        k["scan"](*launch_args(SCAN_ARGS["split"], values | {"bounds": runs, "run_states": run_states}))
+        values["bounds"], values["run_states"] = runs, run_states
+        k["scan"](*launch_args(SCAN_ARGS["split"], values))
 
 
 def prewarm(device, *, heads, groups, dim, dstate, chunk_size, io_dtype, state_dtype, dt_dtype, target=None,
@@ -344,6 +352,19 @@ def compile_grid() -> list[KernelSpec]:
         codec_spec(P=128, N=256, qdtype="float8_e4m3fn", direction="encode"),
     ]
     return specs
+
+
+def _as_is(name: str, t: torch.Tensor) -> torch.Tensor:
+    """:meth:`_Launch._in` of a launch that stages nothing."""
+    return t
+
+
+def _fill_runs(runs: torch.Tensor, nchunks: int) -> None:
+    """Run r of R covers chunks [r * nchunks // R, (r + 1) * nchunks // R): computed on the device (no host copy:
+    capture-safe)."""
+    R = runs.shape[0] - 1
+    torch.arange(R + 1, out=runs, dtype=torch.int32)
+    runs.mul_(nchunks).floor_divide_(R)
 
 
 def _dummy(kind, device, dtype, shape):
