@@ -309,6 +309,24 @@ def test_off_and_uninstall_leave_flashinfer_its_own(how):
         assert "mate_flashinfer_compat " not in out, out
 
 
+def test_replayssm_materialize_has_the_real_signature():
+    """MATE's ``replayssm_materialize`` (served without FlashInfer) takes the installed FlashInfer's parameters:
+    names, order, kinds and defaults."""
+    out = run(
+        """
+        import importlib, inspect
+        real = importlib.import_module("flashinfer.mamba.replayssm_materialize")  # (the function shadows it)
+        from mate_flashinfer_compat.mamba import replayssm_materialize as mine
+        def shape(fn):
+            return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+        assert shape(real.replayssm_materialize) == shape(mine), (shape(real.replayssm_materialize), shape(mine))
+        print("same")
+        """,
+        "off",
+    )
+    assert "same" in out, out
+
+
 def test_alias_beside_the_real_flashinfer_keeps_it():
     out = run(
         """

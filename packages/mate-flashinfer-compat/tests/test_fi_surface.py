@@ -119,14 +119,18 @@ def test_mate_flashinfer_compat_mamba_is_shaped_like_flashinfer_mamba():
         import mate_flashinfer_compat.mamba as fm
         sub = sys.modules["mate_flashinfer_compat.mamba.selective_state_update"]
         ckpt = sys.modules["mate_flashinfer_compat.mamba.checkpointing_ssu"]
+        mat = sys.modules["mate_flashinfer_compat.mamba.replayssm_materialize"]
         assert fm.__path__ and fm.__all__ == [
-            "selective_state_update", "checkpointing_ssu", "allocate_checkpointing_ssu_scratch"], fm.__all__
+            "selective_state_update", "checkpointing_ssu", "allocate_checkpointing_ssu_scratch",
+            "replayssm_materialize"], fm.__all__
         assert fm.selective_state_update is sub.selective_state_update  # the function shadows its submodule
         assert fm.checkpointing_ssu is ckpt.checkpointing_ssu
         assert fm.allocate_checkpointing_ssu_scratch is ckpt.allocate_checkpointing_ssu_scratch
+        assert fm.replayssm_materialize is mat.replayssm_materialize
         assert fm.SERVED == ("selective_state_update",)
-        assert fm.STANDALONE == ("checkpointing_ssu", "allocate_checkpointing_ssu_scratch")
-        assert "replayssm_materialize" in fm.NOT_SERVED and not set(fm.NOT_SERVED) & set(fm.STANDALONE)
+        assert fm.STANDALONE == ("checkpointing_ssu", "allocate_checkpointing_ssu_scratch", "replayssm_materialize")
+        assert fm.NOT_SERVED == ("cake_selective_state_update", "SSDCombined", "ssd_combined_fwd")
+        assert not set(fm.NOT_SERVED) & set(fm.STANDALONE)
         for name in fm.NOT_SERVED:
             try:
                 getattr(fm, name)
@@ -224,11 +228,14 @@ def test_alias_without_flashinfer_is_flashinfer_mamba_only_and_loud_elsewhere():
         from flashinfer.mamba.checkpointing_ssu import checkpointing_ssu  # vLLM's ReplaySSM import
         assert checkpointing_ssu is fm.checkpointing_ssu is mine.checkpointing_ssu
         assert fm.allocate_checkpointing_ssu_scratch is mine.allocate_checkpointing_ssu_scratch
+        from flashinfer.mamba import replayssm_materialize
+        mat_module = importlib.import_module("flashinfer.mamba.replayssm_materialize")  # (the function shadows it)
+        assert replayssm_materialize is fm.replayssm_materialize is mine.replayssm_materialize
+        assert mat_module.replayssm_materialize is mine.replayssm_materialize
         assert not hasattr(flashinfer, "BatchDecodeWithPagedKVCacheWrapper")
         for stmt in ("from flashinfer import BatchDecodeWithPagedKVCacheWrapper", "import flashinfer.sampling",
                      "flashinfer.norm", "importlib.util.find_spec('flashinfer.comm')",
-                     "from flashinfer.mamba import replayssm_materialize",
-                     "import flashinfer.mamba.replayssm_materialize", "fm.cake_selective_state_update"):
+                     "import flashinfer.mamba.cake_selective_state_update", "fm.cake_selective_state_update"):
             try:
                 exec(stmt)
             except (ImportError, AttributeError) as e:
@@ -242,18 +249,18 @@ def test_alias_without_flashinfer_is_flashinfer_mamba_only_and_loud_elsewhere():
     )
     assert "NO ERROR" not in out, out
     lines = [line for line in out.splitlines() if " | " in line]
-    kinds = ["ImportError", "ImportError", "AttributeError", "ImportError", "ImportError", "ImportError"]
+    kinds = ["ImportError", "ImportError", "AttributeError", "ImportError", "ImportError"]
     assert [line.split(" | ")[0] for line in lines] == [*kinds, "AttributeError"], out
     for line, name in zip(lines, ("BatchDecodeWithPagedKVCacheWrapper", "sampling", "norm", "comm"), strict=False):
         assert f"flashinfer.{name}: this flashinfer is MATE's alias (MATE_FLASHINFER_COMPAT=alias" in line, line
     for line in lines[4:]:
         assert (
             "that MATE does not serve; mate-flashinfer-compat serves only selective_state_update, "
-            "checkpointing_ssu, allocate_checkpointing_ssu_scratch"
+            "checkpointing_ssu, allocate_checkpointing_ssu_scratch, replayssm_materialize"
         ) in line, line
     assert (
         "STATUS MATE's alias (flashinfer.mamba only) {'selective_state_update': 'mate', 'checkpointing_ssu': 'mate', "
-        "'allocate_checkpointing_ssu_scratch': 'mate'}"
+        "'allocate_checkpointing_ssu_scratch': 'mate', 'replayssm_materialize': 'mate'}"
     ) in out
     assert sum("flashinfer is MATE's alias" in line and " INFO " in line for line in out.splitlines()) == 1, out
 

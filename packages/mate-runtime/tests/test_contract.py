@@ -156,6 +156,7 @@ def test_mamba_exports():
         "plan_replay_state_update",
         "replay_state_update",
         "materialize_replayed_state",
+        "materialize_replayed_layers",
         "advance_replay_ring",
         "prewarm_replay_state_update",
         "rms_norm_gated",

@@ -13,19 +13,18 @@ SERVED = ("selective_state_update",)
 # flashinfer.mamba names that MATE serves with FlashInfer's contract only where no real FlashInfer is installed
 # (mate_flashinfer_compat.mamba, and the alias): beside one they stay FlashInfer's, whose ReplaySSM kernel is
 # faster than MATE's on the H200.
-STANDALONE = ("checkpointing_ssu", "allocate_checkpointing_ssu_scratch")
+STANDALONE = ("checkpointing_ssu", "allocate_checkpointing_ssu_scratch", "replayssm_materialize")
 # FlashInfer's other public flashinfer.mamba names (its __all__, and the CuTe DSL prefill where that imports):
 # FlashInfer's alone.
 NOT_SERVED = (
     "cake_selective_state_update",
-    "replayssm_materialize",
     "SSDCombined",
     "ssd_combined_fwd",
 )
 # The names of MATE's own flashinfer.mamba-shaped package.
 PACKAGE = SERVED + STANDALONE
 # Submodules of FlashInfer's flashinfer.mamba package that have a MATE counterpart.
-SUBMODULES = ("selective_state_update", "checkpointing_ssu")
+SUBMODULES = ("selective_state_update", "checkpointing_ssu", "replayssm_materialize")
 
 
 def not_served_message(qualname: str) -> str:

@@ -20,7 +20,7 @@ import operator
 from dataclasses import dataclass, replace
 
 ONE_TOKEN, PACKED = "one_token", "packed"
-REPLAY, MATERIALIZE, SCAN = "replay", "materialize", "scan"
+REPLAY, MATERIALIZE, MATERIALIZE_LAYERS, SCAN = "replay", "materialize", "materialize_layers", "scan"
 VARIANTS = (None, "scaled", "sr", "split")
 
 
@@ -128,6 +128,33 @@ MATERIALIZE_ARGS = _one_kernel(
     Arg("state_scale", variant="scaled"),
 )
 
+# The multi-layer materialisation kernel (mate_kernels.ssu_materialize.materialize_layers_kernel): FlashInfer's
+# per-layer int64 tables of base addresses and slot strides (in elements), read on the device; slot tables
+# ``[layers, batch]`` and request tables ``[batch]`` int32. The scale tables are passed for every state format
+# (zeros beside an unscaled one) and read only by a block-scaled build.
+MATERIALIZE_LAYERS_ARGS = _one_kernel(
+    MATERIALIZE_LAYERS,
+    Arg("state_ptrs"),
+    Arg("state_strides"),
+    Arg("x_ptrs"),
+    Arg("x_strides"),
+    Arg("B_ptrs"),
+    Arg("B_strides"),
+    Arg("dt_ptrs"),
+    Arg("dt_strides"),
+    Arg("A_ptrs"),
+    Arg("scale_ptrs"),
+    Arg("scale_strides"),
+    Arg("src"),
+    Arg("dst"),
+    Arg("ring_start"),
+    Arg("prefix"),
+    Arg("active"),
+    Arg("heads", "int32"),
+    Arg("ring_len", "int32"),
+    Arg("pad", "int64"),
+)
+
 
 # The SSD chunk scan (mate_kernels.ssd_scan): the serial design's kernel, and the split design's with the runs'
 # entering states trailing.
@@ -210,5 +237,6 @@ def prim_func(T, name: str, family: tuple[Arg, ...], kernel: str, variant: str |
     return T.prim_func(scope[name])
 
 
-__all__ = ["Arg", "ArgList", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "SSD_SCAN_ARGS", "ONE_TOKEN", "PACKED",
-           "REPLAY", "MATERIALIZE", "SCAN", "VARIANTS", "args_of", "launch_args", "prim_func"]  # fmt: skip
+__all__ = ["Arg", "ArgList", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "MATERIALIZE_LAYERS_ARGS",
+           "SSD_SCAN_ARGS", "ONE_TOKEN", "PACKED", "REPLAY", "MATERIALIZE", "MATERIALIZE_LAYERS", "SCAN", "VARIANTS",
+           "args_of", "launch_args", "prim_func"]  # fmt: skip

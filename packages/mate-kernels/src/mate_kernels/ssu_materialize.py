@@ -17,7 +17,7 @@ prefix-cache event, not a decode step), so the fold is the plain recurrence.
 
 from types import SimpleNamespace
 
-from .abi import MATERIALIZE, MATERIALIZE_ARGS, prim_func
+from .abi import MATERIALIZE, MATERIALIZE_ARGS, MATERIALIZE_LAYERS, MATERIALIZE_LAYERS_ARGS, prim_func
 from .formats import QMAX
 from .ssu_common import SSUTiling, choose_tiling
 
@@ -48,20 +48,11 @@ def materialize_kernel(
     """
     import tilelang.language as T
 
-    from .ssu_parts import row_ops
-    from .ssu_ring import ring_ops
-
-    P, N, ratio = int(dim), int(dstate), int(heads_per_group)
+    P, N = int(dim), int(dstate)
     tiling = tiling or choose_tiling(P, N, state_dtype)
-    ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
-                  vector_state=vector_state, transposed=False)  # fmt: skip
-    VEC, NV, LN, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
-    prow, aligned, guard_p = ops.prow, ops.aligned, ops.guard_p
-    quant = state_dtype in QMAX
-    q = ops.quant_ops(state_dtype) if quant else None
-    f32, i64 = "float32", "int64"
-    rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, vector_io=vector_io)
-    CH, IOB, IOV, XV = rops.CH, rops.IOB, rops.IOV, rops.XV
+    k = _fold_ops(T, dim=P, dstate=N, heads_per_group=heads_per_group, state_dtype=state_dtype, io_dtype=io_dtype,
+                  ring_rows=ring_rows, tiling=tiling, vector_state=vector_state, vector_io=vector_io)  # fmt: skip
+    NB, TH, ratio, f32, i64 = k.NB, k.TH, k.ratio, "float32", "int64"
 
     S, H, G, L, NREQ = T.dynamic("S, H, G, L, NREQ")
     s_s0, s_s1, q_s0, q_s1 = T.dynamic("s_s0, s_s1, q_s0, q_s1", i64)
@@ -82,26 +73,11 @@ def materialize_kernel(
 
     @T.macro
     def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale):
-        pool = aligned(state, vector_state)
-        ring_b = aligned(B_cache, vector_io, IOB)
-        ring_x = aligned(x_cache, vector_io, IOB)
+        pool = k.aligned(state, vector_state)
+        ring_b = k.aligned(B_cache, vector_io, k.IOB)
+        ring_x = k.aligned(x_cache, vector_io, k.IOB)
         with T.Kernel(NB, H, batch, threads=TH) as (pb, h, b):
             tx = T.get_thread_binding()
-            lane = tx % LN
-            rg = tx // LN
-            g = h // ratio
-            Bs = T.alloc_shared((CH, N), io_dtype)
-            Xs = T.alloc_shared((CH, BP), io_dtype)
-            dts = T.alloc_shared((CH,), f32)
-            s = T.alloc_local((NS,), f32)
-            raw = T.alloc_local((NS,), state_dtype)
-            buf = T.alloc_local((VEC,), state_dtype)
-            stg = T.alloc_local((max(IOV, XV),), io_dtype)
-            dq = T.alloc_local((1,), f32)
-            rb = T.alloc_local((NV * VEC,), io_dtype)
-            bv = T.alloc_local((NV * VEC,), f32)
-            if quant:
-                qs = T.alloc_local((R,), f32)
             sl = T.alloc_var(i64)
             dl = T.alloc_var(i64)
             sl = T.cast(src[b], i64)
@@ -109,52 +85,179 @@ def materialize_kernel(
             live = T.And(T.And(sl != pad, dl != pad), T.And(T.And(sl >= 0, sl < T.cast(S, i64)),
                                                                T.And(dl >= 0, dl < T.cast(S, i64))))  # fmt: skip
             if live:
-                rs = T.alloc_var("int32")
-                k = T.alloc_var("int32")
-                row = T.alloc_var("int32")
-                rs = ((T.cast(ring_start[b], "int32") % L) + L) % L
-                k = T.min(T.max(T.cast(prefix[b], "int32"), 0), L)
-                a = A[h]
-                ops.fetch_state(raw, pool, sl, h, pb, tx)
-                if quant:
-                    q.fetch_scales(qs, scale, sl, h, pb, tx)
-                rops.stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, sl, g, h, pb, tx, L)
-                T.sync_threads()
-                if k == 0:
-                    # nothing to replay: the stored numbers (and scales) copied exactly
-                    ops.store_raw(raw, pool, dl, h, pb, tx)
-                    if quant:
-                        for r in T.unroll(R):
-                            p = pb * BP + r * RP + rg
-                            if lane == 0:
-                                if guard_p:
-                                    if p < P:
-                                        scale[dl, h, p] = qs[r]
-                                else:
-                                    scale[dl, h, p] = qs[r]
-                else:
-                    if quant:
-                        q.dequantize(s, raw, qs, True)
-                    else:
-                        ops.convert_state(s, raw, True)
-                    row = rs
-                    for _j in T.serial(k):
-                        rops.lane_row(bv, rb, Bs, row, lane)
-                        dtj = dts[row]
-                        dA = T.exp(a * dtj)
-                        for r in T.unroll(R):
-                            xr = dtj * T.cast(Xs[row, r * RP + rg], f32)
-                            for kk in T.unroll(NV * VEC):
-                                s[r * NV * VEC + kk] = s[r * NV * VEC + kk] * dA + xr * bv[kk]
-                        row = T.if_then_else(row + 1 == L, 0, row + 1)
-                    if quant:
-                        q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
-                    else:
-                        ops.store_state(s, buf, pool, dl, h, pb, tx)
+                k.fold(pool, ring_b, ring_x, dt_cache, A[h], scale, sl, dl, ring_start[b], prefix[b], h, h // ratio,
+                       pb, tx, L)  # fmt: skip
 
     # the scaled kernel is the same body with the scales as one more argument
-    name = "ssu_materialize_scaled" if quant else "ssu_materialize"
-    return prim_func(T, name, MATERIALIZE_ARGS, MATERIALIZE, "scaled" if quant else None, ty, body)
+    name = "ssu_materialize_scaled" if k.quant else "ssu_materialize"
+    return prim_func(T, name, MATERIALIZE_ARGS, MATERIALIZE, "scaled" if k.quant else None, ty, body)
 
 
-__all__ = ["materialize_kernel"]
+def materialize_layers_kernel(
+    *,
+    dim: int,
+    dstate: int,
+    heads_per_group: int,
+    state_dtype: str,
+    io_dtype: str,
+    a_dtype: str = "float32",
+    ring_rows: int = 32,
+    tiling: SSUTiling | None = None,
+):
+    """Return the ``T.prim_func`` of the multi-layer materialisation (FlashInfer 0.7.2's ``replayssm_materialize``):
+    the fold of :func:`materialize_kernel` over layers whose pools are named by base addresses read on the device.
+
+    Arguments (:data:`.abi.MATERIALIZE_LAYERS_ARGS`): per layer ``l``, int64 tables ``[layers]`` of base addresses
+    and slot strides (in elements): the state ``[slot, H, P, N]`` (``state_dtype``), the rings ``x [slot, H, L, P]``,
+    ``B [slot, G, L, N]`` (``io_dtype``), ``dt [slot, H, L]`` fp32, ``A [H]`` (``a_dtype``, no stride) and the
+    scales ``[slot, H, P]`` fp32 (block-scaled states; a zero address writes nothing); everything inside a slot
+    is contiguous. Then ``src``, ``dst`` ``[layers, batch]``, ``ring_start``, ``prefix``, ``active`` ``[batch]``
+    int32, and ``heads``, ``ring_len`` (``L``), ``pad``.
+
+    CTA ``(pb, layer * heads + h, v)`` serves virtual request ``v``: physical request ``active[v]`` (none when it
+    is negative or past the batch) of that layer. The addresses are not known to be 16-byte aligned, so every
+    global access is scalar; a request whose slot is the sentinel or negative writes nothing; ``ring_start`` is
+    taken modulo ``L`` and the prefix clamped into ``[0, L]`` as in :func:`materialize_kernel`; the pools' slot
+    counts are not known here, so a slot past a pool is the caller's mistake (as in FlashInfer).
+    """
+    import tilelang.language as T
+
+    P, N = int(dim), int(dstate)
+    tiling = tiling or choose_tiling(P, N, state_dtype)
+    k = _fold_ops(T, dim=P, dstate=N, heads_per_group=heads_per_group, state_dtype=state_dtype, io_dtype=io_dtype,
+                  ring_rows=ring_rows, tiling=tiling, vector_state=False, vector_io=False)  # fmt: skip
+    NB, TH, ratio, f32, i64 = k.NB, k.TH, k.ratio, "float32", "int64"
+    # a pool's slot count is not known on the device: its buffers' outer extent is the largest int32 slot
+    SLOTS = 2**31 - 1
+
+    NL, NREQ = T.dynamic("NL, NREQ")
+    # one tensor type per argument (a shared one would make them one buffer)
+    tables = ("state_ptrs", "state_strides", "x_ptrs", "x_strides", "B_ptrs", "B_strides", "dt_ptrs", "dt_strides",
+              "A_ptrs", "scale_ptrs", "scale_strides")  # fmt: skip
+    ty = SimpleNamespace(
+        **{name: T.Tensor((NL,), i64) for name in tables},
+        **{name: T.Tensor((NL, NREQ), "int32") for name in ("src", "dst")},
+        **{name: T.Tensor((NREQ,), "int32") for name in ("ring_start", "prefix", "active")},
+    )
+
+    @T.macro
+    def body(state_ptrs, state_strides, x_ptrs, x_strides, B_ptrs, B_strides, dt_ptrs, dt_strides, A_ptrs,
+             scale_ptrs, scale_strides, src, dst, ring_start, prefix, active, heads, ring_len, pad):  # fmt: skip
+        with T.Kernel(NB, NL * heads, NREQ, threads=TH) as (pb, lh, v):
+            tx = T.get_thread_binding()
+            layer = lh // heads
+            h = lh % heads
+            G = heads // ratio
+            L = ring_len
+            r = T.alloc_var("int32")
+            r = active[v]
+            if T.And(r >= 0, r < NREQ):
+                sl = T.alloc_var(i64)
+                dl = T.alloc_var(i64)
+                sl = T.cast(src[layer, r], i64)
+                dl = T.cast(dst[layer, r], i64)
+                live = T.And(T.And(sl != pad, dl != pad), T.And(sl >= 0, dl >= 0))
+                if k.quant:
+                    live = T.And(live, scale_ptrs[layer] != 0)
+                if live:
+                    pool = T.make_tensor(state_ptrs[layer], (SLOTS, heads, P, N), state_dtype,
+                                         strides=(state_strides[layer], P * N, N, 1))  # fmt: skip
+                    ring_x = T.make_tensor(x_ptrs[layer], (SLOTS, heads, L, P), io_dtype,
+                                           strides=(x_strides[layer], L * P, P, 1))  # fmt: skip
+                    ring_b = T.make_tensor(B_ptrs[layer], (SLOTS, G, L, N), io_dtype,
+                                           strides=(B_strides[layer], L * N, N, 1))  # fmt: skip
+                    dt_cache = T.make_tensor(dt_ptrs[layer], (SLOTS, heads, L), f32,
+                                             strides=(dt_strides[layer], L, 1))  # fmt: skip
+                    A = T.make_tensor(A_ptrs[layer], (heads,), a_dtype)
+                    scale = None
+                    if k.quant:
+                        scale = T.make_tensor(scale_ptrs[layer], (SLOTS, heads, P), f32,
+                                              strides=(scale_strides[layer], P, 1))  # fmt: skip
+                    k.fold(pool, ring_b, ring_x, dt_cache, T.cast(A[h], f32), scale, sl, dl, ring_start[r],
+                           prefix[r], h, h // ratio, pb, tx, L)  # fmt: skip
+
+    name = "ssu_materialize_layers_scaled" if k.quant else "ssu_materialize_layers"
+    return prim_func(T, name, MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS, None, ty, body)
+
+
+def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_rows, tiling, vector_state, vector_io):
+    """What both kernels share: the tiling's sizes, ``aligned`` and the macro ``fold``, one CTA's work once its
+    request is live."""
+    from .ssu_parts import row_ops
+    from .ssu_ring import ring_ops
+
+    P, N, ratio = int(dim), int(dstate), int(heads_per_group)
+    ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
+                  vector_state=vector_state, transposed=False)  # fmt: skip
+    VEC, NV, LN, R, TH, BP, RP, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NS
+    guard_p = ops.guard_p
+    quant = state_dtype in QMAX
+    q = ops.quant_ops(state_dtype) if quant else None
+    f32 = "float32"
+    rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, vector_io=vector_io)
+    CH, IOV, XV = rops.CH, rops.IOV, rops.XV
+
+    @T.macro
+    def fold(pool, ring_b, ring_x, dt_cache, a, scale, sl, dl, ring_start, prefix, h, g, pb, tx, L):
+        """``pool[dl]`` rows of this CTA = ``pool[sl]``'s advanced through ``prefix`` tokens of the slot's ring from
+        row ``ring_start`` (``a``: the head's A as fp32; ``scale``: the row scales of a block-scaled state)."""
+        lane = tx % LN
+        rg = tx // LN
+        Bs = T.alloc_shared((CH, N), io_dtype)
+        Xs = T.alloc_shared((CH, BP), io_dtype)
+        dts = T.alloc_shared((CH,), f32)
+        s = T.alloc_local((NS,), f32)
+        raw = T.alloc_local((NS,), state_dtype)
+        buf = T.alloc_local((VEC,), state_dtype)
+        stg = T.alloc_local((max(IOV, XV),), io_dtype)
+        dq = T.alloc_local((1,), f32)
+        rb = T.alloc_local((NV * VEC,), io_dtype)
+        bv = T.alloc_local((NV * VEC,), f32)
+        if quant:
+            qs = T.alloc_local((R,), f32)
+        rs = T.alloc_var("int32")
+        k = T.alloc_var("int32")
+        row = T.alloc_var("int32")
+        rs = ((T.cast(ring_start, "int32") % L) + L) % L
+        k = T.min(T.max(T.cast(prefix, "int32"), 0), L)
+        ops.fetch_state(raw, pool, sl, h, pb, tx)
+        if quant:
+            q.fetch_scales(qs, scale, sl, h, pb, tx)
+        rops.stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, sl, g, h, pb, tx, L)
+        T.sync_threads()
+        if k == 0:
+            # nothing to replay: the stored numbers (and scales) copied exactly
+            ops.store_raw(raw, pool, dl, h, pb, tx)
+            if quant:
+                for r in T.unroll(R):
+                    p = pb * BP + r * RP + rg
+                    if lane == 0:
+                        if guard_p:
+                            if p < P:
+                                scale[dl, h, p] = qs[r]
+                        else:
+                            scale[dl, h, p] = qs[r]
+        else:
+            if quant:
+                q.dequantize(s, raw, qs, True)
+            else:
+                ops.convert_state(s, raw, True)
+            row = rs
+            for _j in T.serial(k):
+                rops.lane_row(bv, rb, Bs, row, lane)
+                dtj = dts[row]
+                dA = T.exp(a * dtj)
+                for r in T.unroll(R):
+                    xr = dtj * T.cast(Xs[row, r * RP + rg], f32)
+                    for kk in T.unroll(NV * VEC):
+                        s[r * NV * VEC + kk] = s[r * NV * VEC + kk] * dA + xr * bv[kk]
+                row = T.if_then_else(row + 1 == L, 0, row + 1)
+            if quant:
+                q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
+            else:
+                ops.store_state(s, buf, pool, dl, h, pb, tx)
+
+    return SimpleNamespace(NB=ops.NB, TH=TH, IOB=rops.IOB, ratio=ratio, quant=quant, aligned=ops.aligned, fold=fold)
+
+
+__all__ = ["materialize_kernel", "materialize_layers_kernel"]

@@ -1,8 +1,9 @@
 """MATE's ``flashinfer.mamba``: a package shaped like FlashInfer 0.7.2's, holding the functions MATE serves.
 
-As in FlashInfer's, the package attributes ``selective_state_update`` and ``checkpointing_ssu`` are functions
-that shadow the submodules of the same names (:mod:`mate_flashinfer_compat.mamba.selective_state_update` and
-:mod:`mate_flashinfer_compat.mamba.checkpointing_ssu`, which define them). Code written against FlashInfer
+As in FlashInfer's, the package attributes ``selective_state_update``, ``checkpointing_ssu`` and
+``replayssm_materialize`` are functions that shadow the submodules of the same names
+(:mod:`mate_flashinfer_compat.mamba.selective_state_update`, :mod:`mate_flashinfer_compat.mamba.checkpointing_ssu`
+and :mod:`mate_flashinfer_compat.mamba.replayssm_materialize`, which define them). Code written against FlashInfer
 imports them from here where no real FlashInfer is installed (``MATE_FLASHINFER_COMPAT=alias`` also makes this
 package ``flashinfer.mamba``); beside a real FlashInfer, the default ``auto`` puts :data:`SERVED` into
 FlashInfer's own ``flashinfer.mamba`` instead, and :data:`STANDALONE` (the ReplaySSM names) stay FlashInfer's.
@@ -19,6 +20,7 @@ from .._names import STANDALONE as STANDALONE
 from .._names import SUBMODULES as SUBMODULES
 from .._names import not_served_message
 from .checkpointing_ssu import allocate_checkpointing_ssu_scratch, checkpointing_ssu
+from .replayssm_materialize import replayssm_materialize
 from .selective_state_update import selective_state_update
 
 
@@ -28,4 +30,4 @@ def __getattr__(name):
     raise AttributeError(not_served_message(f"{__name__}.{name}"))
 
 
-__all__ = ["selective_state_update", "checkpointing_ssu", "allocate_checkpointing_ssu_scratch"]
+__all__ = ["selective_state_update", "checkpointing_ssu", "allocate_checkpointing_ssu_scratch", "replayssm_materialize"]

@@ -26,6 +26,7 @@ _PUBLIC = {
     "causal_conv1d_fn": "conv1d",
     "causal_conv1d_update": "conv1d",
     "mamba2_decode_step": "decode_step",
+    "materialize_replayed_layers": "replay",
     "materialize_replayed_state": "replay",
     "plan_causal_conv1d_fn": "planning",
     "plan_causal_conv1d_update": "planning",
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     )
     from mate.mamba.replay import (
         advance_replay_ring,
+        materialize_replayed_layers,
         materialize_replayed_state,
         prewarm_replay_state_update,
         replay_state_update,
@@ -89,6 +91,7 @@ __all__ = [  # = _PUBLIC's names
     "causal_conv1d_fn",
     "causal_conv1d_update",
     "mamba2_decode_step",
+    "materialize_replayed_layers",
     "materialize_replayed_state",
     "plan_causal_conv1d_fn",
     "plan_causal_conv1d_update",

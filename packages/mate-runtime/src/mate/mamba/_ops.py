@@ -40,7 +40,7 @@ import torch
 from mate.mamba._contract.conv1d import normalize_conv1d_fn, normalize_conv1d_update
 from mate.mamba._contract.decode_step import normalize_decode_step
 from mate.mamba._contract.norm import normalize_norm
-from mate.mamba._contract.replay import normalize_replay
+from mate.mamba._contract.replay import normalize_materialize_layers, normalize_replay
 from mate.mamba._contract.ssd import normalize_ssd
 from mate.mamba._contract.ssu import normalize_ssu
 from mate.mamba._dispatch import run
@@ -405,6 +405,44 @@ _out_op("replay_state_update", "replay", REPLAY, normalize_replay)
 
 # The traced replay_state_update (the table's parameters, positionally): emits the op, returns out.
 trace_replay = REPLAY.entry("trace_replay", _traced_out(REPLAY, torch.ops.mate.replay_state_update))
+
+__all__ += ["materialize_layers_op", "trace_replay"]
+
+
+# mate::materialize_replayed_layers (FlashInfer's replayssm_materialize): its pools are reached through address
+# tables, so torch sees them only as the anchors ``dependency_inputs`` (read) and ``dependency_outputs`` (written);
+# the public function validates, the op normalises again (cheap: no table is read) and dispatches.
+
+
+def _layers_call(*args):
+    tables, (deps_in, deps_out), rest = args[:16], args[16:18], args[18:]
+    sdt, idt, adt, dim, dstate, heads, ratio, window, ring, pad, seed, rounds = rest[:12]
+    return normalize_materialize_layers(
+        *tables, state_dtype=sdt, input_dtype=idt, matrixA_dtype=adt, dim=dim, dstate=dstate, num_heads=heads,
+        heads_per_group=ratio, max_window=window, ring_buffer_len=ring, pad_slot_id=pad, rand_seed=seed,
+        philox_rounds=rounds, dependency_inputs=deps_in, dependency_outputs=deps_out,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("mate::materialize_replayed_layers", mutates_args=("dependency_outputs",))
+def materialize_layers_op(
+    state_ptrs: torch.Tensor, state_slot_strides: torch.Tensor, x_cache_ptrs: torch.Tensor,
+    x_cache_slot_strides: torch.Tensor, B_cache_ptrs: torch.Tensor, B_cache_slot_strides: torch.Tensor,
+    dt_cache_ptrs: torch.Tensor, dt_cache_slot_strides: torch.Tensor, A_ptrs: torch.Tensor,
+    state_scale_ptrs: torch.Tensor, state_scale_slot_strides: torch.Tensor, src_slots: torch.Tensor,
+    dst_slots: torch.Tensor, ring_start: torch.Tensor, replay_prefix_len: torch.Tensor,
+    active_request_indices: torch.Tensor, dependency_inputs: list[torch.Tensor],
+    dependency_outputs: list[torch.Tensor], state_dtype: torch.dtype, input_dtype: torch.dtype,
+    matrixA_dtype: torch.dtype, dim: int, dstate: int, num_heads: int, heads_per_group: int, max_window: int,
+    ring_buffer_len: int, pad_slot_id: int, rand_seed: torch.Tensor | None, philox_rounds: int, backend: str,
+) -> None:  # fmt: skip
+    args = tuple(locals().values())
+    run("materialize_layers", _layers_call(*args[:-1]), backend)
+
+
+@materialize_layers_op.register_fake
+def _materialize_layers_fake(*args) -> None:
+    _layers_call(*args[:-1])  # a bad call fails while tracing as it does eagerly
 
 
 # ------------------------------------------------------------------------------------------------ gated RMSNorm

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
 from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
-from mate.mamba._contract.replay import normalize_materialize, normalize_replay
+from mate.mamba._contract.replay import normalize_materialize, normalize_materialize_layers, normalize_replay
 from mate.mamba._dispatch import FastPath, prewarm, run
-from mate.mamba._ops import REPLAY, trace_replay
+from mate.mamba._ops import REPLAY, materialize_layers_op, trace_replay
 
 
 def replay_state_update(
@@ -83,6 +83,51 @@ def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start,
     run("materialize", call, backend)
 
 
+def materialize_replayed_layers(state_ptrs, state_slot_strides, x_cache_ptrs, x_cache_slot_strides, B_cache_ptrs,
+                                B_cache_slot_strides, dt_cache_ptrs, dt_cache_slot_strides, A_ptrs, state_scale_ptrs,
+                                state_scale_slot_strides, src_slots, dst_slots, ring_start, replay_prefix_len,
+                                active_request_indices, *, state_dtype, input_dtype, matrixA_dtype, dim, dstate,
+                                num_heads, heads_per_group, max_window, ring_buffer_len, pad_slot_id=-1,
+                                rand_seed=None, philox_rounds=0, dependency_inputs=None, dependency_outputs=None,
+                                backend="auto") -> None:  # fmt: skip
+    """:func:`materialize_replayed_state` over several layers at once, their pools named by address: FlashInfer
+    0.7.2's ``replayssm_materialize`` (arguments, order, defaults, checks, semantics) plus ``backend``.
+
+    Per layer ``l`` (``L`` = ``ring_buffer_len`` rows, ``H`` = ``num_heads``, ``G`` = ``H / heads_per_group``),
+    int64 ``[layers]`` tables hold each pool's base address and slot stride in elements; inside a slot everything
+    is contiguous: ``state [slot, H, dim, dstate]`` of ``state_dtype``, ``x_cache [slot, H, L, dim]`` and
+    ``B_cache [slot, G, L, dstate]`` bf16, ``dt_cache [slot, H, L]`` fp32, ``A [H]`` of ``matrixA_dtype`` (no
+    stride), the row scales ``[slot, H, dim]`` fp32 of a block-scaled state (a 0 address elsewhere). ``src_slots``
+    / ``dst_slots [layers, batch]``, ``ring_start`` / ``replay_prefix_len`` / ``active_request_indices [batch]``
+    int32. For each selected request ``b`` (the entries of ``active_request_indices`` before the first ``-1``)
+    and layer ``l`` whose slots are not ``pad_slot_id``, ``state[dst_slots[l, b]]`` = ``state[src_slots[l, b]]``
+    advanced through ``replay_prefix_len[b]`` (``<= max_window``) ring tokens from row ``ring_start[b]``; 0 copies
+    the stored numbers and scales exactly. ``dependency_inputs`` / ``dependency_outputs``: the pools the tables
+    point into, named for ``torch.compile``'s ordering only (the op mutates the latter).
+
+    ``backend="tilelang"`` (auto on a CUDA device) is one kernel over every layer and request that reads the
+    tables on the device: nothing is read back, and the call can be captured in a graph (compile its kernel
+    first by one eager call). ``"torch"`` (auto elsewhere) reads the tables back (a sync, refused under capture),
+    checks the selected requests' metadata and runs the reference layer by layer. ``philox_rounds > 0``
+    (stochastic rounding) raises ``NotImplementedError``."""
+    normalize_materialize_layers(
+        state_ptrs, state_slot_strides, x_cache_ptrs, x_cache_slot_strides, B_cache_ptrs, B_cache_slot_strides,
+        dt_cache_ptrs, dt_cache_slot_strides, A_ptrs, state_scale_ptrs, state_scale_slot_strides, src_slots,
+        dst_slots, ring_start, replay_prefix_len, active_request_indices, state_dtype=state_dtype,
+        input_dtype=input_dtype, matrixA_dtype=matrixA_dtype, dim=dim, dstate=dstate, num_heads=num_heads,
+        heads_per_group=heads_per_group, max_window=max_window, ring_buffer_len=ring_buffer_len,
+        pad_slot_id=pad_slot_id, rand_seed=rand_seed, philox_rounds=philox_rounds,
+        dependency_inputs=dependency_inputs, dependency_outputs=dependency_outputs,
+    )  # fmt: skip
+    materialize_layers_op(
+        state_ptrs, state_slot_strides, x_cache_ptrs, x_cache_slot_strides, B_cache_ptrs, B_cache_slot_strides,
+        dt_cache_ptrs, dt_cache_slot_strides, A_ptrs, state_scale_ptrs, state_scale_slot_strides, src_slots,
+        dst_slots, ring_start, replay_prefix_len, active_request_indices, list(dependency_inputs or []),
+        list(dependency_outputs or []), state_dtype, input_dtype, matrixA_dtype, dim, dstate, num_heads,
+        heads_per_group, max_window, ring_buffer_len, pad_slot_id, rand_seed, philox_rounds, backend,
+    )  # fmt: skip
+
+
 def advance_replay_ring(ring_start: torch.Tensor, prev_num_accepted_tokens: torch.Tensor,
                         state_batch_indices: torch.Tensor, num_new_tokens: torch.Tensor,
                         num_accepted_tokens: torch.Tensor, *, ring_len: int, window: int,
@@ -145,4 +190,5 @@ def prewarm_replay_state_update(*, state_dtype: torch.dtype, io_dtype: torch.dty
     )  # fmt: skip
 
 
-__all__ = ["replay_state_update", "materialize_replayed_state", "advance_replay_ring", "prewarm_replay_state_update"]
+__all__ = ["replay_state_update", "materialize_replayed_state", "materialize_replayed_layers", "advance_replay_ring",
+           "prewarm_replay_state_update"]  # fmt: skip

@@ -297,5 +297,114 @@ def check_materialize_data(call: MaterializeCall) -> None:
                 raise ValueError(f"{name}: got {v} at request {b}; expected a value in [0, {hi})")
 
 
+# FlashInfer 0.7.2's replayssm_materialize: its per-layer tables, in its argument order
+LAYER_TABLES = ("state_ptrs", "state_slot_strides", "x_cache_ptrs", "x_cache_slot_strides", "B_cache_ptrs",
+                "B_cache_slot_strides", "dt_cache_ptrs", "dt_cache_slot_strides", "A_ptrs", "state_scale_ptrs",
+                "state_scale_slot_strides")  # fmt: skip
+MAX_REPLAY_WINDOW = 16  # FlashInfer's bound on max_window (its kernel is built per window)
+
+
+@dataclass(frozen=True)
+class MaterializeLayersCall:
+    """``materialize_replayed_layers``: per layer ``l``, the base addresses and slot strides (elements) of its
+    pools, each slot contiguous inside: ``state [slot, H, P, N]``, ``x [slot, H, L, P]`` and ``B [slot, G, L, N]``
+    bf16, ``dt [slot, H, L]`` fp32, ``A [H]`` (``a_dtype``), ``scale [slot, H, P]`` fp32 (0 beside an unscaled
+    state); ``src`` / ``dst [layers, batch]``, ``ring_start`` / ``prefix`` / ``active [batch]`` int32."""
+
+    tables: tuple  # LAYER_TABLES' tensors, in that order: [layers] int64, contiguous
+    src: torch.Tensor
+    dst: torch.Tensor
+    ring_start: torch.Tensor
+    prefix: torch.Tensor
+    active: torch.Tensor
+    state_dtype: torch.dtype
+    io_dtype: torch.dtype
+    a_dtype: torch.dtype
+    dim: int
+    dstate: int
+    heads: int
+    heads_per_group: int
+    max_window: int
+    ring_len: int
+    pad_slot_id: int
+
+    @property
+    def state(self) -> torch.Tensor:  # the device the call runs on (the dispatcher reads ``call.state``)
+        return self.tables[0]
+
+    def table(self, name: str) -> torch.Tensor:
+        return self.tables[LAYER_TABLES.index(name)]
+
+
+def normalize_materialize_layers(state_ptrs, state_slot_strides, x_cache_ptrs, x_cache_slot_strides, B_cache_ptrs,
+                                 B_cache_slot_strides, dt_cache_ptrs, dt_cache_slot_strides, A_ptrs,
+                                 state_scale_ptrs, state_scale_slot_strides, src_slots, dst_slots, ring_start,
+                                 replay_prefix_len, active_request_indices, *, state_dtype, input_dtype,
+                                 matrixA_dtype, dim, dstate, num_heads, heads_per_group, max_window, ring_buffer_len,
+                                 pad_slot_id=-1, rand_seed=None, philox_rounds=0, dependency_inputs=None,
+                                 dependency_outputs=None) -> MaterializeLayersCall:  # fmt: skip
+    """FlashInfer 0.7.2's checks of ``replayssm_materialize`` (its Python wrapper's and its launcher's), each as
+    a ``ValueError`` naming the argument; MATE's own limits as ``NotImplementedError``. The tables' contents (the
+    addresses, slots and request metadata) are not read."""
+    tables = (state_ptrs, state_slot_strides, x_cache_ptrs, x_cache_slot_strides, B_cache_ptrs, B_cache_slot_strides,
+              dt_cache_ptrs, dt_cache_slot_strides, A_ptrs, state_scale_ptrs, state_scale_slot_strides)  # fmt: skip
+    if input_dtype != torch.bfloat16:
+        bad_arg("input_dtype", input_dtype, "torch.bfloat16 (the replay x and B caches, as checkpointing_ssu has them)")
+    if state_dtype not in STATE_DTYPES + QUANT_STATE_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in STATE_DTYPES + QUANT_STATE_DTYPES)
+        bad_arg("state_dtype", state_dtype, f"a state dtype in ({names})")
+    if matrixA_dtype not in PARAM_DTYPES:
+        bad_arg("matrixA_dtype", matrixA_dtype, "float32, bfloat16 or float16")
+    for name, v in (("dim", dim), ("dstate", dstate), ("num_heads", num_heads), ("heads_per_group", heads_per_group),
+                    ("ring_buffer_len", ring_buffer_len)):  # fmt: skip
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            bad_arg(name, v, "a positive int")
+    if not isinstance(max_window, int) or isinstance(max_window, bool) or not 1 <= max_window <= MAX_REPLAY_WINDOW:
+        bad_arg("max_window", max_window, f"an int in [1, {MAX_REPLAY_WINDOW}]")
+    if num_heads % heads_per_group:
+        bad_arg("heads_per_group", heads_per_group, f"a positive divisor of num_heads ({num_heads})")
+    if torch.tensor([], dtype=state_dtype).element_size() == 1 and (dim, dstate) != (64, 128):
+        bad_arg("state_dtype", state_dtype, f"a 2- or 4-byte state unless dim=64 and dstate=128 (got {dim}, {dstate})")
+    if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
+        bad_arg("pad_slot_id", pad_slot_id, "an int")
+    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
+        bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
+    check_tensor("state_ptrs", state_ptrs, 1, (torch.int64,), device_of="state_ptrs")
+    dev = state_ptrs.device
+    layers = state_ptrs.shape[0]
+    for name, t in zip(LAYER_TABLES, tables, strict=True):
+        check_tensor(name, t, 1, (torch.int64,), dev, device_of="state_ptrs")
+        if t.shape[0] != layers or not t.is_contiguous():
+            bad_arg(name, t, f"a contiguous [{layers}] int64 table (one entry per layer, as state_ptrs)")
+    for name, t in (("src_slots", src_slots), ("dst_slots", dst_slots)):
+        check_tensor(name, t, 2, (torch.int32,), dev, device_of="state_ptrs")
+    if src_slots.shape[0] < 1:
+        bad_arg("src_slots", src_slots, "[layers, batch] with at least one layer")
+    layers, batch = src_slots.shape
+    for name, t, shape in (("src_slots", src_slots, (layers, batch)), ("dst_slots", dst_slots, (layers, batch)),
+                           ("ring_start", ring_start, (batch,)), ("replay_prefix_len", replay_prefix_len, (batch,)),
+                           ("active_request_indices", active_request_indices, (batch,))):  # fmt: skip
+        check_tensor(name, t, len(shape), (torch.int32,), dev, device_of="state_ptrs")
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            bad_arg(name, t, f"a contiguous int32 tensor of shape {shape} (src_slots is [layers, batch])")
+    if batch < 1:
+        bad_arg("src_slots", src_slots, "[layers, batch] with at least one request")
+    if state_ptrs.shape[0] != layers:
+        bad_arg("state_ptrs", state_ptrs, f"[{layers}] (one entry per layer of src_slots)")
+    for name, anchors in (("dependency_inputs", dependency_inputs), ("dependency_outputs", dependency_outputs)):
+        if anchors is not None and (not isinstance(anchors, (list, tuple)) or not all(
+                isinstance(t, torch.Tensor) and t.device == dev for t in anchors)):  # fmt: skip
+            bad_arg(name, anchors, f"None or a list of tensors on {dev} (state_ptrs's device)")
+    if philox_rounds:
+        if rand_seed is None:
+            bad_arg("rand_seed", rand_seed, "a one-element int64 tensor when philox_rounds > 0")
+        unsupported("replayssm_materialize with philox_rounds > 0 (stochastic rounding of the materialised state)",
+                    "MATE's materialisation rounds to nearest; pass philox_rounds=0")  # fmt: skip
+    return MaterializeLayersCall(tables, src_slots, dst_slots, ring_start, replay_prefix_len, active_request_indices,
+                                 state_dtype, input_dtype, matrixA_dtype, dim, dstate, num_heads, heads_per_group,
+                                 max_window, ring_buffer_len, pad_slot_id)  # fmt: skip
+
+
 __all__ = ["ReplayCall", "MaterializeCall", "normalize_replay", "normalize_materialize", "check_replay_data",
-           "check_materialize_data"]  # fmt: skip
+           "check_materialize_data", "LAYER_TABLES", "MaterializeLayersCall",
+           "normalize_materialize_layers"]  # fmt: skip

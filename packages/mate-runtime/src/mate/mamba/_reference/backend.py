@@ -16,6 +16,8 @@ def run(op: str, call, sources: dict | None = None):
         return replay.replay_state_update(call), None
     if op == "materialize":
         return replay.materialize_replayed_state(call), None
+    if op == "materialize_layers":
+        return replay.materialize_replayed_layers(call), None
     if op == "norm":
         return norm.rms_norm_gated(call), None
     if op == "conv1d_fn":
@@ -24,8 +26,8 @@ def run(op: str, call, sources: dict | None = None):
         return conv1d.causal_conv1d_update(call), None
     if op == "decode_step":
         return decode_step.mamba2_decode_step(call), None
-    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn, conv1d_update or decode_step, "
-                     f"got {op!r}")  # fmt: skip
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize, materialize_layers, norm, conv1d_fn, "
+                     f"conv1d_update or decode_step, got {op!r}")  # fmt: skip
 
 
 __all__ = ["run"]

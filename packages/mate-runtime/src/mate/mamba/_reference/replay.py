@@ -13,9 +13,22 @@ as ``selective_state_update`` writes a state.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
-from mate.mamba._contract.replay import MaterializeCall, ReplayCall, check_materialize_data, check_replay_data
+from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES
+from mate.mamba._contract.errors import unsupported
+from mate.mamba._contract.replay import (
+    LAYER_TABLES,
+    MaterializeCall,
+    MaterializeLayersCall,
+    ReplayCall,
+    check_materialize_data,
+    check_replay_data,
+    normalize_materialize,
+)
+from mate.mamba._platform.device import is_capturing
 from mate.mamba._reference.ssu import _heads, load_rows, softplus, store_rows
 
 
@@ -104,4 +117,85 @@ def materialize_replayed_state(call: MaterializeCall) -> None:
         store_rows(call.state, call.state_scale, torch.tensor([dst[b]], device=s.device), s.unsqueeze(0))
 
 
-__all__ = ["replay", "replay_state_update", "materialize_replayed_state"]
+class _DeviceMemory:
+    """``nbytes`` bytes of device memory at ``addr``, as ``torch.as_tensor`` reads it (CUDA array interface)."""
+
+    def __init__(self, addr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (addr, False), "version": 3}
+
+
+def _memory(addr: int, dtype: torch.dtype, shape: tuple, strides: tuple, device: torch.device) -> torch.Tensor:
+    """A tensor of ``shape`` / ``strides`` (elements) over the caller's memory at ``addr`` (no copy)."""
+    nbytes = (1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))) * dtype.itemsize
+    if device.type == "cpu":
+        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
+    elif device.type == "cuda":
+        raw = torch.as_tensor(_DeviceMemory(addr, nbytes), device=device)
+    else:
+        unsupported(f"materialize_replayed_layers (torch) on {device.type}", "it reads CPU or CUDA memory")
+    return raw.view(dtype).as_strided(shape, strides)
+
+
+@torch.no_grad()
+def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
+    """The multi-layer materialisation on the host: it reads the tables back (a sync; refused while a graph is
+    captured, where the reads would not be replayed), checks the selected requests' metadata (``ValueError``),
+    rebuilds each layer's pools as tensors over the addresses and runs :func:`materialize_replayed_state` on them,
+    layer by layer."""
+    dev = call.state.device
+    if is_capturing(dev):
+        unsupported("materialize_replayed_layers (torch) under graph capture",
+                    "it reads the pointer tables on the host; capture the TileLang kernel instead")  # fmt: skip
+    ptrs = {name: t.tolist() for name, t in zip(LAYER_TABLES, call.tables, strict=True)}
+    src, dst = call.src.tolist(), call.dst.tolist()
+    rs, pre, active = call.ring_start.tolist(), call.prefix.tolist(), call.active.tolist()
+    batch = len(rs)
+    chosen = []
+    for v, b in enumerate(active):  # the selected requests: the entries before the first -1
+        if b == -1:
+            break
+        if not 0 <= b < batch or b in chosen:
+            raise ValueError(f"active_request_indices: got {b} at entry {v}; expected distinct requests in "
+                             f"[0, {batch}), then -1")  # fmt: skip
+        if not 0 <= rs[b] < call.ring_len:
+            raise ValueError(f"ring_start: got {rs[b]} at request {b}; expected a value in [0, {call.ring_len})")
+        if not 0 <= pre[b] <= call.max_window:
+            raise ValueError(f"replay_prefix_len: got {pre[b]} at request {b}; expected a value in "
+                             f"[0, {call.max_window}] (max_window)")  # fmt: skip
+        chosen.append(b)
+    H, P, N, L, G = call.heads, call.dim, call.dstate, call.ring_len, call.heads // call.heads_per_group
+    scaled = call.state_dtype in QUANT_STATE_DTYPES
+    for layer in range(len(src)):
+        live = [b for b in chosen if call.pad_slot_id not in (src[layer][b], dst[layer][b])]
+        if not live:
+            continue
+        slots = [src[layer][b] for b in live] + [dst[layer][b] for b in live]
+        if min(slots) < 0:
+            raise ValueError(f"src_slots / dst_slots: got slot {min(slots)} in layer {layer}; expected slots >= 0 "
+                             f"or pad_slot_id ({call.pad_slot_id})")  # fmt: skip
+        S = max(slots) + 1  # the pools' slots this call touches
+
+        def pool(name, dtype, inner, layer=layer, S=S):
+            stride = ptrs[name.replace("_ptrs", "_slot_strides")][layer]
+            strides = [1]
+            for n in reversed(inner[1:]):
+                strides.insert(0, strides[0] * n)
+            return _memory(ptrs[name][layer], dtype, (S, *inner), (stride, *strides), dev)
+
+        if scaled and ptrs["state_scale_ptrs"][layer] == 0:
+            raise ValueError(f"state_scale_ptrs: got 0 for layer {layer}; expected the address of its scales "
+                             f"(a {call.state_dtype} state is block-scaled)")  # fmt: skip
+        state = pool("state_ptrs", call.state_dtype, (H, P, N))
+        x_cache = pool("x_cache_ptrs", call.io_dtype, (H, L, P))
+        B_cache = pool("B_cache_ptrs", call.io_dtype, (G, L, N))
+        dt_cache = pool("dt_cache_ptrs", torch.float32, (H, L))
+        A = _memory(ptrs["A_ptrs"][layer], call.a_dtype, (H,), (1,), dev)
+        scale = pool("state_scale_ptrs", torch.float32, (H, P)) if scaled else None
+        index = torch.tensor(live, dtype=torch.int64)
+        one = normalize_materialize(state, x_cache, B_cache, dt_cache, A, call.ring_start.cpu()[index].to(dev),
+                                    call.prefix.cpu()[index].to(dev), call.src[layer].cpu()[index].to(dev),
+                                    call.dst[layer].cpu()[index].to(dev), scale, call.pad_slot_id)  # fmt: skip
+        materialize_replayed_state(one)
+
+
+__all__ = ["replay", "replay_state_update", "materialize_replayed_state", "materialize_replayed_layers"]

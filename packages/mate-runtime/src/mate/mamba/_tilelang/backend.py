@@ -32,6 +32,8 @@ def run(op: str, call, sources: dict | None = None):
         return replay.run(call, sources)
     if op == "materialize":
         return replay.materialize_replayed_state(call), None
+    if op == "materialize_layers":
+        return replay.materialize_replayed_layers(call), None
     if op == "norm":
         return norm.run(call, sources)
     if op == "conv1d_fn":
@@ -40,8 +42,8 @@ def run(op: str, call, sources: dict | None = None):
         return conv1d.run_update(call, sources)
     if op == "decode_step":
         return decode_step.run(call, sources)
-    raise ValueError(f"op: expected ssu, ssd, replay, materialize, norm, conv1d_fn, conv1d_update or decode_step, "
-                     f"got {op!r}")  # fmt: skip
+    raise ValueError(f"op: expected ssu, ssd, replay, materialize, materialize_layers, norm, conv1d_fn, "
+                     f"conv1d_update or decode_step, got {op!r}")  # fmt: skip
 
 
 def plan(op: str, call) -> tuple:
@@ -56,6 +58,8 @@ def plan(op: str, call) -> tuple:
     if op in ("conv1d_fn", "conv1d_update"):
         planned = (conv1d_plan.plan_fn if op == "conv1d_fn" else conv1d_plan.plan_update)(call)
         return () if planned is None else (planned[0],)
+    if op == "materialize_layers":
+        return (replay_plan.plan_materialize_layers(call)[0],)
     if op == "decode_step":
         planned = decode_step_plan.plan(call)
         return () if planned is None else (planned,)

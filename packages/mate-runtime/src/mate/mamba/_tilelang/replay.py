@@ -9,13 +9,27 @@ the tables are read back and checked first, outside graph capture).
 from __future__ import annotations
 
 import torch
-from mate.mamba._contract.replay import MaterializeCall, ReplayCall, check_materialize_data, check_replay_data
+from mate.mamba._contract.replay import (
+    MaterializeCall,
+    MaterializeLayersCall,
+    ReplayCall,
+    check_materialize_data,
+    check_replay_data,
+)
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
-from mate.mamba._tilelang.replay_plan import materialize_spec_for, plan, plan_materialize, serving_specs, spec_for
-from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
+from mate.mamba._tilelang.replay_plan import (
+    materialize_layers_spec_for,
+    materialize_spec_for,
+    plan,
+    plan_materialize,
+    plan_materialize_layers,
+    serving_specs,
+    spec_for,
+)
+from mate.mamba._tilelang.specs import MaterializeLayersSpec, MaterializeSpec, ReplaySpec
 
 PREWARM_HINT = (
     "mate.mamba.prewarm_replay_state_update(state_dtype=..., io_dtype=..., heads=..., dim=..., dstate=..., "
@@ -53,6 +67,14 @@ def materialize_replayed_state(call: MaterializeCall) -> None:
         kernel(spec, call.state.device)(*args)
 
 
+def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
+    """One launch over every layer and request: the kernel reads the pointer tables on the device, so the call
+    reads nothing back and can be captured in a graph (``MATE_CHECK_INPUTS`` has no tables it could check without
+    the pools' sizes)."""
+    spec, args = plan_materialize_layers(call)
+    kernel(spec, call.state.device)(*args)
+
+
 def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
             tokens=1, jobs=1):  # fmt: skip
     specs = serving_specs(state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
@@ -63,7 +85,7 @@ def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_d
         kernel(spec, device)
 
 
-def compile_grid() -> list[ReplaySpec | MaterializeSpec]:
+def compile_grid() -> list[ReplaySpec | MaterializeSpec | MaterializeLayersSpec]:
     """Every state format at the Nemotron-H shape (P 64, N 128, 16 heads per group, bf16 io, one token per step
     on vLLM's default ring of 16 + 1 rows), MTP 6 on a ring of 16 + 6, fp16 with stochastic rounding, bf16 dt with
     int64 slots, and P 80 / N 256 untied groups with an fp16 state on a ring of 64 rows."""
@@ -89,7 +111,14 @@ def compile_grid() -> list[ReplaySpec | MaterializeSpec]:
     specs += [materialize(sdt) for sdt in formats]
     specs += [materialize(bf16, index=i64, vector_io=False),
               materialize(f16, ring_rows=64, dim=80, dstate=256, ratio=1, io=f16)]  # fmt: skip
+    # FlashInfer's replayssm_materialize over layers: bf16 and fp8 states at the Nemotron-H shape, fp32 A; fp16
+    # with a bf16 A at P 80 / N 256 on a ring of 64 rows
+    layers = dict(dim=64, dstate=128, heads_per_group=16, a_dtype=f32, ring_len=17)
+    specs += [materialize_layers_spec_for(**layers, state_dtype=sdt) for sdt in (bf16, torch.float8_e4m3fn)]
+    specs += [materialize_layers_spec_for(dim=80, dstate=256, heads_per_group=1, state_dtype=f16, a_dtype=bf16,
+                                          ring_len=64)]  # fmt: skip
     return specs
 
 
-__all__ = ["run", "materialize_replayed_state", "kernel", "prewarm", "compile_grid", "PREWARM_HINT"]
+__all__ = ["run", "materialize_replayed_state", "materialize_replayed_layers", "kernel", "prewarm", "compile_grid",
+           "PREWARM_HINT"]  # fmt: skip

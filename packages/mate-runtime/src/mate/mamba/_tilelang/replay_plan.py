@@ -15,10 +15,19 @@ from operator import itemgetter
 import torch
 from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES
 from mate.mamba._contract.errors import unsupported
-from mate.mamba._contract.replay import MaterializeCall, ReplayCall
-from mate.mamba._tilelang.specs import MaterializeSpec, ReplaySpec
+from mate.mamba._contract.replay import MaterializeCall, MaterializeLayersCall, ReplayCall
+from mate.mamba._tilelang.specs import MaterializeLayersSpec, MaterializeSpec, ReplaySpec
 from mate.mamba._tilelang.ssu_plan import MAX_SEQUENCES, dtypes_of, dummy
-from mate_kernels.abi import MATERIALIZE, MATERIALIZE_ARGS, REPLAY, REPLAY_ARGS, args_of, launch_args
+from mate_kernels.abi import (
+    MATERIALIZE,
+    MATERIALIZE_ARGS,
+    MATERIALIZE_LAYERS,
+    MATERIALIZE_LAYERS_ARGS,
+    REPLAY,
+    REPLAY_ARGS,
+    args_of,
+    launch_args,
+)
 from mate_kernels.ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, choose_tiling
 
 
@@ -234,6 +243,39 @@ def plan_materialize(call: MaterializeCall):
     return spec, launch_args(args, values)
 
 
+def materialize_layers_spec_for(*, dim: int, dstate: int, heads_per_group: int, state_dtype: torch.dtype,
+                                a_dtype: torch.dtype, ring_len: int) -> MaterializeLayersSpec:  # fmt: skip
+    """The spec of one multi-layer materialisation kernel (bf16 rings; a ring of ``ring_len`` rows)."""
+    ring_rows, _ = staged_rows(ring_len, 1)
+    per_thread = tuning(state_dtype, 0).per_thread
+    name = DTYPE_NAMES[state_dtype]
+    return MaterializeLayersSpec(
+        dim=dim, dstate=dstate, heads_per_group=heads_per_group, state_dtype=name, io_dtype="bfloat16",
+        a_dtype=str(a_dtype).removeprefix("torch."), ring_rows=ring_rows,
+        tiling=choose_tiling(dim, dstate, name, per_thread),
+    )  # fmt: skip
+
+
+def plan_materialize_layers(call: MaterializeLayersCall):
+    """(spec, launch arguments) of a ``materialize_replayed_layers`` call: one launch over every layer and request,
+    grid ``(P blocks, layers * heads, batch)``."""
+    layers, batch = call.src.shape
+    if batch > MAX_SEQUENCES:
+        unsupported(f"materialize_replayed_layers (tilelang) with more than {MAX_SEQUENCES} requests ({batch})")
+    if layers * call.heads > MAX_SEQUENCES:
+        unsupported(f"materialize_replayed_layers (tilelang) with layers x num_heads above {MAX_SEQUENCES} "
+                    f"({layers} x {call.heads})")  # fmt: skip
+    spec = materialize_layers_spec_for(dim=call.dim, dstate=call.dstate, heads_per_group=call.heads_per_group,
+                                       state_dtype=call.state_dtype, a_dtype=call.a_dtype,
+                                       ring_len=call.ring_len)  # fmt: skip
+    names = ("state_ptrs", "state_strides", "x_ptrs", "x_strides", "B_ptrs", "B_strides", "dt_ptrs", "dt_strides",
+             "A_ptrs", "scale_ptrs", "scale_strides")  # fmt: skip
+    values = dict(zip(names, call.tables, strict=True))
+    values.update(src=call.src, dst=call.dst, ring_start=call.ring_start, prefix=call.prefix, active=call.active,
+                  heads=call.heads, ring_len=call.ring_len, pad=call.pad_slot_id)  # fmt: skip
+    return spec, launch_args(args_of(MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS), values)
+
+
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
                   tokens=1) -> list:  # fmt: skip
     """The specs one serving configuration calls: the decode step with dt fp32 and in the io dtype, and the
@@ -249,5 +291,6 @@ def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dty
     return specs + [materialize_spec_for(**shape, dtypes=tables)]
 
 
-__all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for", "spec_for",
+__all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for",
+           "plan_materialize_layers", "materialize_layers_spec_for", "spec_for",
            "staged_rows", "serving_specs", "tuning"]  # fmt: skip

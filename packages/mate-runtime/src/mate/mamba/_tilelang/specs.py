@@ -162,6 +162,28 @@ class MaterializeSpec(KernelSpec):
 
 
 @dataclass(frozen=True)
+class MaterializeLayersSpec(KernelSpec):
+    """``mate_kernels.ssu_materialize.materialize_layers_kernel``: the materialisation over layers whose pools are
+    named by per-layer address tables (``materialize_replayed_layers``, FlashInfer's ``replayssm_materialize``)."""
+
+    module: ClassVar[str] = "mate_kernels.ssu_materialize"
+    factory: ClassVar[str] = "materialize_layers_kernel"
+    family: ClassVar[str] = "replay"
+
+    dim: int
+    dstate: int
+    heads_per_group: int
+    state_dtype: str
+    io_dtype: str
+    a_dtype: str
+    ring_rows: int
+    tiling: SSUTiling
+
+    def pass_configs(self) -> dict:
+        return ssu_pass_configs()
+
+
+@dataclass(frozen=True)
 class SSDScanSpec(KernelSpec):
     """``mate_kernels.ssd.ssd_fused_kernel``: the chunk scan (state carried across chunks in registers). It reads
     dt' and the decay factors the pre-pass wrote, so the dt options live in :class:`SSDDtSpec` alone."""
@@ -304,6 +326,7 @@ __all__ = [
     "KernelSpec",
     "NormSpec",
     "MaterializeSpec",
+    "MaterializeLayersSpec",
     "ReplaySpec",
     "SSDCombineSpec",
     "SSDDtSpec",
