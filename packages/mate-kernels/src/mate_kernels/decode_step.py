@@ -243,10 +243,16 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                 flag[1] = T.if_then_else(prev2 == CPS - 1, 1, 0)
             T.sync_threads()
             if flag[0] != 0:
-                # the norm group's last CTA: the group's sum in a fixed order (each thread's strided partials, then
-                # a butterfly per warp, then the warps in order), then its features FB at a time per thread (their
-                # loads issued together)
+                # the norm group's last CTA: its first FB features' loads issued with the partials' (one round
+                # trip, not two); the group's sum in a fixed order (each thread's strided partials, then a
+                # butterfly per warp, then the warps in order); then the features FB at a time per thread
                 T.call_extern("handle", "__threadfence")
+                for i in T.unroll(FB):
+                    # past the group's end (a partial last pass) its last feature is read, nothing written
+                    col = ng * GS + T.min(i * TH + tx, GS - 1)
+                    yl[i] = T.atomic_load(y_ws[b, col], memory_order="relaxed")
+                    zl[i] = T.cast(z[b, col], f32)
+                    wl[i] = T.cast(norm_weight[col], f32)
                 total = T.float32(0)
                 for k in T.serial((CPG + TH - 1) // TH):
                     if k * TH + tx < CPG:
@@ -262,12 +268,12 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                     total = total + wsum[k]
                 rstd = T.rsqrt(total / T.float32(GS) + eps)
                 for k in T.serial((NF + FB - 1) // FB):
-                    for i in T.unroll(FB):
-                        # past the group's end (a partial last pass) its last feature is read, nothing written
-                        col = ng * GS + T.min((k * FB + i) * TH + tx, GS - 1)
-                        yl[i] = T.atomic_load(y_ws[b, col], memory_order="relaxed")
-                        zl[i] = T.cast(z[b, col], f32)
-                        wl[i] = T.cast(norm_weight[col], f32)
+                    if k > 0:
+                        for i in T.unroll(FB):
+                            col = ng * GS + T.min((k * FB + i) * TH + tx, GS - 1)
+                            yl[i] = T.atomic_load(y_ws[b, col], memory_order="relaxed")
+                            zl[i] = T.cast(z[b, col], f32)
+                            wl[i] = T.cast(norm_weight[col], f32)
                     for i in T.unroll(FB):
                         f = (k * FB + i) * TH + tx
                         if f < GS:
