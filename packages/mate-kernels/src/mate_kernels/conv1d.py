@@ -34,9 +34,6 @@ SEARCH_STEPS = 32  # binary-search steps over query_start_loc (any int32 batch)
 THREADS = (128, 256)
 VEC = (1, 2, 4, 8)
 BLOCK_T = (32, 64, 128)
-# tokens whose x loads a thread issues together before computing them: a serial token loop waits one memory round
-# trip per token otherwise
-TOKENS_IN_FLIGHT = 4
 
 
 def _check(width: int, threads: int, vec: int) -> None:
@@ -82,46 +79,6 @@ def _load_params(T, *, V: int, W: int, has_bias: bool):
     return load_params
 
 
-def _token_steps(T, *, V: int, W: int, U: int, x_dtype: str, state_dtype: str, prod_dtype: str, has_bias: bool,
-                 silu: bool, via_state: bool, rank: int):  # fmt: skip
-    """The macro running tokens ``t0 + u`` (``u < U``, those below ``t_end``) of one thread's channels: their x
-    loaded first (``U`` loads in flight), then each token's window slid, summed, finished and stored (as 0 where
-    not ``live``). x and out are ``[rows, D, T]`` at ``row``, token ``start + t`` (``rank`` 3: the update) or
-    ``[D, tokens]`` at token ``t`` (``rank`` 2: the prefill; ``row`` and ``start`` unused)."""
-    tap_sum = _tap_sum(T, W=W, prod_dtype=prod_dtype)
-    f32 = "float32"
-
-    @T.macro
-    def token_steps(xa, oa, row, start, rxt, win, wv, acc, rb, c, t0, t_end, live):
-        for u in T.unroll(U):
-            if t0 + u < t_end:
-                for v in T.vectorized(V):
-                    if rank == 3:
-                        rxt[u * V + v] = xa[row, c + v, start + t0 + u]
-                    else:
-                        rxt[u * V + v] = xa[c + v, t0 + u]
-        for u in T.unroll(U):
-            if t0 + u < t_end:
-                for v in T.unroll(V):
-                    win[v * W + W - 1] = T.cast(T.cast(rxt[u * V + v], state_dtype), f32)
-                    acc[v] = T.cast(rb[v], f32) if has_bias else T.float32(0.0)
-                    tap_sum(win, wv, acc, v)
-                    if live:
-                        rxt[u * V + v] = _finish(T, acc[v], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
-                                                 via_state=via_state)  # fmt: skip
-                    else:
-                        rxt[u * V + v] = T.cast(0, x_dtype)
-                    for j in T.unroll(W - 1):
-                        win[v * W + j] = win[v * W + j + 1]
-                for v in T.vectorized(V):
-                    if rank == 3:
-                        oa[row, c + v, start + t0 + u] = rxt[u * V + v]
-                    else:
-                        oa[c + v, t0 + u] = rxt[u * V + v]
-
-    return token_steps
-
-
 def _finish(T, a, *, silu: bool, state_dtype: str, out_dtype: str, via_state: bool):
     if silu:
         a = a / (T.float32(1.0) + T.exp(-a))
@@ -161,11 +118,9 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
     _check(width, threads, vec)
     import tilelang.language as T
 
-    W, TH, V, U = width, threads, vec, TOKENS_IN_FLIGHT
+    W, TH, V = width, threads, vec
     f32, i64 = "float32", "int64"
-    token_steps = _token_steps(T, V=V, W=W, U=U, x_dtype=x_dtype, state_dtype=state_dtype,
-                               prod_dtype=state_dtype if state_dtype == weight_dtype else f32, has_bias=has_bias,
-                               silu=silu, via_state=round_via_state, rank=3)  # fmt: skip
+    tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
     load_params = _load_params(T, V=V, W=W, has_bias=has_bias)
     rows, D, Tn, S, K = T.dynamic("rows, D, Tn, S, K")
     nb, ns, na, nq = T.dynamic("nb, ns, na, nq")
@@ -193,8 +148,7 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
             win = T.alloc_local((V * W,), f32)
             wv = T.alloc_local((V * W,), f32)
             acc = T.alloc_local((V,), f32)
-            rx = T.alloc_local((V,), x_dtype)  # one token's x in x's dtype
-            rxt = T.alloc_local((U * V,), x_dtype)  # U tokens' x / out
+            rx = T.alloc_local((V,), x_dtype)  # one token's x / out in x's dtype
             rs = T.alloc_local((V,), state_dtype)  # one pool column
             rw = T.alloc_local((V * W,), weight_dtype)
             rb = T.alloc_local((V,), bias_dtype)
@@ -203,8 +157,6 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
             n = T.alloc_var(i64)
             off = T.alloc_var(i64)
             c = (bx * TH + tx) * V
-            if c + V <= D:  # the layer's parameters first: their loads need no slot
-                load_params(weight, bias, rw, wv, rb, c, D)
             slot = T.cast(slots[b], i64) if has_slots else T.cast(b, i64)
             row = 0 if varlen else b
             if varlen:  # the query's tokens, clamped into x and to max_query_len
@@ -228,16 +180,9 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
                     for v in T.unroll(V):
                         win[v * W + j] = T.cast(rs[v], f32)
                 for i in T.serial(T.min(cols, T.cast(K, i64))):
-                    r = i + shift  # the column it takes, from off
                     if i + n < cols:
-                        if r < W - 1:  # in the window's registers (exact: they hold the pool dtype's values)
-                            for v in T.unroll(V):
-                                for j in T.unroll(W - 1):
-                                    if r == j:
-                                        rs[v] = T.cast(win[v * W + j], state_dtype)
-                        else:  # a pool longer than the window: not re-read after a store otherwise
-                            for v in T.vectorized(V):
-                                rs[v] = sa[slot, c + v, T.min(off + r, T.cast(K - 1, i64))]
+                        for v in T.vectorized(V):
+                            rs[v] = sa[slot, c + v, T.min(off + i + shift, T.cast(K - 1, i64))]
                     else:
                         for v in T.vectorized(V):
                             rx[v] = xa[row, c + v, start + i - (cols - n)]
@@ -245,8 +190,20 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
                             rs[v] = T.cast(rx[v], state_dtype)
                     for v in T.vectorized(V):
                         sa[slot, c + v, i] = rs[v]
-                for tb in T.serial((n + U - 1) // U):
-                    token_steps(xa, oa, row, start, rxt, win, wv, acc, rb, c, tb * U, n, True)
+                load_params(weight, bias, rw, wv, rb, c, D)
+                for t in T.serial(n):
+                    for v in T.vectorized(V):
+                        rx[v] = xa[row, c + v, start + t]
+                    for v in T.unroll(V):
+                        win[v * W + W - 1] = T.cast(T.cast(rx[v], state_dtype), f32)
+                        acc[v] = T.cast(rb[v], f32) if has_bias else T.float32(0.0)
+                        tap_sum(win, wv, acc, v)
+                        rx[v] = _finish(T, acc[v], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
+                                        via_state=round_via_state)  # fmt: skip
+                        for j in T.unroll(W - 1):
+                            win[v * W + j] = win[v * W + j + 1]
+                    for v in T.vectorized(V):
+                        oa[row, c + v, start + t] = rx[v]
 
     return conv1d_update
 
@@ -262,11 +219,9 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
         raise ValueError(f"block_t: expected one of {BLOCK_T}, got {block_t!r}")
     import tilelang.language as T
 
-    W, TH, BT, V, U = width, threads, block_t, vec, TOKENS_IN_FLIGHT
+    W, TH, BT, V = width, threads, block_t, vec
     f32, i64 = "float32", "int64"
-    token_steps = _token_steps(T, V=V, W=W, U=U, x_dtype=x_dtype, state_dtype=state_dtype,
-                               prod_dtype=state_dtype if state_dtype == weight_dtype else f32, has_bias=has_bias,
-                               silu=silu, via_state=True, rank=2)  # fmt: skip
+    tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
     load_params = _load_params(T, V=V, W=W, has_bias=has_bias)
     D, tokens, S, K, nq, nb, ns, ni = T.dynamic("D, tokens, S, K, nq, nb, ns, ni")
     x0, x1, o0, o1, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, o0, o1, w0, w1, s0, s1, s2", i64)
@@ -295,7 +250,6 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
             wv = T.alloc_local((V * W,), f32)
             acc = T.alloc_local((V,), f32)
             rx = T.alloc_local((V,), x_dtype)
-            rxt = T.alloc_local((U * V,), x_dtype)  # U tokens' x / out
             rs = T.alloc_local((V,), state_dtype)
             rw = T.alloc_local((V * W,), weight_dtype)
             rb = T.alloc_local((V,), bias_dtype)
@@ -363,8 +317,23 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                                 rs[v] = sa[slot, c + v, (W - 1) + tok - s]
                             for v in T.unroll(V):
                                 win[v * W + W - 1 - k] = T.cast(rs[v], f32)
-                    for tb in T.serial((t_hi - t_lo + U - 1) // U):
-                        token_steps(xa, oa, 0, 0, rxt, win, wv, acc, rb, c, t_lo + tb * U, t_hi, live)
+                    for ti in T.serial(t_hi - t_lo):
+                        t = t_lo + ti
+                        for v in T.vectorized(V):
+                            rx[v] = xa[c + v, t]
+                        for v in T.unroll(V):
+                            win[v * W + W - 1] = T.cast(T.cast(rx[v], state_dtype), f32)
+                            acc[v] = T.cast(rb[v], f32) if has_bias else T.float32(0.0)
+                            tap_sum(win, wv, acc, v)
+                            if live:
+                                rx[v] = _finish(T, acc[v], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
+                                                via_state=True)  # fmt: skip
+                            else:
+                                rx[v] = T.cast(0, x_dtype)
+                            for j in T.unroll(W - 1):
+                                win[v * W + j] = win[v * W + j + 1]
+                        for v in T.vectorized(V):
+                            oa[c + v, t] = rx[v]
                     if live and s >= t0 and e > s:  # the final state, by the CTA of the first token
                         n = e - s
                         for i in T.unroll(W - 1):
