@@ -7,7 +7,8 @@ ring caches ``dt' = softplus(dt + dt_bias)``). CTA ``(pb, h, b)`` owns ``block_p
 ``b`` in the SSU tiling (:mod:`.ssu_parts`: a row's ``N`` values over ``lanes`` lanes, in registers); it stages the
 source slot's ring by physical row in shared memory (B of the head's group, x of its rows, dt'), as the decode
 kernel does, folds the tokens into the registers and stores the rows rounded to nearest, or requantised with new
-row scales. A prefix of 0 copies the stored numbers (and scales) exactly.
+row scales (with a seed, rounded stochastically as the decode kernel rounds a flush). A prefix of 0 copies the
+stored numbers (and scales) exactly.
 
 Index guards: a request whose source or destination is the sentinel or outside the pool writes nothing;
 ``ring_start`` is taken modulo ``L`` and the prefix clamped into ``[0, L]``, so whatever the tables hold no access
@@ -34,13 +35,15 @@ def materialize_kernel(
     tiling: SSUTiling | None = None,
     vector_state: bool = True,
     vector_io: bool = True,
+    philox_rounds: int = 0,
 ):
     """Return the ``T.prim_func`` of one materialisation configuration (see the module docstring).
 
     Arguments (:data:`.abi.MATERIALIZE_ARGS`, in launch order): ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``,
     ``B_cache [S, G, L, N]``, ``dt_cache [S, H, L]`` fp32, ``A [H]`` fp32, ``ring_start``, ``prefix``, ``src``,
     ``dst`` ``[batch]`` (``index_dtype``), then ``batch``, ``pad`` (int64), then ``state_scale [S, H, P]`` fp32 for
-    a block-scaled state.
+    a block-scaled state, then ``rand_seed [1]`` int64 with ``philox_rounds`` > 0 (the rows written rounded
+    stochastically, as the decode kernel rounds a flush: an fp16, int8 or fp8-e4m3 state).
 
     ``ring_rows``: the staged ring rows (a power of two >= ``L``); ``tiling`` (default
     :func:`.ssu_common.choose_tiling`) and ``vector_state`` mean what they mean for :func:`.ssu.ssu_kernel`,
@@ -49,8 +52,9 @@ def materialize_kernel(
     import tilelang.language as T
 
     from .ssu_parts import row_ops
-    from .ssu_ring import ring_ops
+    from .ssu_ring import checkpoint_variant, ring_ops
 
+    variant = checkpoint_variant(state_dtype, philox_rounds)
     P, N, ratio = int(dim), int(dstate), int(heads_per_group)
     tiling = tiling or choose_tiling(P, N, state_dtype)
     ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
@@ -58,7 +62,8 @@ def materialize_kernel(
     VEC, NV, LN, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
     prow, aligned, guard_p = ops.prow, ops.aligned, ops.guard_p
     quant = state_dtype in QMAX
-    q = ops.quant_ops(state_dtype) if quant else None
+    q = ops.quant_ops(state_dtype, philox_rounds) if quant else None
+    sr = ops.sr_ops(philox_rounds) if philox_rounds and not quant else None
     f32, i64 = "float32", "int64"
     rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, vector_io=vector_io)
     CH, IOB, IOV, XV = rops.CH, rops.IOB, rops.IOV, rops.XV
@@ -78,10 +83,11 @@ def materialize_kernel(
         src=T.Tensor((NREQ,), index_dtype),
         dst=T.Tensor((NREQ,), index_dtype),
         state_scale=T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32),
+        rand_seed=T.Tensor((1,), i64),
     )
 
     @T.macro
-    def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale):
+    def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale, seed_t):
         pool = aligned(state, vector_state)
         ring_b = aligned(B_cache, vector_io, IOB)
         ring_x = aligned(x_cache, vector_io, IOB)
@@ -147,14 +153,24 @@ def materialize_kernel(
                             for kk in T.unroll(NV * VEC):
                                 s[r * NV * VEC + kk] = s[r * NV * VEC + kk] * dA + xr * bv[kk]
                         row = T.if_then_else(row + 1 == L, 0, row + 1)
-                    if quant:
-                        q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
+                    if philox_rounds == 0:
+                        if quant:
+                            q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
+                        else:
+                            ops.store_state(s, buf, pool, dl, h, pb, tx)
                     else:
-                        ops.store_state(s, buf, pool, dl, h, pb, tx)
+                        seed = seed_t[0]
+                        k0 = T.cast(seed, "uint32")
+                        k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
+                        if quant:
+                            q.store_sr(s, buf, pool, scale, qs, dl, h, pb, tx, k0, k1)
+                        else:
+                            sr.store_now(s, buf, pool, dl, h, pb, tx, k0, k1)
 
-    # the scaled kernel is the same body with the scales as one more argument
-    name = "ssu_materialize_scaled" if quant else "ssu_materialize"
-    return prim_func(T, name, MATERIALIZE_ARGS, MATERIALIZE, "scaled" if quant else None, ty, body)
+    # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
+    # with the seed (a scaled one rounding stochastically with both)
+    name = "ssu_materialize" + ("_" + variant.replace("+", "_") if variant else "")
+    return prim_func(T, name, MATERIALIZE_ARGS, MATERIALIZE, variant, ty, body)
 
 
 __all__ = ["materialize_kernel"]
