@@ -8,7 +8,8 @@ with its type and the kernels and variant it belongs to. From it come
 * the tensor dtypes of a kernel spec (``Arg.dtype_field``: the spec field that names the argument's dtype).
 
 A variant is an optional trailing group of arguments: ``"scaled"`` (the fp32 row scales of block-scaled states),
-``"sr"`` (the seed of fp16 stochastic rounding) or ``"split"`` (the SSD scan's run states, the split design).
+``"sr"`` (the seed of stochastic rounding) or ``"split"`` (the SSD scan's run states, the split design), or two
+groups joined by ``+`` (``"scaled+sr"``: a block-scaled state rounded stochastically takes both, in launch order).
 Imports nothing (TileLang is passed in as ``T``).
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 
 ONE_TOKEN, PACKED = "one_token", "packed"
 REPLAY, MATERIALIZE, MATERIALIZE_LAYERS, SCAN = "replay", "materialize", "materialize_layers", "scan"
-VARIANTS = (None, "scaled", "sr", "split")
+VARIANTS = (None, "scaled", "sr", "scaled+sr", "split")
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ MATERIALIZE_ARGS = _one_kernel(
     Arg("batch", "int32"),
     Arg("pad", "int64"),
     Arg("state_scale", variant="scaled"),
+    Arg("rand_seed", variant="sr"),
 )
 
 # The multi-layer materialisation kernel (mate_kernels.ssu_materialize.materialize_layers_kernel): FlashInfer's
@@ -203,7 +205,8 @@ def args_of(family: tuple[Arg, ...], kernel: str, variant: str | None = None) ->
     if found is None:
         if variant not in VARIANTS:
             raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
-        found = _ARG_LISTS[key] = ArgList(a for a in family if kernel in a.kernels and a.variant in (None, variant))
+        groups = (None,) if variant is None else (None, *variant.split("+"))
+        found = _ARG_LISTS[key] = ArgList(a for a in family if kernel in a.kernels and a.variant in groups)
     return found
 
 

@@ -7,8 +7,9 @@ times ``silu(z)``) and appends them to the ring after the live ones; when live a
 window (``pnat + T_b > L - T``) it first writes the replayed state back as the new checkpoint (a flush: only the
 live tokens are folded in, the new ones stay in the ring). The host then moves ``ring_start`` past the folded
 tokens and counts the accepted ones (``mate.mamba.advance_replay_ring``). fp32 throughout; a quantised
-checkpoint is read and written with its row scales and an fp16 one rounded stochastically with ``rand_seed``,
-as ``selective_state_update`` writes a state.
+checkpoint is read and written with its row scales, as ``selective_state_update`` writes a state, and with
+``rand_seed`` an fp16, int8 or fp8-e4m3 one is rounded stochastically (:mod:`mate.mamba._reference.rounding`),
+by a flush and by the materialisation alike.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def materialize_replayed_state(call: MaterializeCall) -> None:
     row ``ring_start[b]`` (requests whose source or destination is the sentinel are skipped)."""
     check_materialize_data(call)
     H = call.state.shape[1]
+    sr = None if call.rand_seed is None else (int(call.rand_seed.reshape(-1)[0]), call.philox_rounds)
     src, dst = call.src.tolist(), call.dst.tolist()
     rs, pre = call.ring_start.tolist(), call.prefix.tolist()
     for b in range(len(src)):
@@ -114,7 +116,7 @@ def materialize_replayed_state(call: MaterializeCall) -> None:
             continue
         s = load_rows(call.state, call.state_scale, torch.tensor([src[b]], device=call.state.device))[0]
         s = replay(s, call.A, *_ring_tokens(call.x_cache, call.B_cache, call.dt_cache, src[b], rs[b], pre[b], H))
-        store_rows(call.state, call.state_scale, torch.tensor([dst[b]], device=s.device), s.unsqueeze(0))
+        store_rows(call.state, call.state_scale, torch.tensor([dst[b]], device=s.device), s.unsqueeze(0), sr)
 
 
 class _DeviceMemory:
