@@ -133,7 +133,8 @@ MATERIALIZE_ARGS = _one_kernel(
 # The multi-layer materialisation kernel (mate_kernels.ssu_materialize.materialize_layers_kernel): FlashInfer's
 # per-layer int64 tables of base addresses and slot strides (in elements), read on the device; slot tables
 # ``[layers, batch]`` and request tables ``[batch]`` int32. The scale tables are passed for every state format
-# (zeros beside an unscaled one) and read only by a block-scaled build.
+# (zeros beside an unscaled one) and read only by a block-scaled build; the seed of a stochastically rounding one
+# trails.
 MATERIALIZE_LAYERS_ARGS = _one_kernel(
     MATERIALIZE_LAYERS,
     Arg("state_ptrs"),
@@ -155,6 +156,7 @@ MATERIALIZE_LAYERS_ARGS = _one_kernel(
     Arg("heads", "int32"),
     Arg("ring_len", "int32"),
     Arg("pad", "int64"),
+    Arg("rand_seed", variant="sr"),
 )
 
 

@@ -113,6 +113,7 @@ def materialize_layers_kernel(
     a_dtype: str = "float32",
     ring_rows: int = 32,
     tiling: SSUTiling | None = None,
+    philox_rounds: int = 0,
 ):
     """Return the ``T.prim_func`` of the multi-layer materialisation (FlashInfer 0.7.2's ``replayssm_materialize``):
     the fold of :func:`materialize_kernel` over layers whose pools are named by base addresses read on the device.
@@ -122,7 +123,9 @@ def materialize_layers_kernel(
     ``B [slot, G, L, N]`` (``io_dtype``), ``dt [slot, H, L]`` fp32, ``A [H]`` (``a_dtype``, no stride) and the
     scales ``[slot, H, P]`` fp32 (block-scaled states; a zero address writes nothing); everything inside a slot
     is contiguous. Then ``src``, ``dst`` ``[layers, batch]``, ``ring_start``, ``prefix``, ``active`` ``[batch]``
-    int32, and ``heads``, ``ring_len`` (``L``), ``pad``.
+    int32, and ``heads``, ``ring_len`` (``L``), ``pad``, then ``rand_seed [1]`` int64 with ``philox_rounds`` > 0
+    (an fp16, int8 or fp8-e4m3 state rounded stochastically, each layer with its own Philox key derived from the
+    seed as FlashInfer derives it: ``_GOLDEN`` below).
 
     CTA ``(pb, layer * heads + h, v)`` serves virtual request ``v``: physical request ``active[v]`` (none when it
     is negative or past the batch) of that layer. The addresses are not known to be 16-byte aligned, so every
@@ -132,11 +135,14 @@ def materialize_layers_kernel(
     """
     import tilelang.language as T
 
+    from .ssu_ring import checkpoint_variant
+
+    checkpoint_variant(state_dtype, philox_rounds)  # (the ValueError of a format without stochastic rounding)
     P, N = int(dim), int(dstate)
     tiling = tiling or choose_tiling(P, N, state_dtype)
     k = _fold_ops(T, dim=P, dstate=N, heads_per_group=heads_per_group, state_dtype=state_dtype, io_dtype=io_dtype,
                   ring_rows=ring_rows, tiling=tiling, vector_state=False, vector_io=False,
-                  philox_rounds=0)  # fmt: skip
+                  philox_rounds=philox_rounds)  # fmt: skip
     NB, TH, ratio, f32, i64 = k.NB, k.TH, k.ratio, "float32", "int64"
     # a pool's slot count is not known on the device: its buffers' outer extent is the largest int32 slot
     SLOTS = 2**31 - 1
@@ -149,11 +155,21 @@ def materialize_layers_kernel(
         **{name: T.Tensor((NL,), i64) for name in tables},
         **{name: T.Tensor((NL, NREQ), "int32") for name in ("src", "dst")},
         **{name: T.Tensor((NREQ,), "int32") for name in ("ring_start", "prefix", "active")},
+        rand_seed=T.Tensor((1,), i64),
     )
 
     @T.macro
+    def layer_key(key, seed, layer):
+        """key[0] = the Philox key of layer ``layer`` for the call's ``rand_seed`` ``seed`` (``_GOLDEN`` below)."""
+        key[0] = T.bitwise_xor(T.cast(seed, "uint64"), T.uint64(_GOLDEN) * (T.cast(layer, "uint64") + T.uint64(1)))
+        key[0] = T.bitwise_xor(key[0], T.shift_right(key[0], T.uint64(30))) * T.uint64(_MIX1)
+        key[0] = T.bitwise_xor(key[0], T.shift_right(key[0], T.uint64(27))) * T.uint64(_MIX2)
+        key[0] = T.bitwise_xor(key[0], T.shift_right(key[0], T.uint64(31)))
+
+    @T.macro
     def body(state_ptrs, state_strides, x_ptrs, x_strides, B_ptrs, B_strides, dt_ptrs, dt_strides, A_ptrs,
-             scale_ptrs, scale_strides, src, dst, ring_start, prefix, active, heads, ring_len, pad):  # fmt: skip
+             scale_ptrs, scale_strides, src, dst, ring_start, prefix, active, heads, ring_len, pad,
+             seed_t):  # fmt: skip
         with T.Kernel(NB, NL * heads, NREQ, threads=TH) as (pb, lh, v):
             tx = T.get_thread_binding()
             layer = lh // heads
@@ -184,11 +200,23 @@ def materialize_layers_kernel(
                     if k.quant:
                         scale = T.make_tensor(scale_ptrs[layer], (SLOTS, heads, P), f32,
                                               strides=(scale_strides[layer], P, 1))  # fmt: skip
-                    k.fold(pool, ring_b, ring_x, dt_cache, T.cast(A[h], f32), scale, None, sl, dl, ring_start[r],
+                    seed = None
+                    if philox_rounds:
+                        key = T.alloc_local((1,), "uint64")
+                        layer_key(key, seed_t[0], layer)
+                        seed = T.cast(key[0], i64)
+                    k.fold(pool, ring_b, ring_x, dt_cache, T.cast(A[h], f32), scale, seed, sl, dl, ring_start[r],
                            prefix[r], h, h // ratio, pb, tx, L)  # fmt: skip
 
-    name = "ssu_materialize_layers_scaled" if k.quant else "ssu_materialize_layers"
-    return prim_func(T, name, MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS, None, ty, body)
+    # (the scale tables are arguments of every build; the stochastically rounding one takes the seed too)
+    variant = "sr" if philox_rounds else None
+    name = "ssu_materialize_layers" + ("_scaled" if k.quant else "") + ("_sr" if philox_rounds else "")
+    return prim_func(T, name, MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS, variant, ty, body)
+
+
+# FlashInfer 0.7.2's layer_philox_seed: layer l of a multi-layer call rounds with the SplitMix64 finaliser (Stafford's
+# mix13) of ``rand_seed ^ (_GOLDEN * (l + 1))`` (uint64; ``mate.mamba._reference.rounding.layer_seed`` on the host)
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
 def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_rows, tiling, vector_state, vector_io,

@@ -112,8 +112,10 @@ def materialize_replayed_layers(state_ptrs, state_slot_strides, x_cache_ptrs, x_
     ``backend="tilelang"`` (auto on a CUDA device) is one kernel over every layer and request that reads the
     tables on the device: nothing is read back, and the call can be captured in a graph (compile its kernel
     first by one eager call). ``"torch"`` (auto elsewhere) reads the tables back (a sync, refused under capture),
-    checks the selected requests' metadata and runs the reference layer by layer. ``philox_rounds > 0``
-    (stochastic rounding) raises ``NotImplementedError``."""
+    checks the selected requests' metadata and runs the reference layer by layer. ``philox_rounds > 0`` (with
+    ``rand_seed``) rounds the written rows of an fp16, int8 or fp8-e4m3 state stochastically, as
+    :func:`materialize_replayed_state` rounds them, layer ``l`` keyed as FlashInfer keys it
+    (``mate.mamba._reference.rounding.layer_seed``); with another state it raises ``NotImplementedError``."""
     normalize_materialize_layers(
         state_ptrs, state_slot_strides, x_cache_ptrs, x_cache_slot_strides, B_cache_ptrs, B_cache_slot_strides,
         dt_cache_ptrs, dt_cache_slot_strides, A_ptrs, state_scale_ptrs, state_scale_slot_strides, src_slots,

@@ -320,7 +320,8 @@ class MaterializeLayersCall:
     """``materialize_replayed_layers``: per layer ``l``, the base addresses and slot strides (elements) of its
     pools, each slot contiguous inside: ``state [slot, H, P, N]``, ``x [slot, H, L, P]`` and ``B [slot, G, L, N]``
     bf16, ``dt [slot, H, L]`` fp32, ``A [H]`` (``a_dtype``), ``scale [slot, H, P]`` fp32 (0 beside an unscaled
-    state); ``src`` / ``dst [layers, batch]``, ``ring_start`` / ``prefix`` / ``active [batch]`` int32."""
+    state); ``src`` / ``dst [layers, batch]``, ``ring_start`` / ``prefix`` / ``active [batch]`` int32; with
+    ``philox_rounds`` > 0 the one-element int64 ``rand_seed`` (None otherwise)."""
 
     tables: tuple  # LAYER_TABLES' tensors, in that order: [layers] int64, contiguous
     src: torch.Tensor
@@ -338,6 +339,8 @@ class MaterializeLayersCall:
     max_window: int
     ring_len: int
     pad_slot_id: int
+    rand_seed: torch.Tensor | None
+    philox_rounds: int
 
     @property
     def state(self) -> torch.Tensor:  # the device the call runs on (the dispatcher reads ``call.state``)
@@ -406,14 +409,20 @@ def normalize_materialize_layers(state_ptrs, state_slot_strides, x_cache_ptrs, x
         if anchors is not None and (not isinstance(anchors, (list, tuple)) or not all(
                 isinstance(t, torch.Tensor) and t.device == dev for t in anchors)):  # fmt: skip
             bad_arg(name, anchors, f"None or a list of tensors on {dev} (state_ptrs's device)")
-    if philox_rounds:
+    if philox_rounds:  # (FlashInfer reads rand_seed only then)
         if rand_seed is None:
             bad_arg("rand_seed", rand_seed, "a one-element int64 tensor when philox_rounds > 0")
-        unsupported("replayssm_materialize with philox_rounds > 0 (stochastic rounding of the materialised state)",
-                    "MATE's materialisation rounds to nearest; pass philox_rounds=0")  # fmt: skip
+        check_tensor("rand_seed", rand_seed, 1, (torch.int64,), dev, device_of="state_ptrs")
+        if rand_seed.numel() != 1:
+            bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the call's seed)")
+        if state_dtype not in SR_STATE_DTYPES:
+            unsupported(f"philox_rounds > 0 (stochastic rounding) of a {str(state_dtype).removeprefix('torch.')} "
+                        "state", f"stochastic rounding serves {SR_STATES} states; pass philox_rounds=0")  # fmt: skip
+    else:
+        rand_seed = None
     return MaterializeLayersCall(tables, src_slots, dst_slots, ring_start, replay_prefix_len, active_request_indices,
                                  state_dtype, input_dtype, matrixA_dtype, dim, dstate, num_heads, heads_per_group,
-                                 max_window, ring_buffer_len, pad_slot_id)  # fmt: skip
+                                 max_window, ring_buffer_len, pad_slot_id, rand_seed, philox_rounds)  # fmt: skip
 
 
 __all__ = ["ReplayCall", "MaterializeCall", "normalize_replay", "normalize_materialize", "check_replay_data",

@@ -30,6 +30,7 @@ from mate.mamba._contract.replay import (
     normalize_materialize,
 )
 from mate.mamba._platform.device import is_capturing
+from mate.mamba._reference.rounding import layer_seed
 from mate.mamba._reference.ssu import _heads, load_rows, softplus, store_rows
 
 
@@ -143,7 +144,8 @@ def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
     """The multi-layer materialisation on the host: it reads the tables back (a sync; refused while a graph is
     captured, where the reads would not be replayed), checks the selected requests' metadata (``ValueError``),
     rebuilds each layer's pools as tensors over the addresses and runs :func:`materialize_replayed_state` on them,
-    layer by layer."""
+    layer by layer (with ``philox_rounds`` > 0, each with its seed :func:`~mate.mamba._reference.rounding.layer_seed`
+    of ``rand_seed`` and the layer)."""
     dev = call.state.device
     if is_capturing(dev):
         unsupported("materialize_replayed_layers (torch) under graph capture",
@@ -167,6 +169,7 @@ def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
         chosen.append(b)
     H, P, N, L, G = call.heads, call.dim, call.dstate, call.ring_len, call.heads // call.heads_per_group
     scaled = call.state_dtype in QUANT_STATE_DTYPES
+    seed = None if call.rand_seed is None else int(call.rand_seed[0])
     for layer in range(len(src)):
         live = [b for b in chosen if call.pad_slot_id not in (src[layer][b], dst[layer][b])]
         if not live:
@@ -194,9 +197,11 @@ def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
         A = _memory(ptrs["A_ptrs"][layer], call.a_dtype, (H,), (1,), dev)
         scale = pool("state_scale_ptrs", torch.float32, (H, P)) if scaled else None
         index = torch.tensor(live, dtype=torch.int64)
+        key = None if seed is None else torch.tensor([layer_seed(seed, layer)], dtype=torch.int64, device=dev)
         one = normalize_materialize(state, x_cache, B_cache, dt_cache, A, call.ring_start.cpu()[index].to(dev),
                                     call.prefix.cpu()[index].to(dev), call.src[layer].cpu()[index].to(dev),
-                                    call.dst[layer].cpu()[index].to(dev), scale, call.pad_slot_id)  # fmt: skip
+                                    call.dst[layer].cpu()[index].to(dev), scale, call.pad_slot_id, key,
+                                    call.philox_rounds)  # fmt: skip
         materialize_replayed_state(one)
 
 

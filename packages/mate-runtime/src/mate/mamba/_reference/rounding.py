@@ -10,7 +10,7 @@ cost on a GPU without a stochastic-rounding instruction). The rounding adds thos
 ``|x|`` and truncates, so ``|x|`` rounds up with probability equal to its remainder (unbiased); values below fp16's
 smallest normal flush to signed zero and above its largest become infinite, as FlashInfer's software path does. A
 seed is one step's: the caller changes it between steps (a one-element device tensor, so a captured graph reads
-the new value).
+the new value). A multi-layer materialisation keys layer ``l`` with :func:`layer_seed` of the seed and ``l``.
 
 An int8 / fp8-e4m3 number (:func:`round_scaled`) takes all 16 bits ``u`` of its offset: the magnitude ``a`` of the
 scaled value (the value times its row's encode factor, qmax / max|row|) goes to the grid point below it, or the one
@@ -29,6 +29,20 @@ import torch
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 _M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+# SplitMix64's increment and its finaliser's multipliers (Stafford's mix13)
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def layer_seed(seed: int, layer: int) -> int:
+    """The Philox key (a signed int64) of layer ``layer`` of ``materialize_replayed_layers`` with ``rand_seed``
+    ``seed``: FlashInfer 0.7.2's ``layer_philox_seed``, the SplitMix64 finaliser of ``seed ^ (golden * (layer +
+    1))`` in uint64 arithmetic, so the layers round with independent streams."""
+    z = (seed & _M64) ^ ((_GOLDEN * (layer + 1)) & _M64)
+    z = ((z ^ (z >> 30)) * _MIX1) & _M64
+    z = ((z ^ (z >> 27)) * _MIX2) & _M64
+    z ^= z >> 31
+    return z - (1 << 64) if z >> 63 else z
 
 
 def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,4 +113,4 @@ def round_scaled(x: torch.Tensor, fmt, seed: int, offset: torch.Tensor, rounds: 
     return torch.where(x < 0, -r, r).to(getattr(torch, fmt.name))
 
 
-__all__ = ["philox4x32", "random_bits", "round_scaled", "round_to_fp16"]
+__all__ = ["layer_seed", "philox4x32", "random_bits", "round_scaled", "round_to_fp16"]

@@ -257,15 +257,17 @@ def plan_materialize(call: MaterializeCall):
 
 
 def materialize_layers_spec_for(*, dim: int, dstate: int, heads_per_group: int, state_dtype: torch.dtype,
-                                a_dtype: torch.dtype, ring_len: int) -> MaterializeLayersSpec:  # fmt: skip
-    """The spec of one multi-layer materialisation kernel (bf16 rings; a ring of ``ring_len`` rows)."""
+                                a_dtype: torch.dtype, ring_len: int,
+                                philox_rounds: int = 0) -> MaterializeLayersSpec:  # fmt: skip
+    """The spec of one multi-layer materialisation kernel (bf16 rings; a ring of ``ring_len`` rows;
+    ``philox_rounds`` as for :func:`spec_for`)."""
     ring_rows, _ = staged_rows(ring_len, 1)
-    per_thread = tuning(state_dtype, 0).per_thread
+    per_thread = tuning(state_dtype, philox_rounds).per_thread
     name = DTYPE_NAMES[state_dtype]
     return MaterializeLayersSpec(
         dim=dim, dstate=dstate, heads_per_group=heads_per_group, state_dtype=name, io_dtype="bfloat16",
         a_dtype=str(a_dtype).removeprefix("torch."), ring_rows=ring_rows,
-        tiling=choose_tiling(dim, dstate, name, per_thread),
+        tiling=choose_tiling(dim, dstate, name, per_thread), philox_rounds=philox_rounds,
     )  # fmt: skip
 
 
@@ -278,15 +280,19 @@ def plan_materialize_layers(call: MaterializeLayersCall):
     if layers * call.heads > MAX_SEQUENCES:
         unsupported(f"materialize_replayed_layers (tilelang) with layers x num_heads above {MAX_SEQUENCES} "
                     f"({layers} x {call.heads})")  # fmt: skip
+    rounds = call.philox_rounds
+    _check_rounding(rounds, call.dstate, "multi-layer materialisation kernel")
     spec = materialize_layers_spec_for(dim=call.dim, dstate=call.dstate, heads_per_group=call.heads_per_group,
-                                       state_dtype=call.state_dtype, a_dtype=call.a_dtype,
-                                       ring_len=call.ring_len)  # fmt: skip
+                                       state_dtype=call.state_dtype, a_dtype=call.a_dtype, ring_len=call.ring_len,
+                                       philox_rounds=rounds)  # fmt: skip
     names = ("state_ptrs", "state_strides", "x_ptrs", "x_strides", "B_ptrs", "B_strides", "dt_ptrs", "dt_strides",
              "A_ptrs", "scale_ptrs", "scale_strides")  # fmt: skip
     values = dict(zip(names, call.tables, strict=True))
     values.update(src=call.src, dst=call.dst, ring_start=call.ring_start, prefix=call.prefix, active=call.active,
                   heads=call.heads, ring_len=call.ring_len, pad=call.pad_slot_id)  # fmt: skip
-    return spec, launch_args(args_of(MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS), values)
+    _rounding_values(values, None, call.rand_seed, rounds)
+    args = args_of(MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS, "sr" if rounds else None)
+    return spec, launch_args(args, values)
 
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
