@@ -43,7 +43,7 @@ def test_signature_is_flashinfer_0_7_2s():
 
 
 def _through_flashinfer_name(layers, tables, c):
-    replayssm_materialize(*pointer_tables(layers, c).values(), *tables.values(), **config(c))
+    replayssm_materialize(*pointer_tables(layers, c).values(), *tables.values(), **config(c, "cpu"))
 
 
 @pytest.mark.parametrize(
@@ -51,6 +51,7 @@ def _through_flashinfer_name(layers, tables, c):
     [
         pytest.param(LCase(), id="bf16"),
         pytest.param(LCase(state=torch.float8_e4m3fn, H=2, slots=(8, 11)), id="fp8-scaled"),
+        pytest.param(LCase(state=torch.int8, H=2, slots=(9, 12), rounds=10), id="int8-stochastic-rounding"),
     ],
 )
 def test_replayssm_materialize_is_materialize_replayed_layers(c):
@@ -66,7 +67,7 @@ def test_replayssm_materialize_is_materialize_replayed_layers(c):
             {"philox_rounds": 10, "rand_seed": torch.zeros(1, dtype=torch.int64)},
             NotImplementedError,
             "philox_rounds",
-            id="stochastic-rounding",
+            id="stochastic-rounding-of-bf16",
         ),  # fmt: skip
     ],
 )

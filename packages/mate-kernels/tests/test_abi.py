@@ -51,6 +51,18 @@ def test_each_kernel_takes_its_arguments_in_order(kernel, variant, names):
         pytest.param(
             MATERIALIZE_ARGS, MATERIALIZE, "scaled", MATERIALIZE_BASE + ("state_scale",), id="materialize-scaled"
         ),  # fmt: skip
+        # a block-scaled checkpoint rounded stochastically: both trailing groups, in launch order
+        pytest.param(
+            REPLAY_ARGS, REPLAY, "scaled+sr", REPLAY_BASE + ("state_scale", "rand_seed"), id="replay-scaled-sr"
+        ),
+        pytest.param(MATERIALIZE_ARGS, MATERIALIZE, "sr", MATERIALIZE_BASE + ("rand_seed",), id="materialize-sr"),
+        pytest.param(
+            MATERIALIZE_ARGS,
+            MATERIALIZE,
+            "scaled+sr",
+            MATERIALIZE_BASE + ("state_scale", "rand_seed"),
+            id="materialize-scaled-sr",
+        ),  # fmt: skip
     ],
 )
 def test_each_replay_kernel_takes_its_arguments_in_order(family, kernel, variant, names):

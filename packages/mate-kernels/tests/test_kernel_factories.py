@@ -97,8 +97,8 @@ FORMAT_ROWS = [
     ("bfloat16", "bf16", 2, "2-byte", None, False, ("nearest-even",)),
     ("float16", "fp16", 2, "2-byte", None, False, ("nearest-even", "stochastic")),
     ("int16", "int16", 2, "int16", 32767.0, True, ("nearest-even",)),
-    ("int8", "int8", 1, "int8", 127.0, True, ("nearest-even",)),
-    ("float8_e4m3fn", "fp8", 1, "fp8", 448.0, False, ("nearest-even",)),
+    ("int8", "int8", 1, "int8", 127.0, True, ("nearest-even", "stochastic")),
+    ("float8_e4m3fn", "fp8", 1, "fp8", 448.0, False, ("nearest-even", "stochastic")),
 ]
 
 
@@ -109,6 +109,10 @@ def test_state_format_registry_rows():
     assert formats.QMAX == {"int16": 32767.0, "int8": 127.0, "float8_e4m3fn": 448.0}
     assert formats.BYTES == {name: nbytes for name, _, nbytes, *_ in FORMAT_ROWS}
     assert {f.name: f.sr_tuning_key for f in formats.FORMATS.values() if f.sr_tuning_key} == {"float16": "fp16-sr"}
+    # the stochastic rounding grid of a block-scaled float format: e4m3's 3 mantissa bits, subnormal step 2^-9
+    assert {f.name: (f.mantissa, f.min_exp) for f in formats.FORMATS.values() if f.mantissa} == {
+        "float8_e4m3fn": (3, -9)
+    }
 
 
 @pytest.mark.parametrize(

@@ -27,9 +27,9 @@ def emulated_kernel(pool, tables) -> None:
     """``materialize_replayed_state`` on the TileLang backend, its kernel run on the CPU: the planner's spec and
     arguments for the call, the launch grid ``(P blocks, heads, requests)``."""
     t = dict(tables)
-    scale = t.pop("state_scale", None)
     call = normalize_materialize(*pool.values(), t["ring_start"], t["replay_prefix_len"], t["src_slots"],
-                                 t["dst_slots"], scale)  # fmt: skip
+                                 t["dst_slots"], t.get("state_scale"), rand_seed=t.get("rand_seed"),
+                                 philox_rounds=t.get("philox_rounds", 10))  # fmt: skip
     planned = replay_plan.plan_materialize(call)
     if planned is not None:
         launch_spec(*planned, dim=call.state.shape[2], heads=call.state.shape[1], rows=call.src.shape[0])

@@ -15,12 +15,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 
 from mate.mamba import materialize_replayed_layers  # noqa: E402
+from mate.mamba._reference.rounding import layer_seed  # noqa: E402
 from test_materialize_layers_kernels import CASES, LCase, build, check, config, layered, pointer_tables  # noqa: E402
 
 
 @pytest.mark.parametrize("c", CASES)
 def test_reference_layers_match_per_layer_loop(c):
     check(c, run=lambda layers, tables, c: layered(layers, tables, c, "torch"), exact=True, dev="cpu")
+
+
+def test_layer_seeds_are_flashinfers():
+    """FlashInfer 0.7.2's ``layer_philox_seed`` (mamba/conversion.cuh) for seed 987, layers 0-2, and a negative
+    seed: its C++ built with g++ printed these."""
+    assert [layer_seed(987, layer) for layer in range(3)] == [4602466301185413001, -5194574128675476147,
+                                                                4975437242464396117]  # fmt: skip
+    assert layer_seed(-5, 7) == 145124084266247496
 
 
 def _call(c=LCase(), *, tables=None, **overrides):
@@ -70,7 +79,21 @@ def _int64(n=3):
             None,
             NotImplementedError,
             "philox_rounds",
-            id="stochastic-rounding",
+            id="stochastic-rounding-of-bf16",
+        ),  # fmt: skip
+        pytest.param(
+            {"philox_rounds": 10, "rand_seed": torch.zeros(1, dtype=torch.int32)},
+            None,
+            ValueError,
+            "rand_seed",
+            id="seed-int32",
+        ),  # fmt: skip
+        pytest.param(
+            {"philox_rounds": 10, "rand_seed": torch.zeros(2, dtype=torch.int64), "state_dtype": torch.float16},
+            None,
+            ValueError,
+            "rand_seed",
+            id="seed-two-elements",
         ),  # fmt: skip
     ],
 )

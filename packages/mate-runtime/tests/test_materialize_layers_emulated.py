@@ -26,7 +26,7 @@ if (why := unavailable()) is not None:
 def emulated_kernel(layers, tables, c) -> None:
     """The planner's spec and arguments for the call, run over the launch grid ``(P blocks, layers * heads,
     batch)``."""
-    call = normalize_materialize_layers(*pointer_tables(layers, c).values(), *tables.values(), **config(c))
+    call = normalize_materialize_layers(*pointer_tables(layers, c).values(), *tables.values(), **config(c, "cpu"))
     spec, args = replay_plan.plan_materialize_layers(call)
     launch_spec(spec, args, dim=c.P, heads=len(c.slots) * c.H, rows=c.batch)
 

@@ -11,10 +11,13 @@ rounding; the host bookkeeping (:func:`advance_replay_ring`) as vLLM 0.33's trac
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from mate.mamba import advance_replay_ring, materialize_replayed_state, replay_state_update, selective_state_update
 from mate.mamba._contract.dtypes import STATE_FORMATS
+from mate.mamba._reference.rounding import random_bits, round_scaled
 
 H, P, N, G = 4, 4, 8, 2
 F32 = torch.float32
@@ -168,16 +171,112 @@ def test_quantised_checkpoints_within_their_rounding(dtype):
     run_trace(pool, steps=60, batch=4, T=1, tol=tol, pads=False)
 
 
-def test_stochastically_rounded_fp16_checkpoints():
-    """An fp16 checkpoint rounded stochastically at each flush: deterministic for a seed, within fp16's
-    rounding of the stored decode, and other than round to nearest."""
+@pytest.mark.parametrize(
+    ("dtype", "tol"),
+    [pytest.param(torch.float16, 5e-3, id="fp16"), pytest.param(torch.int8, 5e-2, id="int8"),
+     pytest.param(torch.float8_e4m3fn, 2e-1, id="fp8")],
+)  # fmt: skip
+def test_stochastically_rounded_checkpoints(dtype, tol):
+    """A checkpoint rounded stochastically at each flush (an int8 / fp8 one requantised with new scales):
+    deterministic for a seed, within the format's rounding of the stored decode, and other than round to nearest
+    and than another seed."""
     final = []
-    for seed in (5, 5, None):
-        pool = Pool(S=8, L=5, T=1, state_dtype=torch.float16, seed=4)
+    for seed in (5, 5, 6, None):
+        pool = Pool(S=8, L=5, T=1, state_dtype=dtype, seed=4)
         rs = None if seed is None else torch.tensor([seed])
-        run_trace(pool, steps=40, batch=4, T=1, tol=5e-3, rand_seed=rs, pads=False)
-        final.append(pool.state.clone())
-    assert torch.equal(final[0], final[1]) and not torch.equal(final[0], final[2])
+        run_trace(pool, steps=40, batch=4, T=1, tol=tol, rand_seed=rs, pads=False)
+        final.append(pool.state.view(torch.uint8).clone())
+    assert torch.equal(final[0], final[1])
+    assert not torch.equal(final[0], final[2]) and not torch.equal(final[0], final[3])
+
+
+def _grid_step(q: torch.Tensor, fmt) -> torch.Tensor:
+    """The spacing of the format's numbers at the scaled values ``q`` (written from the format's definition)."""
+    if fmt.integer:
+        return torch.ones_like(q)
+    e = torch.floor(torch.log2(q.abs().clamp(min=2.0**-30)))
+    return torch.exp2(torch.clamp(e - fmt.mantissa, min=fmt.min_exp))
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")])
+def test_stochastic_requantisation_is_unbiased(dtype):
+    """512 slots flush the same checkpoint through the same live tokens, each slot's numbers from its own random
+    bits: the mean of the stored values is the exact replayed value within 0.12 of a grid step everywhere (the
+    mean of 512 draws is within ~0.07 step of it), which round to nearest misses by up to half a step."""
+    fmt = STATE_FORMATS[dtype]
+    S, L = 512, 5
+    pool = Pool(S=S, L=L, T=1, state_dtype=dtype, seed=11)
+    for t in (pool.state, pool.scale, pool.x_cache, pool.B_cache, pool.dt_cache):  # every slot as slot 0
+        t[:] = t[0]
+    pool.x_cache.normal_(generator=pool.g)
+    pool.x_cache[:] = pool.x_cache[0]
+    pool.B_cache.normal_(generator=pool.g)
+    pool.B_cache[:] = pool.B_cache[0]
+    pool.dt_cache.fill_(0.2)
+    pool.pnat.fill_(L - 1)  # a full window: every slot flushes
+    exact = pool.state[0].float() * pool.scale[0].unsqueeze(-1)
+    exact = replay_ref(exact, pool.A, pool.x_cache[0, :, : L - 1], pool.B_cache[0, :, : L - 1], pool.dt_cache[0])
+    amax = exact.abs().amax(-1, keepdim=True)
+    step = _grid_step(exact * (fmt.qmax / amax), fmt) * amax / fmt.qmax  # in value units
+    errors = []
+    for seed in (torch.tensor([2024]), None):
+        state, scale = pool.state.clone(), pool.scale.clone()
+        inp = pool.inputs(S, 1)
+        replay_state_update(state, pool.x_cache.clone(), pool.B_cache.clone(), pool.dt_cache.clone(), pool.ring_start,
+                            pool.pnat, inp["x"], inp["dt"], pool.A, inp["B"], inp["C"], torch.empty_like(inp["x"]),
+                            state_scale=scale, rand_seed=seed, backend="torch")  # fmt: skip
+        stored = state.float() * scale.unsqueeze(-1)
+        errors.append(float(((stored.mean(0) - exact).abs() / step).max()))
+        if seed is not None:
+            assert len(torch.unique(stored[:, 0, 0, 0])) == 2, "a value rounds to its two neighbours"
+    assert errors[0] < 0.12, f"stochastic rounding: mean off by {errors[0]:.3f} step"
+    assert errors[1] > 0.12, f"round to nearest: mean off by only {errors[1]:.3f} step (the test cannot fail)"
+
+
+def _replay_ring(s, A, xs, Bs, dts):
+    """``s [H, P, N]`` advanced through ring rows ``xs [H, k, P]``, ``Bs [G, k, N]``, ``dts [H, k]``: the plain
+    recurrence, token by token."""
+    for j in range(xs.shape[1]):
+        Bh = Bs[:, j].repeat_interleave(H // G, dim=0)
+        s = torch.exp(A * dts[:, j]).view(-1, 1, 1) * s + (dts[:, j].view(-1, 1) * xs[:, j]).unsqueeze(
+            -1
+        ) * Bh.unsqueeze(1)
+    return s
+
+
+def replay_ref(s, A, xs, Bs, dts):
+    return _replay_ring(s, A, xs.float(), Bs.float(), dts[:, : xs.shape[1]])
+
+
+def _sr_independent(x: torch.Tensor, fmt, u: torch.Tensor) -> torch.Tensor:
+    """The stochastic rounding written independently, in integers (FlashInfer's software rule for fp8: the 16 bits
+    placed at the top of the discarded mantissa, then truncated; for int8 floor(|x| + u / 2^16))."""
+    out = []
+    for v, r in zip(x.tolist(), u.tolist(), strict=True):
+        a = abs(v)
+        if fmt.integer:
+            q = min(int((a * 65536 + r) // 65536), int(fmt.qmax))  # a has at most 24 significant bits: exact
+        else:
+            m, e = math.frexp(a)  # a = m 2^e, m in [0.5, 1)
+            mant24, unb = int(m * 2**24), e - 1
+            shift = 20 if unb >= -6 else 14 - unb
+            q = min(((mant24 + (r << (shift - 16))) >> shift) * 2.0 ** (unb - 23 + shift), fmt.qmax) if a else 0.0
+        out.append(-q if v < 0 else q)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.int8, id="int8"), pytest.param(torch.float8_e4m3fn, id="fp8")])
+def test_round_scaled_equals_an_integer_formulation(dtype):
+    """round_scaled (floats, exact operations) against the same rule in integer arithmetic, over values across the
+    range: both binades of each power of two, fp8's subnormal range and values past qmax (saturated)."""
+    fmt = STATE_FORMATS[dtype]
+    g = torch.Generator().manual_seed(3)
+    edges = torch.tensor([0.0, fmt.qmax, -fmt.qmax, fmt.qmax * 1.01, 2.0**-9, 2.0**-6, 2.0**-12, 0.75])
+    x = torch.cat([torch.randn(3000, generator=g) * 40, torch.randn(1000, generator=g) * 0.01, edges])
+    off = torch.arange(x.numel()) + 12345
+    got = round_scaled(x, fmt, 77, off, 10).float()
+    want = _sr_independent(x, fmt, random_bits(77, off, 10))
+    assert torch.equal(got, want)
 
 
 def test_tracker_rule_is_vllms():
@@ -275,3 +374,60 @@ def test_a_window_that_cannot_hold_a_call_is_refused():
     inp = pool.inputs(2, 3)
     with pytest.raises(ValueError, match="x_cache"):
         replay_state_update(*_args(pool, inp, torch.empty_like(inp["x"])), backend="torch")
+
+
+def test_seeds_the_checkpoint_formats_do_not_round_stochastically_are_refused():
+    """rand_seed beside an int16 checkpoint (FlashInfer has no int16 checkpoint) raises NotImplementedError naming
+    the state, in the decode and the materialisation, before anything is written; philox_rounds 0 with a seed is a
+    ValueError."""
+    pool = Pool(S=8, L=5, T=1, state_dtype=torch.int16, seed=12)
+    inp = pool.inputs(2, 1)
+    out = torch.full_like(inp["x"], float("nan"))
+    before = pool.state.clone()
+    seed = torch.tensor([1])
+    with pytest.raises(NotImplementedError, match="rand_seed.*int16"):
+        replay_state_update(*_args(pool, inp, out), state_scale=pool.scale, rand_seed=seed, backend="torch")
+    tables = (torch.tensor([0]), torch.tensor([2]), torch.tensor([1]), torch.tensor([3]))
+    with pytest.raises(NotImplementedError, match="rand_seed.*int16"):
+        materialize_replayed_state(pool.state, pool.x_cache, pool.B_cache, pool.dt_cache, pool.A, *tables,
+                                   state_scale=pool.scale, rand_seed=seed, backend="torch")  # fmt: skip
+    pool8 = Pool(S=8, L=5, T=1, state_dtype=torch.int8, seed=12)
+    with pytest.raises(ValueError, match="^philox_rounds:"):
+        materialize_replayed_state(pool8.state, pool8.x_cache, pool8.B_cache, pool8.dt_cache, pool8.A, *tables,
+                                   state_scale=pool8.scale, rand_seed=seed, philox_rounds=0,
+                                   backend="torch")  # fmt: skip
+    assert torch.equal(pool.state, before) and torch.isnan(out).all()
+
+
+def test_prewarm_takes_rounds_for_the_formats_that_round_stochastically():
+    from mate.mamba import prewarm_replay_state_update, prewarm_selective_state_update
+
+    shape = dict(io_dtype=torch.bfloat16, heads=4, dim=64, dstate=128, groups=2)
+    for dtype in (torch.float16, torch.int8, torch.float8_e4m3fn):
+        assert prewarm_replay_state_update(state_dtype=dtype, philox_rounds=10, **shape) is None
+    with pytest.raises(ValueError, match="^philox_rounds:"):
+        prewarm_replay_state_update(state_dtype=torch.int16, philox_rounds=10, **shape)
+    with pytest.raises(ValueError, match="^philox_rounds:"):  # the SSU rounds an fp16 state only
+        prewarm_selective_state_update(state_dtype=torch.int8, io_dtype=torch.bfloat16, batch=4, heads=4, dim=64,
+                                       dstate=128, groups=2, slot_dtype=torch.int32, philox_rounds=10)  # fmt: skip
+
+
+def test_materialisation_rounds_stochastically_with_a_seed():
+    """materialize_replayed_state with a seed: deterministic for it, other than round to nearest, within one grid
+    step of it; a prefix of 0 still copies the numbers and scales exactly."""
+    results = []
+    for seed in (torch.tensor([9]), torch.tensor([9]), None):
+        pool = Pool(S=6, L=5, T=1, state_dtype=torch.float8_e4m3fn, seed=13)
+        pool.x_cache.normal_(generator=pool.g)
+        pool.B_cache.normal_(generator=pool.g)
+        pool.dt_cache.uniform_(0.0, 0.3, generator=pool.g)
+        materialize_replayed_state(pool.state, pool.x_cache, pool.B_cache, pool.dt_cache, pool.A,
+                                   torch.tensor([1, 0]), torch.tensor([4, 0]), torch.tensor([0, 1]),
+                                   torch.tensor([4, 5]), state_scale=pool.scale, rand_seed=seed,
+                                   backend="torch")  # fmt: skip
+        assert torch.equal(pool.state[5].view(torch.uint8), pool.state[1].view(torch.uint8))
+        assert torch.equal(pool.scale[5], pool.scale[1])
+        results.append(pool.state[4].float() * pool.scale[4].unsqueeze(-1))
+    assert torch.equal(results[0], results[1]) and not torch.equal(results[0], results[2])
+    step = pool.scale[4].unsqueeze(-1) * 32.0  # the top binade's step
+    assert bool(((results[0] - results[2]).abs() <= step * 1.001).all())

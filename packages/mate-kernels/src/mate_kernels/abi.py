@@ -8,7 +8,8 @@ with its type and the kernels and variant it belongs to. From it come
 * the tensor dtypes of a kernel spec (``Arg.dtype_field``: the spec field that names the argument's dtype).
 
 A variant is an optional trailing group of arguments: ``"scaled"`` (the fp32 row scales of block-scaled states),
-``"sr"`` (the seed of fp16 stochastic rounding) or ``"split"`` (the SSD scan's run states, the split design).
+``"sr"`` (the seed of stochastic rounding) or ``"split"`` (the SSD scan's run states, the split design), or two
+groups joined by ``+`` (``"scaled+sr"``: a block-scaled state rounded stochastically takes both, in launch order).
 Imports nothing (TileLang is passed in as ``T``).
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 
 ONE_TOKEN, PACKED = "one_token", "packed"
 REPLAY, MATERIALIZE, MATERIALIZE_LAYERS, SCAN = "replay", "materialize", "materialize_layers", "scan"
-VARIANTS = (None, "scaled", "sr", "split")
+VARIANTS = (None, "scaled", "sr", "scaled+sr", "split")
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,14 @@ MATERIALIZE_ARGS = _one_kernel(
     Arg("batch", "int32"),
     Arg("pad", "int64"),
     Arg("state_scale", variant="scaled"),
+    Arg("rand_seed", variant="sr"),
 )
 
 # The multi-layer materialisation kernel (mate_kernels.ssu_materialize.materialize_layers_kernel): FlashInfer's
 # per-layer int64 tables of base addresses and slot strides (in elements), read on the device; slot tables
 # ``[layers, batch]`` and request tables ``[batch]`` int32. The scale tables are passed for every state format
-# (zeros beside an unscaled one) and read only by a block-scaled build.
+# (zeros beside an unscaled one) and read only by a block-scaled build; the seed of a stochastically rounding one
+# trails.
 MATERIALIZE_LAYERS_ARGS = _one_kernel(
     MATERIALIZE_LAYERS,
     Arg("state_ptrs"),
@@ -153,6 +156,7 @@ MATERIALIZE_LAYERS_ARGS = _one_kernel(
     Arg("heads", "int32"),
     Arg("ring_len", "int32"),
     Arg("pad", "int64"),
+    Arg("rand_seed", variant="sr"),
 )
 
 
@@ -203,7 +207,8 @@ def args_of(family: tuple[Arg, ...], kernel: str, variant: str | None = None) ->
     if found is None:
         if variant not in VARIANTS:
             raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
-        found = _ARG_LISTS[key] = ArgList(a for a in family if kernel in a.kernels and a.variant in (None, variant))
+        groups = (None,) if variant is None else (None, *variant.split("+"))
+        found = _ARG_LISTS[key] = ArgList(a for a in family if kernel in a.kernels and a.variant in groups)
     return found
 
 

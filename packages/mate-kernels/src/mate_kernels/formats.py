@@ -7,6 +7,10 @@ about a format is written here only. The float formats double as the io dtypes (
 A block-scaled format (``qmax`` set) stores a state row of ``N`` values as numbers times one fp32 scale per (slot,
 head, dim) row: a row written gets the scale max|row| / qmax (1 for an all-zero row) and its numbers rounded to
 nearest even and clamped to +-qmax (FlashInfer 0.7.2's int16 rule; int8 and fp8-e4m3 with their own qmax).
+int8 and fp8-e4m3 also round stochastically (a ReplaySSM checkpoint with ``rand_seed``): the scaled value's
+magnitude goes to the format's grid below or above it with the probability of its remainder (16 random bits),
+saturated at qmax and signed as the value; the grid is the integers, or a float format's: steps of 2^(e -
+``mantissa``) in the binade [2^e, 2^(e+1)), at least 2^``min_exp`` (``mate.mamba._reference.rounding``).
 
 A new format is its row here (``getattr(torch, name)`` must exist): the runtime's dtype tables and argument
 checks, the planners' dtype names and tuning keys, the reference's quantisation, the benchmarks' labels (and
@@ -15,7 +19,8 @@ their block-scaled cases), the quantised tests' cases follow from it. Besides th
 * its kernel branch where the kernels have none: a block-scaled format's widening to fp32 and narrowing back
   (:func:`.ssu_parts.row_ops`' ``quant_ops``: integers of 1 and 2 bytes, floats by the conversion); stochastic
   rounding (``"stochastic"`` in ``rounding``) its own kernel and reference code (float16's: ``philox_rounds``,
-  ``mate.mamba._reference.rounding``);
+  ``mate.mamba._reference.rounding``; a block-scaled format's: :func:`.ssu_parts.row_ops`' ``quant_ops``, from
+  its grid);
 * rows ``(tuning_key, "one_token")`` and ``(tuning_key, "packed")`` in ``mate.mamba._tilelang.ssu_plan.TUNING``
   for a new ``tuning_key`` (and ``(sr_tuning_key, ...)`` with stochastic rounding); ``replay_plan.tuning`` tunes
   by fp32 / 2-byte / block-scaled;
@@ -36,6 +41,8 @@ class StateFormat:
     qmax: float | None = None  # block-scaled: the largest stored magnitude (see the module docstring)
     integer: bool = False  # integer numbers (torch's cast truncates: a value is rounded to nearest even first)
     rounding: tuple[str, ...] = ("nearest-even",)  # how written values round; "stochastic" with a rand_seed
+    mantissa: int = 0  # a block-scaled float format's mantissa bits and smallest step 2^min_exp: the grid its
+    min_exp: int = 0  # stochastic rounding rounds to (module docstring)
 
     @property
     def block_scaled(self) -> bool:
@@ -43,8 +50,9 @@ class StateFormat:
 
     @property
     def sr_tuning_key(self) -> str | None:
-        """The TUNING key of the stochastically rounded format (None where it has no stochastic rounding)."""
-        return f"{self.label}-sr" if "stochastic" in self.rounding else None
+        """The SSU planner's TUNING key of the stochastically rounded format (None where the SSU kernels do not
+        round it stochastically: no stochastic rounding, or block-scaled, whose seed is a ReplaySSM checkpoint's)."""
+        return f"{self.label}-sr" if "stochastic" in self.rounding and not self.block_scaled else None
 
 
 FORMATS = {
@@ -54,8 +62,17 @@ FORMATS = {
         StateFormat("bfloat16", "bf16", 2, "2-byte"),
         StateFormat("float16", "fp16", 2, "2-byte", rounding=("nearest-even", "stochastic")),
         StateFormat("int16", "int16", 2, "int16", qmax=32767.0, integer=True),
-        StateFormat("int8", "int8", 1, "int8", qmax=127.0, integer=True),
-        StateFormat("float8_e4m3fn", "fp8", 1, "fp8", qmax=448.0),
+        StateFormat("int8", "int8", 1, "int8", qmax=127.0, integer=True, rounding=("nearest-even", "stochastic")),
+        StateFormat(
+            "float8_e4m3fn",
+            "fp8",
+            1,
+            "fp8",
+            qmax=448.0,
+            rounding=("nearest-even", "stochastic"),
+            mantissa=3,
+            min_exp=-9,
+        ),
     )
 }
 BYTES = {name: f.bytes for name, f in FORMATS.items()}  # bytes per value of a state (or io) dtype

@@ -7,7 +7,8 @@ ring caches ``dt' = softplus(dt + dt_bias)``). CTA ``(pb, h, b)`` owns ``block_p
 ``b`` in the SSU tiling (:mod:`.ssu_parts`: a row's ``N`` values over ``lanes`` lanes, in registers); it stages the
 source slot's ring by physical row in shared memory (B of the head's group, x of its rows, dt'), as the decode
 kernel does, folds the tokens into the registers and stores the rows rounded to nearest, or requantised with new
-row scales. A prefix of 0 copies the stored numbers (and scales) exactly.
+row scales (with a seed, rounded stochastically as the decode kernel rounds a flush). A prefix of 0 copies the
+stored numbers (and scales) exactly.
 
 Index guards: a request whose source or destination is the sentinel or outside the pool writes nothing;
 ``ring_start`` is taken modulo ``L`` and the prefix clamped into ``[0, L]``, so whatever the tables hold no access
@@ -34,13 +35,15 @@ def materialize_kernel(
     tiling: SSUTiling | None = None,
     vector_state: bool = True,
     vector_io: bool = True,
+    philox_rounds: int = 0,
 ):
     """Return the ``T.prim_func`` of one materialisation configuration (see the module docstring).
 
     Arguments (:data:`.abi.MATERIALIZE_ARGS`, in launch order): ``state [S, H, P, N]``, ``x_cache [S, H, L, P]``,
     ``B_cache [S, G, L, N]``, ``dt_cache [S, H, L]`` fp32, ``A [H]`` fp32, ``ring_start``, ``prefix``, ``src``,
     ``dst`` ``[batch]`` (``index_dtype``), then ``batch``, ``pad`` (int64), then ``state_scale [S, H, P]`` fp32 for
-    a block-scaled state.
+    a block-scaled state, then ``rand_seed [1]`` int64 with ``philox_rounds`` > 0 (the rows written rounded
+    stochastically, as the decode kernel rounds a flush: an fp16, int8 or fp8-e4m3 state).
 
     ``ring_rows``: the staged ring rows (a power of two >= ``L``); ``tiling`` (default
     :func:`.ssu_common.choose_tiling`) and ``vector_state`` mean what they mean for :func:`.ssu.ssu_kernel`,
@@ -48,10 +51,14 @@ def materialize_kernel(
     """
     import tilelang.language as T
 
+    from .ssu_ring import checkpoint_variant
+
+    variant = checkpoint_variant(state_dtype, philox_rounds)
     P, N = int(dim), int(dstate)
     tiling = tiling or choose_tiling(P, N, state_dtype)
     k = _fold_ops(T, dim=P, dstate=N, heads_per_group=heads_per_group, state_dtype=state_dtype, io_dtype=io_dtype,
-                  ring_rows=ring_rows, tiling=tiling, vector_state=vector_state, vector_io=vector_io)  # fmt: skip
+                  ring_rows=ring_rows, tiling=tiling, vector_state=vector_state, vector_io=vector_io,
+                  philox_rounds=philox_rounds)  # fmt: skip
     NB, TH, ratio, f32, i64 = k.NB, k.TH, k.ratio, "float32", "int64"
 
     S, H, G, L, NREQ = T.dynamic("S, H, G, L, NREQ")
@@ -69,10 +76,11 @@ def materialize_kernel(
         src=T.Tensor((NREQ,), index_dtype),
         dst=T.Tensor((NREQ,), index_dtype),
         state_scale=T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32),
+        rand_seed=T.Tensor((1,), i64),
     )
 
     @T.macro
-    def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale):
+    def body(state, x_cache, B_cache, dt_cache, A, ring_start, prefix, src, dst, batch, pad, scale, seed_t):
         pool = k.aligned(state, vector_state)
         ring_b = k.aligned(B_cache, vector_io, k.IOB)
         ring_x = k.aligned(x_cache, vector_io, k.IOB)
@@ -85,12 +93,14 @@ def materialize_kernel(
             live = T.And(T.And(sl != pad, dl != pad), T.And(T.And(sl >= 0, sl < T.cast(S, i64)),
                                                                T.And(dl >= 0, dl < T.cast(S, i64))))  # fmt: skip
             if live:
-                k.fold(pool, ring_b, ring_x, dt_cache, A[h], scale, sl, dl, ring_start[b], prefix[b], h, h // ratio,
-                       pb, tx, L)  # fmt: skip
+                seed = None if seed_t is None else seed_t[0]
+                k.fold(pool, ring_b, ring_x, dt_cache, A[h], scale, seed, sl, dl, ring_start[b], prefix[b], h,
+                       h // ratio, pb, tx, L)  # fmt: skip
 
-    # the scaled kernel is the same body with the scales as one more argument
-    name = "ssu_materialize_scaled" if k.quant else "ssu_materialize"
-    return prim_func(T, name, MATERIALIZE_ARGS, MATERIALIZE, "scaled" if k.quant else None, ty, body)
+    # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
+    # with the seed (a scaled one rounding stochastically with both)
+    name = "ssu_materialize" + ("_" + variant.replace("+", "_") if variant else "")
+    return prim_func(T, name, MATERIALIZE_ARGS, MATERIALIZE, variant, ty, body)
 
 
 def materialize_layers_kernel(
@@ -103,6 +113,7 @@ def materialize_layers_kernel(
     a_dtype: str = "float32",
     ring_rows: int = 32,
     tiling: SSUTiling | None = None,
+    philox_rounds: int = 0,
 ):
     """Return the ``T.prim_func`` of the multi-layer materialisation (FlashInfer 0.7.2's ``replayssm_materialize``):
     the fold of :func:`materialize_kernel` over layers whose pools are named by base addresses read on the device.
@@ -112,7 +123,9 @@ def materialize_layers_kernel(
     ``B [slot, G, L, N]`` (``io_dtype``), ``dt [slot, H, L]`` fp32, ``A [H]`` (``a_dtype``, no stride) and the
     scales ``[slot, H, P]`` fp32 (block-scaled states; a zero address writes nothing); everything inside a slot
     is contiguous. Then ``src``, ``dst`` ``[layers, batch]``, ``ring_start``, ``prefix``, ``active`` ``[batch]``
-    int32, and ``heads``, ``ring_len`` (``L``), ``pad``.
+    int32, and ``heads``, ``ring_len`` (``L``), ``pad``, then ``rand_seed [1]`` int64 with ``philox_rounds`` > 0
+    (an fp16, int8 or fp8-e4m3 state rounded stochastically, each layer with its own Philox key derived from the
+    seed as FlashInfer derives it: ``_GOLDEN`` below).
 
     CTA ``(pb, layer * heads + h, v)`` serves virtual request ``v``: physical request ``active[v]`` (none when it
     is negative or past the batch) of that layer. The addresses are not known to be 16-byte aligned, so every
@@ -122,10 +135,14 @@ def materialize_layers_kernel(
     """
     import tilelang.language as T
 
+    from .ssu_ring import checkpoint_variant
+
+    checkpoint_variant(state_dtype, philox_rounds)  # (the ValueError of a format without stochastic rounding)
     P, N = int(dim), int(dstate)
     tiling = tiling or choose_tiling(P, N, state_dtype)
     k = _fold_ops(T, dim=P, dstate=N, heads_per_group=heads_per_group, state_dtype=state_dtype, io_dtype=io_dtype,
-                  ring_rows=ring_rows, tiling=tiling, vector_state=False, vector_io=False)  # fmt: skip
+                  ring_rows=ring_rows, tiling=tiling, vector_state=False, vector_io=False,
+                  philox_rounds=philox_rounds)  # fmt: skip
     NB, TH, ratio, f32, i64 = k.NB, k.TH, k.ratio, "float32", "int64"
     # a pool's slot count is not known on the device: its buffers' outer extent is the largest int32 slot
     SLOTS = 2**31 - 1
@@ -138,11 +155,21 @@ def materialize_layers_kernel(
         **{name: T.Tensor((NL,), i64) for name in tables},
         **{name: T.Tensor((NL, NREQ), "int32") for name in ("src", "dst")},
         **{name: T.Tensor((NREQ,), "int32") for name in ("ring_start", "prefix", "active")},
+        rand_seed=T.Tensor((1,), i64),
     )
 
     @T.macro
+    def layer_key(key, seed, layer):
+        """key[0] = the Philox key of layer ``layer`` for the call's ``rand_seed`` ``seed`` (``_GOLDEN`` below)."""
+        key[0] = T.bitwise_xor(T.cast(seed, "uint64"), T.uint64(_GOLDEN) * (T.cast(layer, "uint64") + T.uint64(1)))
+        key[0] = T.bitwise_xor(key[0], T.shift_right(key[0], T.uint64(30))) * T.uint64(_MIX1)
+        key[0] = T.bitwise_xor(key[0], T.shift_right(key[0], T.uint64(27))) * T.uint64(_MIX2)
+        key[0] = T.bitwise_xor(key[0], T.shift_right(key[0], T.uint64(31)))
+
+    @T.macro
     def body(state_ptrs, state_strides, x_ptrs, x_strides, B_ptrs, B_strides, dt_ptrs, dt_strides, A_ptrs,
-             scale_ptrs, scale_strides, src, dst, ring_start, prefix, active, heads, ring_len, pad):  # fmt: skip
+             scale_ptrs, scale_strides, src, dst, ring_start, prefix, active, heads, ring_len, pad,
+             seed_t):  # fmt: skip
         with T.Kernel(NB, NL * heads, NREQ, threads=TH) as (pb, lh, v):
             tx = T.get_thread_binding()
             layer = lh // heads
@@ -173,16 +200,29 @@ def materialize_layers_kernel(
                     if k.quant:
                         scale = T.make_tensor(scale_ptrs[layer], (SLOTS, heads, P), f32,
                                               strides=(scale_strides[layer], P, 1))  # fmt: skip
-                    k.fold(pool, ring_b, ring_x, dt_cache, T.cast(A[h], f32), scale, sl, dl, ring_start[r],
+                    seed = None
+                    if philox_rounds:
+                        key = T.alloc_local((1,), "uint64")
+                        layer_key(key, seed_t[0], layer)
+                        seed = T.cast(key[0], i64)
+                    k.fold(pool, ring_b, ring_x, dt_cache, T.cast(A[h], f32), scale, seed, sl, dl, ring_start[r],
                            prefix[r], h, h // ratio, pb, tx, L)  # fmt: skip
 
-    name = "ssu_materialize_layers_scaled" if k.quant else "ssu_materialize_layers"
-    return prim_func(T, name, MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS, None, ty, body)
+    # (the scale tables are arguments of every build; the stochastically rounding one takes the seed too)
+    variant = "sr" if philox_rounds else None
+    name = "ssu_materialize_layers" + ("_scaled" if k.quant else "") + ("_sr" if philox_rounds else "")
+    return prim_func(T, name, MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS, variant, ty, body)
 
 
-def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_rows, tiling, vector_state, vector_io):
+# FlashInfer 0.7.2's layer_philox_seed: layer l of a multi-layer call rounds with the SplitMix64 finaliser (Stafford's
+# mix13) of ``rand_seed ^ (_GOLDEN * (l + 1))`` (uint64; ``mate.mamba._reference.rounding.layer_seed`` on the host)
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_rows, tiling, vector_state, vector_io,
+              philox_rounds):  # fmt: skip
     """What both kernels share: the tiling's sizes, ``aligned`` and the macro ``fold``, one CTA's work once its
-    request is live."""
+    request is live (with ``philox_rounds`` > 0 storing the rows rounded stochastically)."""
     from .ssu_parts import row_ops
     from .ssu_ring import ring_ops
 
@@ -192,15 +232,17 @@ def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_ro
     VEC, NV, LN, R, TH, BP, RP, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NS
     guard_p = ops.guard_p
     quant = state_dtype in QMAX
-    q = ops.quant_ops(state_dtype) if quant else None
+    q = ops.quant_ops(state_dtype, philox_rounds) if quant else None
+    sr = ops.sr_ops(philox_rounds) if philox_rounds and not quant else None
     f32 = "float32"
     rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, vector_io=vector_io)
     CH, IOV, XV = rops.CH, rops.IOV, rops.XV
 
     @T.macro
-    def fold(pool, ring_b, ring_x, dt_cache, a, scale, sl, dl, ring_start, prefix, h, g, pb, tx, L):
+    def fold(pool, ring_b, ring_x, dt_cache, a, scale, seed, sl, dl, ring_start, prefix, h, g, pb, tx, L):
         """``pool[dl]`` rows of this CTA = ``pool[sl]``'s advanced through ``prefix`` tokens of the slot's ring from
-        row ``ring_start`` (``a``: the head's A as fp32; ``scale``: the row scales of a block-scaled state)."""
+        row ``ring_start`` (``a``: the head's A as fp32; ``scale``: the row scales of a block-scaled state;
+        ``seed``: the Philox key (int64) of a stochastically rounding build)."""
         lane = tx % LN
         rg = tx // LN
         Bs = T.alloc_shared((CH, N), io_dtype)
@@ -252,10 +294,18 @@ def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_ro
                     for kk in T.unroll(NV * VEC):
                         s[r * NV * VEC + kk] = s[r * NV * VEC + kk] * dA + xr * bv[kk]
                 row = T.if_then_else(row + 1 == L, 0, row + 1)
-            if quant:
-                q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
+            if philox_rounds == 0:
+                if quant:
+                    q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
+                else:
+                    ops.store_state(s, buf, pool, dl, h, pb, tx)
             else:
-                ops.store_state(s, buf, pool, dl, h, pb, tx)
+                k0 = T.cast(seed, "uint32")
+                k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
+                if quant:
+                    q.store_sr(s, buf, pool, scale, qs, dl, h, pb, tx, k0, k1)
+                else:
+                    sr.store_now(s, buf, pool, dl, h, pb, tx, k0, k1)
 
     return SimpleNamespace(NB=ops.NB, TH=TH, IOB=rops.IOB, ratio=ratio, quant=quant, aligned=ops.aligned, fold=fold)
 

@@ -16,7 +16,7 @@ writes the new scale ``max / QMAX`` (:func:`row_ops`' ``quant_ops``).
 
 from types import SimpleNamespace
 
-from .formats import BYTES, QMAX
+from .formats import BYTES, FORMATS, QMAX
 from .ssu_common import FLAG_D, FLAG_SOFTPLUS, FLAG_Z
 
 
@@ -358,10 +358,10 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             for r in T.unroll(R):
                 write_row_y(acc, xv, dv, zv, r, out, row, h, pb * BP + r * RP + rg, flags)
 
-    def quant_ops(qdtype):
+    def quant_ops(qdtype, rounds=0):
         """The helpers of one block-scaled quantised dtype (see the module docstring). ``qs``: ``R`` fp32
         registers, the thread's rows' scales once read and the encode factors ``QMAX / max|row|`` while
-        storing.
+        storing. ``rounds`` > 0: also ``store_sr``, the store rounding stochastically with Philox-4x32-``rounds``.
 
         Every conversion stays off the GPU's conversion unit (a quarter of the FP32 rate on Hopper, where three
         conversions per value bounded an int8 update at ~1.9 TB/s): an integer's number ``v`` becomes fp32 as
@@ -370,6 +370,8 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         low bits are then ``q``'s rounded two's-complement, truncated into the stored width). fp8 converts two
         values per instruction (``cvt`` of e4m3x2, saturating at +-448)."""
         qmax = QMAX[qdtype]
+        fmt = FORMATS[qdtype]
+        sr = sr_ops(rounds) if rounds else None  # the Philox draw of store_sr
         integer = qdtype.startswith("int")
         half = 128 if qdtype == "int8" else 32768  # integers: the offset that makes the stored number unsigned
         CV = 8 if VEC % 8 == 0 else (4 if VEC % 4 == 0 else 1)  # fp8 values per vectorised cast
@@ -453,13 +455,8 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 scale[slot, h, p] = T.float32(1) / qs[r]
 
         @T.macro
-        def store(s, buf, dst, scale, qs, slot, h, pb, tx):
-            """Quantise the fp32 rows ``s`` into ``dst[slot]`` with new scales (every lane of the CTA calls it:
-            the row maximum is a warp shuffle). |s| x QMAX / max|row| is at most QMAX up to the division's
-            rounding, so the rounded numbers stay within +-QMAX without a clamp (fp8's conversion saturates)."""
-            qf = T.alloc_local((VEC,), f32)
-            lane = tx % L
-            rg = tx // L
+        def encode_factors(s, qs):
+            """qs[r] = QMAX / max|row r| (1 for an all-zero row), the maximum over the row's lanes."""
             for r in T.unroll(R):
                 qs[r] = T.float32(0)
                 for k in T.unroll(NV * VEC):
@@ -469,6 +466,16 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                     qs[r] = T.max(qs[r], T.shfl_xor(qs[r], L >> (j + 1)))
             for r in T.unroll(R):
                 qs[r] = T.if_then_else(qs[r] == T.float32(0), T.float32(1), T.float32(qmax) / qs[r])
+
+        @T.macro
+        def store(s, buf, dst, scale, qs, slot, h, pb, tx):
+            """Quantise the fp32 rows ``s`` into ``dst[slot]`` with new scales (every lane of the CTA calls it:
+            the row maximum is a warp shuffle). |s| x QMAX / max|row| is at most QMAX up to the division's
+            rounding, so the rounded numbers stay within +-QMAX without a clamp (fp8's conversion saturates)."""
+            qf = T.alloc_local((VEC,), f32)
+            lane = tx % L
+            rg = tx // L
+            encode_factors(s, qs)
             for r in T.unroll(R):
                 p = pb * BP + r * RP + rg
                 for v in T.unroll(NV):
@@ -477,6 +484,67 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                     encode(buf, qf, 0)
                     store_chunk(buf, dst, slot, h, p, (v * L + lane) * VEC)
                 write_scale(scale, slot, h, p, qs, r)
+
+        @T.macro
+        def encode_sr(buf, qf, t, words):
+            """buf = the scaled values ``qf`` (fp32) rounded stochastically (the reference's rule,
+            ``mate.mamba._reference.rounding.round_scaled``): value ``i`` takes the 16-bit half ``i % 2`` of
+            ``words[i // 2]`` (``u``); its magnitude goes to ``step * floor(|v| / step + u / 2^16)`` on the
+            format's grid (step 1 for an integer; a float's binade step 2^(e - mantissa), at least 2^min_exp),
+            saturated at QMAX and signed as ``v``. After the scaling every operation is exact (a power-of-two step,
+            the carry a comparison), so nothing depends on how the compiler contracts them. ``t``: 3 fp32."""
+            for i in T.unroll(VEC):
+                u = T.cast(T.shift_right(words[i // 2], T.cast((i % 2) * 16, "uint32")) & T.uint32(0xFFFF), f32)
+                if integer:
+                    t[0] = T.abs(qf[i])
+                    t[1] = T.floor(t[0])
+                    t[1] = t[1] + T.if_then_else((t[0] - t[1]) * T.float32(65536) >= T.float32(65536) - u,
+                                                 T.float32(1), T.float32(0))  # fmt: skip
+                    t[1] = T.min(t[1], T.float32(qmax))
+                    t[1] = T.if_then_else(qf[i] < T.float32(0), -t[1], t[1])
+                    # (an integral value within +-QMAX: its two's complement in the low bits of the sum's bits)
+                    buf[i] = T.cast(T.reinterpret("int32", t[1] + T.float32(12582912.0)), qdtype)
+                else:
+                    t[2] = T.reinterpret(
+                        f32,
+                        T.max(
+                            (T.reinterpret("int32", T.abs(qf[i])) & 0x7F800000) - (fmt.mantissa << 23),
+                            (127 + fmt.min_exp) << 23,
+                        ),
+                    )  # the step
+                    t[0] = T.abs(qf[i]) * T.reinterpret(f32, 0x7F000000 - T.reinterpret("int32", t[2]))  # / step
+                    t[1] = T.floor(t[0])
+                    t[1] = t[1] + T.if_then_else((t[0] - t[1]) * T.float32(65536) >= T.float32(65536) - u,
+                                                 T.float32(1), T.float32(0))  # fmt: skip
+                    t[1] = T.min(t[1] * t[2], T.float32(qmax))
+                    buf[i] = T.cast(T.if_then_else(qf[i] < T.float32(0), -t[1], t[1]), qdtype)
+
+        store_sr = None
+        if rounds:
+
+            @T.macro
+            def store_sr(s, buf, dst, scale, qs, slot, h, pb, tx, k0, k1):
+                """``store`` rounding stochastically (``encode_sr``), each chunk with its Philox words for key
+                ``(k0, k1)`` (:func:`row_ops`' ``sr_ops``: the value at flat offset ``o`` of the ``[rows, heads, P,
+                N]`` tensor written takes half ``o % 2`` of word ``(o % 8) // 2`` of counter ``o - o % 8``)."""
+                qf = T.alloc_local((VEC,), f32)
+                t = T.alloc_local((3,), f32)
+                ctr = T.alloc_local((4,), "uint32")
+                tmp = T.alloc_local((2,), "uint32")
+                words = T.alloc_local((VEC // 2,), "uint32")
+                lane = tx % L
+                rg = tx // L
+                encode_factors(s, qs)
+                for r in T.unroll(R):
+                    p = pb * BP + r * RP + rg
+                    for v in T.unroll(NV):
+                        n0 = (v * L + lane) * VEC
+                        sr.draw_chunk(words, 0, ctr, tmp, dst, slot, h, p, n0, k0, k1)
+                        for i in T.unroll(VEC):
+                            qf[i] = s[(r * NV + v) * VEC + i] * qs[r]
+                        encode_sr(buf, qf, t, words)
+                        store_chunk(buf, dst, slot, h, p, n0)
+                    write_scale(scale, slot, h, p, qs, r)
 
         @T.macro
         def unstage_numbers(sv, cb, cw, stage, r, v, tx, k0):
@@ -549,7 +617,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
 
         return SimpleNamespace(
             fetch_scales=fetch_scales, dequantize=dequantize, reload=reload, store=store,
-            staged_rows=staged_rows,
+            staged_rows=staged_rows, store_sr=store_sr,
         )  # fmt: skip
 
     def sr_ops(rounds):
@@ -681,7 +749,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                     round_chunk(buf, s, (r * NV + v) * VEC, words, 0)
                     store_chunk(buf, dst, slot, h, p, n0)
 
-        return SimpleNamespace(draw=draw, store=store, store_now=store_now, words=NS // 2)
+        return SimpleNamespace(draw=draw, draw_chunk=draw_chunk, store=store, store_now=store_now, words=NS // 2)
 
     def dt_value(raw, bias):
         """dt + dt_bias (softplus is applied later by ``apply_softplus``, once every load is in flight)."""

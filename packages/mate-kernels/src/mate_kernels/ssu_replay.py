@@ -26,7 +26,9 @@ decode reads and writes them).
 
 A flush (``pnat + T_b > window``) folds the live tokens into the registers as one rank-``pnat`` update
 (``s = exp(cum_last) s + sum_j exp(cum_last - cum_j) dt'_j x_j B_j^T``), writes them back as the new checkpoint
-(rounded, requantised or stochastically rounded as the SSU kernels store a state), and the new tokens then run
+(rounded or requantised as the SSU kernels store a state; with a seed an fp16 state rounded stochastically as
+the SSU kernels round it, an int8 / fp8 one requantised with stochastic rounding, :func:`.ssu_parts.row_ops`'
+``quant_ops``), and the new tokens then run
 against the unrounded registers with no live tokens, as the reference does.
 
 Every call appends its tokens to the ring after the live ones (rows ``(ring_start + pnat + t) % L``): ``x`` by
@@ -72,7 +74,8 @@ def replay_kernel(
     ``dt_bias [HB]`` (fp32; D, z, dt_bias dummies when absent), ``out`` like x, ``slots [LS]``, ``cu [LC]`` int32,
     then ``nseq, ntok`` (T, or ``max_seqlen`` packed), ``window`` (``L - T``), ``pad`` (int64), ``flags``
     (``FLAG_D | FLAG_Z | FLAG_DT_BIAS | FLAG_SOFTPLUS | FLAG_SRC | FLAG_CU``), then ``state_scale [S, H, P]`` for
-    a block-scaled state, or ``rand_seed [1]`` int64 with ``philox_rounds`` > 0 (an fp16 state's flush).
+    a block-scaled state, then ``rand_seed [1]`` int64 with ``philox_rounds`` > 0 (the flush of an fp16, int8 or
+    fp8-e4m3 state rounded stochastically).
 
     ``ring_rows`` / ``new_rows``: the staged rows (powers of two; the planner's ``staged_rows``). ``tiling``
     (default :func:`.ssu_common.choose_tiling`), ``min_blocks`` (``__launch_bounds__``) and ``vector_state`` mean
@@ -82,11 +85,9 @@ def replay_kernel(
     import tilelang.language as T
 
     from .ssu_parts import row_ops
-    from .ssu_ring import ring_ops
+    from .ssu_ring import checkpoint_variant, ring_ops
 
-    if philox_rounds < 0 or (philox_rounds and state_dtype != "float16"):
-        raise ValueError(f"philox_rounds: stochastic rounding (> 0) serves a float16 state, got {philox_rounds!r} "
-                         f"with {state_dtype!r}")  # fmt: skip
+    variant = checkpoint_variant(state_dtype, philox_rounds)
     P, N, ratio = int(dim), int(dstate), int(heads_per_group)
     tiling = tiling or choose_tiling(P, N, state_dtype)
     ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
@@ -96,8 +97,8 @@ def replay_kernel(
     fetch_state, convert_state, store_state = ops.fetch_state, ops.convert_state, ops.store_state
     guard_p, transposed, reduce_rows = ops.guard_p, ops.transposed, ops.reduce_rows
     quant = state_dtype in QMAX
-    q = ops.quant_ops(state_dtype) if quant else None
-    sr = ops.sr_ops(philox_rounds) if philox_rounds else None
+    q = ops.quant_ops(state_dtype, philox_rounds) if quant else None
+    sr = ops.sr_ops(philox_rounds) if philox_rounds and not quant else None
     f32, i64 = "float32", "int64"
     LOG_LN = LN.bit_length() - 1
     RG = TH // LN  # row groups per CTA
@@ -316,14 +317,19 @@ def replay_kernel(
                             xr = fold[j] * T.cast(Xs[row, r * RP + rg], f32)
                             for k in T.unroll(NV * VEC):
                                 s[r * NV * VEC + k] = s[r * NV * VEC + k] + xr * bv[k]
-                    if quant:
-                        q.store(s, buf, pool, scale, qs, slot, h, pb, tx)
-                    elif sr is None:
-                        store_state(s, buf, pool, slot, h, pb, tx)
+                    if philox_rounds == 0:
+                        if quant:
+                            q.store(s, buf, pool, scale, qs, slot, h, pb, tx)
+                        else:
+                            store_state(s, buf, pool, slot, h, pb, tx)
                     else:
                         seed = seed_t[0]
-                        sr.store_now(s, buf, pool, slot, h, pb, tx, T.cast(seed, "uint32"),
-                                     T.cast(T.shift_right(seed, T.int64(32)), "uint32"))  # fmt: skip
+                        k0 = T.cast(seed, "uint32")
+                        k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
+                        if quant:
+                            q.store_sr(s, buf, pool, scale, qs, slot, h, pb, tx, k0, k1)
+                        else:
+                            sr.store_now(s, buf, pool, slot, h, pb, tx, k0, k1)
                 hd = bit(flags, FLAG_D)
                 hz = bit(flags, FLAG_Z)
                 dv = D[h * hd] * T.cast(hd, f32)
@@ -387,10 +393,9 @@ def replay_kernel(
                             dt_cache[slot, h, (rs + pk + ti) % L] = dtn[ti]
 
     # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
-    # with the seed
-    variant = "scaled" if quant else "sr" if sr is not None else None
-    name = {None: "ssu_replay", "scaled": "ssu_replay_scaled", "sr": "ssu_replay_sr"}[variant]
-    return prim_func(T, name, REPLAY_ARGS, REPLAY, variant, ty, body)
+    # with the seed (a scaled one rounding stochastically with both)
+    return prim_func(T, "ssu_replay" + ("_" + variant.replace("+", "_") if variant else ""), REPLAY_ARGS, REPLAY,
+                     variant, ty, body)  # fmt: skip
 
 
 __all__ = ["replay_kernel"]

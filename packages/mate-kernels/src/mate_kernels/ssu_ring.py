@@ -4,7 +4,20 @@ values of a staged row, in :mod:`.ssu_parts`' tiling (a row's ``N`` values over 
 
 from types import SimpleNamespace
 
-from .formats import BYTES
+from .formats import BYTES, FORMATS
+
+
+def checkpoint_variant(state_dtype: str, philox_rounds: int) -> str | None:
+    """The ABI variant (:mod:`.abi`) of a ReplaySSM kernel writing ``state_dtype`` states: the scales of a
+    block-scaled one, the seed with ``philox_rounds`` > 0 (a format with stochastic rounding: fp16, int8,
+    fp8-e4m3), both for a block-scaled one rounded stochastically."""
+    fmt = FORMATS[state_dtype]
+    if not isinstance(philox_rounds, int) or philox_rounds < 0 or (philox_rounds and "stochastic" not in fmt.rounding):
+        rounded = tuple(name for name, f in FORMATS.items() if "stochastic" in f.rounding)
+        raise ValueError(f"philox_rounds: 0, or > 0 (stochastic rounding) with a state of {rounded}, got "
+                         f"{philox_rounds!r} with {state_dtype!r}")  # fmt: skip
+    groups = ("scaled",) * fmt.block_scaled + ("sr",) * bool(philox_rounds)
+    return "+".join(groups) or None
 
 
 def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector_io: bool = True):

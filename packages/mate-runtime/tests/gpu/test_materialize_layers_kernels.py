@@ -7,7 +7,10 @@ slots, a prefix of 0 (an exact copy) and of ``max_window``, and ``active_request
 requests out of order before its ``-1`` tail. The call under test runs on one copy of every pool, the loop on
 another; every pool is then compared: exactly for the reference backend (the same recurrence), within the
 state format's rounding for a kernel (as ``test_materialize_kernels.py`` compares), the rings, A and every
-untouched slot bit-identical. ``tests/test_materialize_layers.py`` runs the reference cases on the CPU and
+untouched slot bit-identical. With ``rounds`` the call rounds stochastically (``rand_seed``) and the loop gives
+layer ``l`` the key FlashInfer derives for it (``layer_seed``): a kernel then stores >= 99.9 % of the written
+numbers bit-identical to the loop's (the same random bits; a number differs only where the fp32 values do).
+``tests/test_materialize_layers.py`` runs the reference cases on the CPU and
 ``tests/test_materialize_layers_emulated.py`` the kernel's generated code on the CPU.
 """
 
@@ -21,6 +24,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from mate.mamba import materialize_replayed_layers, materialize_replayed_state  # noqa: E402
+from mate.mamba._reference.rounding import layer_seed  # noqa: E402
 
 BF16, F16, F32, I8, I16, F8 = torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.int16, torch.float8_e4m3fn
 QMAX = {I16: 32767.0, I8: 127.0, F8: 448.0}
@@ -39,6 +43,10 @@ class LCase:
     slots: tuple = (9, 12, 10)  # per layer
     batch: int = 4
     pad: int = -1
+    rounds: int = 0  # > 0: stochastic rounding (fp16, int8, fp8) with rand_seed SEED
+
+
+SEED = 987
 
 
 CASES = [
@@ -48,6 +56,9 @@ CASES = [
     pytest.param(LCase(state=F8, H=2, slots=(8, 11)), id="fp8-scaled"),
     pytest.param(LCase(state=I8, H=2, slots=(9,)), id="int8-scaled-one-layer"),
     pytest.param(LCase(state=I16, H=2, P=16, N=32), id="int16-scaled"),
+    pytest.param(LCase(state=F16, a=F16, ratio=1, P=16, N=32, L=9, window=8, rounds=10), id="fp16-sr"),
+    pytest.param(LCase(state=I8, H=2, slots=(9, 12), rounds=10), id="int8-sr-two-layers"),
+    pytest.param(LCase(state=F8, H=2, slots=(8, 11, 10), rounds=5), id="fp8-sr-rounds5"),
 ]
 
 
@@ -144,25 +155,40 @@ def pointer_tables(layers, c: LCase) -> dict:
     )
 
 
-def config(c: LCase) -> dict:
-    return dict(state_dtype=c.state, input_dtype=BF16, matrixA_dtype=c.a, dim=c.P, dstate=c.N, num_heads=c.H,
-                heads_per_group=c.ratio, max_window=c.window, ring_buffer_len=c.L, pad_slot_id=c.pad)  # fmt: skip
+def config(c: LCase, dev="cuda") -> dict:
+    """The call's keywords (``rand_seed`` on ``dev``)."""
+    kw = dict(state_dtype=c.state, input_dtype=BF16, matrixA_dtype=c.a, dim=c.P, dstate=c.N, num_heads=c.H,
+              heads_per_group=c.ratio, max_window=c.window, ring_buffer_len=c.L, pad_slot_id=c.pad)  # fmt: skip
+    if c.rounds:
+        kw.update(rand_seed=torch.tensor([SEED], dtype=torch.int64, device=dev), philox_rounds=c.rounds)
+    return kw
 
 
 def layered(layers, tables, c: LCase, backend: str) -> None:
-    materialize_replayed_layers(*pointer_tables(layers, c).values(), *tables.values(), **config(c), backend=backend)
+    kw = config(c, tables["src_slots"].device)
+    materialize_replayed_layers(*pointer_tables(layers, c).values(), *tables.values(), **kw, backend=backend)
+
+
+def _chosen(tables) -> list:
+    """The selected requests: the entries of ``active_request_indices`` before its first -1."""
+    active = tables["active_request_indices"].tolist()
+    return active[: active.index(-1)] if -1 in active else active
 
 
 def loop(layers, tables, c: LCase) -> None:
-    """The plain per-layer loop: ``materialize_replayed_state`` (reference) over each layer's selected requests."""
-    active = tables["active_request_indices"].tolist()
-    chosen = active[: active.index(-1)] if -1 in active else active
-    index = torch.tensor(chosen, dtype=torch.int64, device=tables["ring_start"].device)
+    """The plain per-layer loop: ``materialize_replayed_state`` (reference) over each layer's selected requests
+    (with ``rounds``, layer ``i`` keyed ``layer_seed(SEED, i)``)."""
+    dev = tables["ring_start"].device
+    index = torch.tensor(_chosen(tables), dtype=torch.int64, device=dev)
     for i, lay in enumerate(layers):
+        sr = {}
+        if c.rounds:
+            sr = dict(rand_seed=torch.tensor([layer_seed(SEED, i)], dtype=torch.int64, device=dev),
+                      philox_rounds=c.rounds)  # fmt: skip
         materialize_replayed_state(
             lay["state"][1], lay["x"][1], lay["B"][1], lay["dt"][1], lay["A"][1], tables["ring_start"][index],
             tables["replay_prefix_len"][index], tables["src_slots"][i][index], tables["dst_slots"][i][index],
-            state_scale=lay["scale"][1] if "scale" in lay else None, pad_slot_id=c.pad, backend="torch",
+            state_scale=lay["scale"][1] if "scale" in lay else None, pad_slot_id=c.pad, backend="torch", **sr,
         )  # fmt: skip
 
 
@@ -191,6 +217,11 @@ def check(c: LCase, *, run=None, exact: bool = False, seed: int = 0, dev: str = 
             assert torch.allclose(got, want, atol=tol, rtol=tol), (
                 f"layer {i} {name}: max |diff| {(got - want).abs().max().item()}"
             )
+        if c.rounds:  # the written numbers: the same random bits as the loop's
+            src, dst = tables["src_slots"][i].tolist(), tables["dst_slots"][i].tolist()
+            written = [dst[b] for b in _chosen(tables) if c.pad not in (src[b], dst[b])]
+            equal = m["state"][1][written].view(torch.uint8) == r["state"][1][written].view(torch.uint8)
+            assert float(equal.float().mean()) >= 0.999, f"layer {i}: stochastically rounded numbers differ"
 
 
 @pytest.mark.parametrize("c", CASES)

@@ -4,8 +4,9 @@ FlashInfer (names, order, keyword-only arguments, defaults, checks, semantics).
 It is ``mate.mamba.materialize_replayed_layers`` under FlashInfer's name: on a CUDA device MATE's TileLang kernel
 reads the per-layer pointer tables on the device (one launch over every layer and request, capturable in a CUDA
 graph once compiled by an eager call); elsewhere the reference reads them back and runs layer by layer (refused
-under graph capture). FlashInfer's checks raise ``ValueError`` naming the argument; ``philox_rounds > 0``
-(stochastic rounding of the materialised state) raises ``NotImplementedError``: MATE rounds to nearest.
+under graph capture). FlashInfer's checks raise ``ValueError`` naming the argument; ``philox_rounds > 0`` rounds
+an fp16, int8 or fp8-e4m3 state stochastically with FlashInfer's per-layer seeds (MATE's random bits, FlashInfer's
+distribution) and raises ``NotImplementedError`` beside another state.
 
 Beside a real FlashInfer the name stays FlashInfer's, as ``checkpointing_ssu`` does (``_names.STANDALONE``).
 """

@@ -12,7 +12,7 @@ ring's window is full (a flush). ``mate.mamba._reference.replay`` holds the refe
 from __future__ import annotations
 
 import torch
-from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
+from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, SR_STATE_DTYPES, STATE_DTYPES
 from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
 from mate.mamba._contract.replay import normalize_materialize, normalize_materialize_layers, normalize_replay
 from mate.mamba._dispatch import FastPath, prewarm, run
@@ -45,8 +45,9 @@ def replay_state_update(
       ``pad_slot_id`` runs nothing for its sequence (its ``out`` rows are not written).
 
     Per sequence, with ``W = L - T``: the slot's state is replayed through its live tokens; if the live and new
-    tokens do not fit the window (``pnat + T_b > W``) that replayed state is written back (a flush; stochastically
-    rounded with ``rand_seed`` for an fp16 state, requantised with new scales for a quantised one); each new token
+    tokens do not fit the window (``pnat + T_b > W``) that replayed state is written back (a flush, requantised
+    with new scales for a quantised state; with ``rand_seed`` rounded stochastically for an fp16, int8 or fp8-e4m3
+    one, deterministic for the seed and unbiased); each new token
     then updates it, ``y = C s + D x`` (``* silu(z)``), and the new tokens go to ring rows ``(ring_start + pnat +
     i) % L``. ``d_split``, ``enable_pdl``, the scratch tensors ``cb_scaled`` / ``cumAdt_vec`` / ``cb_old``,
     ``precompute_heads_per_cta`` and ``algorithm`` are FlashInfer's kernel choices: validated as FlashInfer does,
@@ -67,19 +68,22 @@ eager_replay = REPLAY.entry("eager_replay", FAST, split=True)
 
 
 def materialize_replayed_state(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
-                               dst_slots, *, state_scale=None, pad_slot_id=-1, backend="auto") -> None:  # fmt: skip
+                               dst_slots, *, state_scale=None, pad_slot_id=-1, rand_seed=None, philox_rounds=10,
+                               backend="auto") -> None:  # fmt: skip
     """Write a slot's true state into another slot (e.g. a prefix-cache block): for each request ``b``,
-    ``state[dst_slots[b]]`` = ``state[src_slots[b]]`` advanced through ``replay_prefix_len[b]`` tokens of the
-    source slot's ring from row ``ring_start[b]`` (FlashInfer's ``replayssm_materialize`` for one layer, with
-    tensors instead of its per-layer pointer tables). ``ring_start``, ``replay_prefix_len``, ``src_slots``,
-    ``dst_slots``: ``[batch]`` int32 / int64, per request; a sentinel source or destination skips the request.
-    A quantised state's destination rows get new scales; a prefix of 0 copies the stored numbers and scales
-    exactly. The rings and the trackers are not changed. The destinations must differ from every request's
-    source. The reference backend checks the tables' values (``ValueError``); the TileLang kernel skips a request
-    whose slots are outside the pool, takes ``ring_start`` modulo the ring and clamps the prefix into ``[0, L]``
-    (``MATE_CHECK_INPUTS=1`` checks them first, as the reference does)."""
+    ``state[dst_slots[b]]`` = ``state[src_slots[b]]`` advanced through ``replay_prefix_len[b]`` tokens of the source
+    slot's ring from row ``ring_start[b]`` (FlashInfer's ``replayssm_materialize`` for one layer, with tensors
+    instead of its per-layer pointer tables). ``ring_start``, ``replay_prefix_len``, ``src_slots``, ``dst_slots``:
+    ``[batch]`` int32 / int64, per request; a sentinel source or destination skips the request. A quantised state's
+    destination rows get new scales; a prefix of 0 copies the stored numbers and scales exactly. ``rand_seed`` (a
+    one-element int64 tensor, with ``philox_rounds`` > 0) rounds the written rows of an fp16, int8 or fp8-e4m3 state
+    stochastically, as :func:`replay_state_update` rounds a flush (FlashInfer's ``replayssm_materialize`` seed);
+    without it they round to nearest. The rings and the trackers are not changed. The destinations must differ from
+    every request's source. The reference backend checks the tables' values (``ValueError``); the TileLang kernel
+    skips a request whose slots are outside the pool, takes ``ring_start`` modulo the ring and clamps the prefix
+    into ``[0, L]`` (``MATE_CHECK_INPUTS=1`` checks them first, as the reference does)."""
     call = normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots,
-                                 dst_slots, state_scale, pad_slot_id)  # fmt: skip
+                                 dst_slots, state_scale, pad_slot_id, rand_seed, philox_rounds)  # fmt: skip
     run("materialize", call, backend)
 
 
@@ -108,8 +112,10 @@ def materialize_replayed_layers(state_ptrs, state_slot_strides, x_cache_ptrs, x_
     ``backend="tilelang"`` (auto on a CUDA device) is one kernel over every layer and request that reads the
     tables on the device: nothing is read back, and the call can be captured in a graph (compile its kernel
     first by one eager call). ``"torch"`` (auto elsewhere) reads the tables back (a sync, refused under capture),
-    checks the selected requests' metadata and runs the reference layer by layer. ``philox_rounds > 0``
-    (stochastic rounding) raises ``NotImplementedError``."""
+    checks the selected requests' metadata and runs the reference layer by layer. ``philox_rounds > 0`` (with
+    ``rand_seed``) rounds the written rows of an fp16, int8 or fp8-e4m3 state stochastically, as
+    :func:`materialize_replayed_state` rounds them, layer ``l`` keyed as FlashInfer keys it
+    (``mate.mamba._reference.rounding.layer_seed``); with another state it raises ``NotImplementedError``."""
     normalize_materialize_layers(
         state_ptrs, state_slot_strides, x_cache_ptrs, x_cache_slot_strides, B_cache_ptrs, B_cache_slot_strides,
         dt_cache_ptrs, dt_cache_slot_strides, A_ptrs, state_scale_ptrs, state_scale_slot_strides, src_slots,
@@ -183,7 +189,7 @@ def prewarm_replay_state_update(*, state_dtype: torch.dtype, io_dtype: torch.dty
     if heads % groups:
         bad_arg("groups", groups, f"a divisor of heads ({heads})")
     check_jobs(jobs)
-    check_philox_rounds(philox_rounds, state_dtype)
+    check_philox_rounds(philox_rounds, state_dtype, SR_STATE_DTYPES)
     prewarm(
         "replay", state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate, groups=groups,
         slot_dtype=slot_dtype, philox_rounds=philox_rounds, window=window, tokens=tokens, jobs=jobs,

@@ -9,7 +9,7 @@ whose parameter table this signature matches).
 from __future__ import annotations
 
 import torch
-from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, STATE_DTYPES
+from mate.mamba._contract.dtypes import INDEX_DTYPES, IO_DTYPES, QUANT_STATE_DTYPES, SSU_SR_STATE_DTYPES, STATE_DTYPES
 from mate.mamba._contract.errors import bad_arg, check_dtypes, check_ints, check_jobs, check_philox_rounds
 from mate.mamba._contract.ssu import normalize_ssu
 from mate.mamba._dispatch import FastPath, prewarm
@@ -174,7 +174,7 @@ def prewarm_selective_state_update(
     if dt_dim not in (None, 1):
         bad_arg("dt_dim", dt_dim, "None (full [rows, heads, dim] dt) or 1 (one dt per head)")
     check_jobs(jobs)
-    check_philox_rounds(philox_rounds, state_dtype)
+    check_philox_rounds(philox_rounds, state_dtype, SSU_SR_STATE_DTYPES)
 
     prewarm(
         "ssu", state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate, groups=groups,

@@ -17,10 +17,14 @@ DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
 STATE_DTYPES = tuple(dt for dt, f in STATE_FORMATS.items() if not f.block_scaled)
 # block-scaled states: each (slot, head, dim) row with its fp32 scale (mate_kernels.formats' docstring)
 QUANT_STATE_DTYPES = tuple(dt for dt, f in STATE_FORMATS.items() if f.block_scaled)
-SR_STATE_DTYPES = tuple(dt for dt, f in STATE_FORMATS.items() if "stochastic" in f.rounding)  # with rand_seed
+# states rounded stochastically with rand_seed: a ReplaySSM checkpoint of any of them; the SSU's of the unscaled
+# ones (its seed beside state_scale is FlashInfer's ValueError)
+SR_STATE_DTYPES = tuple(dt for dt, f in STATE_FORMATS.items() if "stochastic" in f.rounding)
+SSU_SR_STATE_DTYPES = tuple(dt for dt in SR_STATE_DTYPES if not STATE_FORMATS[dt].block_scaled)
 SR_STATES = " or ".join(DTYPE_NAMES[dt] for dt in SR_STATE_DTYPES)  # their names, as the errors give them
+SSU_SR_STATES = " or ".join(DTYPE_NAMES[dt] for dt in SSU_SR_STATE_DTYPES)
 
 __all__ = [
     "DTYPES", "DTYPE_NAMES", "INDEX_DTYPES", "IO_DTYPES", "PARAM_DTYPES", "QUANT_STATE_DTYPES", "SR_STATES",
-    "SR_STATE_DTYPES", "STATE_DTYPES", "STATE_FORMATS",
+    "SR_STATE_DTYPES", "SSU_SR_STATES", "SSU_SR_STATE_DTYPES", "STATE_DTYPES", "STATE_FORMATS",
 ]  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 import torch
-from mate.mamba._contract.dtypes import SR_STATE_DTYPES, SR_STATES
+from mate.mamba._contract.dtypes import DTYPE_NAMES
 
 
 def describe(t: Any) -> str:
@@ -69,12 +69,14 @@ def check_ints(args, least: int = 1) -> None:
             bad_arg(name, v, {1: "a positive int", 0: "a non-negative int"}[least])
 
 
-def check_philox_rounds(philox_rounds, state_dtype: torch.dtype) -> None:
-    """The prewarm functions' ``philox_rounds``: 0, or > 0 with a state of stochastic rounding (float16)."""
+def check_philox_rounds(philox_rounds, state_dtype: torch.dtype, rounded: tuple) -> None:
+    """The prewarm functions' ``philox_rounds``: 0, or > 0 with a state the operation rounds stochastically (one
+    of ``rounded``)."""
     if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool) or philox_rounds < 0:
         bad_arg("philox_rounds", philox_rounds, "a non-negative int (0: no stochastic rounding)")
-    if philox_rounds and state_dtype not in SR_STATE_DTYPES:
-        bad_arg("philox_rounds", philox_rounds, f"0 unless state_dtype is {SR_STATES} (stochastic rounding)")
+    if philox_rounds and state_dtype not in rounded:
+        names = " or ".join(DTYPE_NAMES[dt] for dt in rounded)
+        bad_arg("philox_rounds", philox_rounds, f"0 unless state_dtype is {names} (stochastic rounding)")
 
 
 def check_jobs(jobs) -> None:

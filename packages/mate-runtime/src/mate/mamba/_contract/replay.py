@@ -107,6 +107,22 @@ def _check_scale(state_scale, state) -> None:
         bad_arg("state_scale", None, f"a float32 [{S}, {H}, {P}] tensor of the state's block scales")
 
 
+def _check_seed(rand_seed, philox_rounds, state) -> None:
+    """``rand_seed`` (stochastic rounding of the states written: fp16, or int8 / fp8-e4m3 with their scales) and
+    ``philox_rounds``."""
+    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool):
+        bad_arg("philox_rounds", philox_rounds, "an int")
+    if rand_seed is not None:
+        _tensor("rand_seed", rand_seed, (0, 1, 2), (torch.int64,), state.device)
+        if rand_seed.numel() != 1:
+            bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the step's seed)")
+        if philox_rounds <= 0:
+            bad_arg("philox_rounds", philox_rounds, "> 0 with rand_seed")
+        if state.dtype not in SR_STATE_DTYPES:
+            unsupported(f"rand_seed (stochastic rounding) of a {str(state.dtype).removeprefix('torch.')} state",
+                        f"stochastic rounding serves {SR_STATES} states; pass rand_seed=None")  # fmt: skip
+
+
 def normalize_replay(state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out,
                      D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None, pad_slot_id=-1,
                      state_scale=None, rand_seed=None, philox_rounds=10, d_split=None, cu_seqlens=None,
@@ -180,17 +196,7 @@ def normalize_replay(state, x_cache, B_cache, dt_cache, ring_start, prev_num_acc
     if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
         bad_arg("pad_slot_id", pad_slot_id, "an int")
     _check_scale(state_scale, state)
-    if not isinstance(philox_rounds, int) or isinstance(philox_rounds, bool):
-        bad_arg("philox_rounds", philox_rounds, "an int")
-    if rand_seed is not None:
-        _tensor("rand_seed", rand_seed, (0, 1, 2), (torch.int64,), dev)
-        if rand_seed.numel() != 1:
-            bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the step's seed)")
-        if philox_rounds <= 0:
-            bad_arg("philox_rounds", philox_rounds, "> 0 with rand_seed")
-        if state.dtype not in SR_STATE_DTYPES:
-            unsupported(f"rand_seed (stochastic rounding) of a {str(state.dtype).removeprefix('torch.')} state",
-                        f"stochastic rounding serves {SR_STATES} states; pass rand_seed=None")  # fmt: skip
+    _check_seed(rand_seed, philox_rounds, state)
     # FlashInfer's kernel knobs: validated as FlashInfer does, otherwise without effect (MATE plans its own)
     if d_split not in (None, 1, 2):
         bad_arg("d_split", d_split, "None, 1 or 2")
@@ -250,10 +256,13 @@ class MaterializeCall:
     dst: torch.Tensor
     state_scale: torch.Tensor | None
     pad_slot_id: int
+    rand_seed: torch.Tensor | None
+    philox_rounds: int  # 0 without rand_seed
 
 
 def normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots, dst_slots,
-                          state_scale=None, pad_slot_id=-1) -> MaterializeCall:  # fmt: skip
+                          state_scale=None, pad_slot_id=-1, rand_seed=None,
+                          philox_rounds=10) -> MaterializeCall:  # fmt: skip
     _tensor("state", state, 4, STATE_DTYPES + QUANT_STATE_DTYPES, None)
     dev = state.device
     S, H, P, N = state.shape
@@ -278,8 +287,10 @@ def normalize_materialize(state, x_cache, B_cache, dt_cache, A, ring_start, repl
     _check_scale(state_scale, state)
     if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
         bad_arg("pad_slot_id", pad_slot_id, "an int")
+    _check_seed(rand_seed, philox_rounds, state)
+    rounds = philox_rounds if rand_seed is not None else 0
     return MaterializeCall(state, x_cache, B_cache, dt_cache, A, ring_start, replay_prefix_len, src_slots, dst_slots,
-                           state_scale, pad_slot_id)  # fmt: skip
+                           state_scale, pad_slot_id, rand_seed, rounds)  # fmt: skip
 
 
 def check_materialize_data(call: MaterializeCall) -> None:
@@ -309,7 +320,8 @@ class MaterializeLayersCall:
     """``materialize_replayed_layers``: per layer ``l``, the base addresses and slot strides (elements) of its
     pools, each slot contiguous inside: ``state [slot, H, P, N]``, ``x [slot, H, L, P]`` and ``B [slot, G, L, N]``
     bf16, ``dt [slot, H, L]`` fp32, ``A [H]`` (``a_dtype``), ``scale [slot, H, P]`` fp32 (0 beside an unscaled
-    state); ``src`` / ``dst [layers, batch]``, ``ring_start`` / ``prefix`` / ``active [batch]`` int32."""
+    state); ``src`` / ``dst [layers, batch]``, ``ring_start`` / ``prefix`` / ``active [batch]`` int32; with
+    ``philox_rounds`` > 0 the one-element int64 ``rand_seed`` (None otherwise)."""
 
     tables: tuple  # LAYER_TABLES' tensors, in that order: [layers] int64, contiguous
     src: torch.Tensor
@@ -327,6 +339,8 @@ class MaterializeLayersCall:
     max_window: int
     ring_len: int
     pad_slot_id: int
+    rand_seed: torch.Tensor | None
+    philox_rounds: int
 
     @property
     def state(self) -> torch.Tensor:  # the device the call runs on (the dispatcher reads ``call.state``)
@@ -395,14 +409,20 @@ def normalize_materialize_layers(state_ptrs, state_slot_strides, x_cache_ptrs, x
         if anchors is not None and (not isinstance(anchors, (list, tuple)) or not all(
                 isinstance(t, torch.Tensor) and t.device == dev for t in anchors)):  # fmt: skip
             bad_arg(name, anchors, f"None or a list of tensors on {dev} (state_ptrs's device)")
-    if philox_rounds:
+    if philox_rounds:  # (FlashInfer reads rand_seed only then)
         if rand_seed is None:
             bad_arg("rand_seed", rand_seed, "a one-element int64 tensor when philox_rounds > 0")
-        unsupported("replayssm_materialize with philox_rounds > 0 (stochastic rounding of the materialised state)",
-                    "MATE's materialisation rounds to nearest; pass philox_rounds=0")  # fmt: skip
+        check_tensor("rand_seed", rand_seed, 1, (torch.int64,), dev, device_of="state_ptrs")
+        if rand_seed.numel() != 1:
+            bad_arg("rand_seed", rand_seed, "a one-element int64 tensor (the call's seed)")
+        if state_dtype not in SR_STATE_DTYPES:
+            unsupported(f"philox_rounds > 0 (stochastic rounding) of a {str(state_dtype).removeprefix('torch.')} "
+                        "state", f"stochastic rounding serves {SR_STATES} states; pass philox_rounds=0")  # fmt: skip
+    else:
+        rand_seed = None
     return MaterializeLayersCall(tables, src_slots, dst_slots, ring_start, replay_prefix_len, active_request_indices,
                                  state_dtype, input_dtype, matrixA_dtype, dim, dstate, num_heads, heads_per_group,
-                                 max_window, ring_buffer_len, pad_slot_id)  # fmt: skip
+                                 max_window, ring_buffer_len, pad_slot_id, rand_seed, philox_rounds)  # fmt: skip
 
 
 __all__ = ["ReplayCall", "MaterializeCall", "normalize_replay", "normalize_materialize", "check_replay_data",

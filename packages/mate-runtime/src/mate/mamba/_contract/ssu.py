@@ -43,8 +43,8 @@ from mate.mamba._contract.dtypes import (
     IO_DTYPES,
     PARAM_DTYPES,
     QUANT_STATE_DTYPES,
-    SR_STATE_DTYPES,
-    SR_STATES,
+    SSU_SR_STATE_DTYPES,
+    SSU_SR_STATES,
     STATE_DTYPES,
 )
 from mate.mamba._contract.errors import bad_arg, check_tensor, majority_culprit, unsupported, values
@@ -272,10 +272,10 @@ def _pool(state, state_scale, rand_seed, philox_rounds):
             bad_arg("rand_seed", rand_seed, "None with a block-scaled state (state_scale)")
         if philox_rounds <= 0:
             bad_arg("philox_rounds", philox_rounds, "> 0 with rand_seed")
-        if st.dtype not in SR_STATE_DTYPES:
+        if st.dtype not in SSU_SR_STATE_DTYPES:
             unsupported(
                 f"rand_seed (stochastic rounding) of a {str(st.dtype).removeprefix('torch.')} state",
-                f"stochastic rounding serves {SR_STATES} states; pass rand_seed=None",
+                f"stochastic rounding serves {SSU_SR_STATES} states; pass rand_seed=None",
             )
     return st, single_head, device, sscale
 

@@ -7,8 +7,9 @@ times ``silu(z)``) and appends them to the ring after the live ones; when live a
 window (``pnat + T_b > L - T``) it first writes the replayed state back as the new checkpoint (a flush: only the
 live tokens are folded in, the new ones stay in the ring). The host then moves ``ring_start`` past the folded
 tokens and counts the accepted ones (``mate.mamba.advance_replay_ring``). fp32 throughout; a quantised
-checkpoint is read and written with its row scales and an fp16 one rounded stochastically with ``rand_seed``,
-as ``selective_state_update`` writes a state.
+checkpoint is read and written with its row scales, as ``selective_state_update`` writes a state, and with
+``rand_seed`` an fp16, int8 or fp8-e4m3 one is rounded stochastically (:mod:`mate.mamba._reference.rounding`),
+by a flush and by the materialisation alike.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mate.mamba._contract.replay import (
     normalize_materialize,
 )
 from mate.mamba._platform.device import is_capturing
+from mate.mamba._reference.rounding import layer_seed
 from mate.mamba._reference.ssu import _heads, load_rows, softplus, store_rows
 
 
@@ -102,6 +104,7 @@ def materialize_replayed_state(call: MaterializeCall) -> None:
     row ``ring_start[b]`` (requests whose source or destination is the sentinel are skipped)."""
     check_materialize_data(call)
     H = call.state.shape[1]
+    sr = None if call.rand_seed is None else (int(call.rand_seed.reshape(-1)[0]), call.philox_rounds)
     src, dst = call.src.tolist(), call.dst.tolist()
     rs, pre = call.ring_start.tolist(), call.prefix.tolist()
     for b in range(len(src)):
@@ -114,7 +117,7 @@ def materialize_replayed_state(call: MaterializeCall) -> None:
             continue
         s = load_rows(call.state, call.state_scale, torch.tensor([src[b]], device=call.state.device))[0]
         s = replay(s, call.A, *_ring_tokens(call.x_cache, call.B_cache, call.dt_cache, src[b], rs[b], pre[b], H))
-        store_rows(call.state, call.state_scale, torch.tensor([dst[b]], device=s.device), s.unsqueeze(0))
+        store_rows(call.state, call.state_scale, torch.tensor([dst[b]], device=s.device), s.unsqueeze(0), sr)
 
 
 class _DeviceMemory:
@@ -141,7 +144,8 @@ def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
     """The multi-layer materialisation on the host: it reads the tables back (a sync; refused while a graph is
     captured, where the reads would not be replayed), checks the selected requests' metadata (``ValueError``),
     rebuilds each layer's pools as tensors over the addresses and runs :func:`materialize_replayed_state` on them,
-    layer by layer."""
+    layer by layer (with ``philox_rounds`` > 0, each with its seed :func:`~mate.mamba._reference.rounding.layer_seed`
+    of ``rand_seed`` and the layer)."""
     dev = call.state.device
     if is_capturing(dev):
         unsupported("materialize_replayed_layers (torch) under graph capture",
@@ -165,6 +169,7 @@ def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
         chosen.append(b)
     H, P, N, L, G = call.heads, call.dim, call.dstate, call.ring_len, call.heads // call.heads_per_group
     scaled = call.state_dtype in QUANT_STATE_DTYPES
+    seed = None if call.rand_seed is None else int(call.rand_seed[0])
     for layer in range(len(src)):
         live = [b for b in chosen if call.pad_slot_id not in (src[layer][b], dst[layer][b])]
         if not live:
@@ -192,9 +197,11 @@ def materialize_replayed_layers(call: MaterializeLayersCall) -> None:
         A = _memory(ptrs["A_ptrs"][layer], call.a_dtype, (H,), (1,), dev)
         scale = pool("state_scale_ptrs", torch.float32, (H, P)) if scaled else None
         index = torch.tensor(live, dtype=torch.int64)
+        key = None if seed is None else torch.tensor([layer_seed(seed, layer)], dtype=torch.int64, device=dev)
         one = normalize_materialize(state, x_cache, B_cache, dt_cache, A, call.ring_start.cpu()[index].to(dev),
                                     call.prefix.cpu()[index].to(dev), call.src[layer].cpu()[index].to(dev),
-                                    call.dst[layer].cpu()[index].to(dev), scale, call.pad_slot_id)  # fmt: skip
+                                    call.dst[layer].cpu()[index].to(dev), scale, call.pad_slot_id, key,
+                                    call.philox_rounds)  # fmt: skip
         materialize_replayed_state(one)
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from mate.mamba._contract.dtypes import STATE_FORMATS
 from mate.mamba._contract.ssu import SlotTable, SSUCall, check_index_data, finish
-from mate.mamba._reference.rounding import round_to_fp16
+from mate.mamba._reference.rounding import round_scaled, round_to_fp16
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -68,23 +68,29 @@ def store_rows(tensor: torch.Tensor, scale: torch.Tensor | None, rows: torch.Ten
     """Write fp32 ``values`` into rows of a state tensor; a block-scaled one takes new per-(row, head, dim) scales,
     max|row| / qmax (1 for an all-zero row), and the values divided by them, rounded to nearest (even) and
     clamped to +-qmax (its format's rule and qmax: ``mate_kernels.formats``). ``sr`` (seed, Philox rounds): an
-    fp16 tensor's values are rounded stochastically (:mod:`mate.mamba._reference.rounding`), each by its element
-    offset in the ``[rows, H, P, N]`` tensor."""
+    fp16 tensor's values, or an int8 / fp8 one's scaled values, are rounded stochastically
+    (:mod:`mate.mamba._reference.rounding`), each by its element offset in the ``[rows, H, P, N]`` tensor."""
+    offsets = None
+    if sr is not None:
+        inner = math.prod(values.shape[1:])
+        offsets = (rows.to(torch.int64).view(-1, 1) * inner + torch.arange(inner, device=rows.device)).reshape(-1)
     if scale is None:
-        if sr is not None and tensor.dtype == torch.float16:
-            inner = math.prod(values.shape[1:])
-            offsets = rows.to(torch.int64).view(-1, 1) * inner + torch.arange(inner, device=rows.device)
-            rounded = round_to_fp16(values.reshape(-1), sr[0], offsets.reshape(-1), sr[1])
-            tensor[rows] = rounded.view(values.shape)
+        if offsets is not None and tensor.dtype == torch.float16:
+            tensor[rows] = round_to_fp16(values.reshape(-1), sr[0], offsets, sr[1]).view(values.shape)
         else:
             tensor[rows] = values.to(tensor.dtype)
         return
     fmt = STATE_FORMATS[tensor.dtype]
     qmax = fmt.qmax
     amax = values.abs().amax(-1)
-    encode = torch.where(amax == 0, torch.ones_like(amax), qmax / amax)
-    q = (values * encode.unsqueeze(-1)).clamp(-qmax, qmax)
-    tensor[rows] = (q.round() if fmt.integer else q).to(tensor.dtype)
+    # (a tensor divided, correctly rounded as the kernels divide: torch's scalar / tensor is not)
+    encode = torch.where(amax == 0, torch.ones_like(amax), torch.full_like(amax, qmax) / amax)
+    scaled = values * encode.unsqueeze(-1)
+    if offsets is not None:
+        tensor[rows] = round_scaled(scaled.reshape(-1), fmt, sr[0], offsets, sr[1]).view(values.shape)
+    else:
+        q = scaled.clamp(-qmax, qmax)
+        tensor[rows] = (q.round() if fmt.integer else q).to(tensor.dtype)
     scale[rows] = 1.0 / encode
 
 

@@ -87,8 +87,9 @@ def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_d
 
 def compile_grid() -> list[ReplaySpec | MaterializeSpec | MaterializeLayersSpec]:
     """Every state format at the Nemotron-H shape (P 64, N 128, 16 heads per group, bf16 io, one token per step
-    on vLLM's default ring of 16 + 1 rows), MTP 6 on a ring of 16 + 6, fp16 with stochastic rounding, bf16 dt with
-    int64 slots, and P 80 / N 256 untied groups with an fp16 state on a ring of 64 rows."""
+    on vLLM's default ring of 16 + 1 rows), MTP 6 on a ring of 16 + 6, fp16 / int8 / fp8 with stochastic
+    rounding, bf16 dt with int64 slots, and P 80 / N 256 untied groups with an fp16 state on a ring of 64 rows;
+    the multi-layer materialisation at a few of these (below)."""
     f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
     formats = (f32, bf16, f16, torch.int16, torch.int8, torch.float8_e4m3fn)
 
@@ -97,26 +98,31 @@ def compile_grid() -> list[ReplaySpec | MaterializeSpec | MaterializeLayersSpec]
         return spec_for(dim=dim, dstate=dstate, heads_per_group=ratio, dtypes=dtypes, vector_state=True,
                         vector_io=True, ring_rows=rows[0], new_rows=rows[1], philox_rounds=rounds)  # fmt: skip
 
-    def materialize(state, *, ring_rows=32, dim=64, dstate=128, ratio=16, io=bf16, index=i32, vector_io=True):
+    def materialize(state, *, ring_rows=32, dim=64, dstate=128, ratio=16, io=bf16, index=i32, vector_io=True,
+                    rounds=0):  # fmt: skip
         dtypes = {"state_dtype": state, "io_dtype": io, "index_dtype": index}
         return materialize_spec_for(dim=dim, dstate=dstate, heads_per_group=ratio, dtypes=dtypes,
-                                    ring_rows=ring_rows, vector_state=True, vector_io=vector_io)  # fmt: skip
+                                    ring_rows=ring_rows, vector_state=True, vector_io=vector_io,
+                                    philox_rounds=rounds)  # fmt: skip
 
     mtp = (32, 8)
     specs = [decode(sdt) for sdt in formats]
     specs += [decode(bf16, rows=mtp), decode(f32, rows=mtp), decode(f16, rounds=10), decode(bf16, dt=bf16, slot=i64),
               decode(f16, rows=(64, 4), dim=80, dstate=256, ratio=1, io=f16, dt=f16)]  # fmt: skip
+    specs += [decode(sdt, rounds=10) for sdt in (torch.int8, torch.float8_e4m3fn)]
     # the materialisation kernel: every state format at the Nemotron-H shape, int64 tables (with rings off the
-    # 16-byte grid), P 80 / N 256 fp16
+    # 16-byte grid), P 80 / N 256 fp16, fp16 / int8 / fp8 with stochastic rounding
     specs += [materialize(sdt) for sdt in formats]
     specs += [materialize(bf16, index=i64, vector_io=False),
               materialize(f16, ring_rows=64, dim=80, dstate=256, ratio=1, io=f16)]  # fmt: skip
-    # FlashInfer's replayssm_materialize over layers: bf16 and fp8 states at the Nemotron-H shape, fp32 A; fp16
-    # with a bf16 A at P 80 / N 256 on a ring of 64 rows
+    specs += [materialize(sdt, rounds=10) for sdt in (f16, torch.int8, torch.float8_e4m3fn)]
+    # FlashInfer's replayssm_materialize over layers: bf16 and fp8 states at the Nemotron-H shape, fp32 A, and int8
+    # with stochastic rounding; fp16 with a bf16 A at P 80 / N 256 on a ring of 64 rows, and rounded stochastically
     layers = dict(dim=64, dstate=128, heads_per_group=16, a_dtype=f32, ring_len=17)
     specs += [materialize_layers_spec_for(**layers, state_dtype=sdt) for sdt in (bf16, torch.float8_e4m3fn)]
+    specs += [materialize_layers_spec_for(**layers, state_dtype=torch.int8, philox_rounds=10)]
     specs += [materialize_layers_spec_for(dim=80, dstate=256, heads_per_group=1, state_dtype=f16, a_dtype=bf16,
-                                          ring_len=64)]  # fmt: skip
+                                          ring_len=64, philox_rounds=r) for r in (0, 10)]  # fmt: skip
     return specs
 
 

@@ -29,6 +29,7 @@ from mate_kernels.abi import (
     launch_args,
 )
 from mate_kernels.ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, choose_tiling
+from mate_kernels.ssu_ring import checkpoint_variant
 
 
 @dataclass(frozen=True)
@@ -39,20 +40,23 @@ class Tuning:
 
 MAX_RING = 64  # ring rows the kernel stages in shared memory at most (vLLM 0.33: 16 + T)
 
-# state format -> tuning (H200 measurements: docs/ssu-kernels.md "ReplaySSM decode")
+# state format -> tuning (H200 measurements: docs/ssu-kernels.md "ReplaySSM decode"). "scaled-sr" (an int8 / fp8
+# checkpoint rounded stochastically) is "scaled"'s, not measured: its Philox words are drawn per chunk at the
+# flush (8 registers), and a flush is one call in a window's
 TUNING = {
     "fp32": Tuning(per_thread=8, min_blocks=8),
     "2-byte": Tuning(per_thread=8, min_blocks=6),
     "scaled": Tuning(per_thread=2, min_blocks=0),
+    "scaled-sr": Tuning(per_thread=2, min_blocks=0),
     "fp16-sr": Tuning(per_thread=4, min_blocks=0),
 }
 
 
 def tuning(state_dt: torch.dtype, rounds: int) -> Tuning:
+    if state_dt in QUANT_STATE_DTYPES:
+        return TUNING["scaled-sr" if rounds else "scaled"]
     if rounds:
         return TUNING["fp16-sr"]
-    if state_dt in QUANT_STATE_DTYPES:
-        return TUNING["scaled"]
     return TUNING["fp32" if state_dt == torch.float32 else "2-byte"]
 
 
@@ -81,7 +85,7 @@ def spec_for(*, dim: int, dstate: int, heads_per_group: int, dtypes: dict, vecto
              ring_rows: int = 32, new_rows: int = 1, philox_rounds: int = 0) -> ReplaySpec:  # fmt: skip
     """The spec of one decode kernel. ``dtypes``: the spec's dtype fields as torch dtypes (:func:`dtypes_of` of
     the launch values); ``ring_rows`` / ``new_rows``: :func:`staged_rows`; ``philox_rounds``: Philox rounds of
-    fp16 stochastic rounding, 0 for none."""
+    the flush's stochastic rounding, 0 for none."""
     static = (dim, dstate, heads_per_group, tuple(sorted(dtypes.items(), key=_FIELD)), vector_state, vector_io,
               ring_rows, new_rows, philox_rounds)  # fmt: skip
     spec = _SPECS.get(static)
@@ -138,9 +142,7 @@ def plan(call: ReplayCall):
     if nseq > MAX_SEQUENCES:
         unsupported(f"replay_state_update (tilelang) with more than {MAX_SEQUENCES} sequences in one call ({nseq})")
     rounds = call.philox_rounds if call.rand_seed is not None else 0
-    if rounds and N % 8:
-        unsupported(f"rand_seed (stochastic rounding) with dstate={N} in the TileLang ReplaySSM kernel (eight "
-                    "values per Philox counter: a multiple of 8)", "use backend='torch'")  # fmt: skip
+    _check_rounding(rounds, N, "kernel")
     io_dt = call.x.dtype
     B, C = call.B, call.C
     if B.stride(-1) != 1:
@@ -187,12 +189,8 @@ def plan(call: ReplayCall):
         "out": call.out, "slots": slots, "cu": cu, "nseq": nseq, "ntok": call.npredicted, "window": call.window,
         "pad": call.pad_slot_id, "flags": flags,
     }  # fmt: skip
-    variant = None
-    if call.state_scale is not None:
-        variant, values["state_scale"] = "scaled", call.state_scale
-    elif rounds:
-        variant, values["rand_seed"] = "sr", call.rand_seed.reshape(1)
-    args = args_of(REPLAY_ARGS, REPLAY, variant)
+    _rounding_values(values, call.state_scale, call.rand_seed, rounds)
+    args = args_of(REPLAY_ARGS, REPLAY, checkpoint_variant(DTYPE_NAMES[state.dtype], rounds))
     spec = spec_for(
         dim=P, dstate=N, heads_per_group=H // B.shape[2], dtypes=dtypes_of(args, values), vector_state=vstate,
         vector_io=_vector_rings(bc, xc), ring_rows=ring_rows, new_rows=new_rows, philox_rounds=rounds,
@@ -201,15 +199,29 @@ def plan(call: ReplayCall):
 
 
 def materialize_spec_for(*, dim: int, dstate: int, heads_per_group: int, dtypes: dict, ring_rows: int,
-                         vector_state: bool, vector_io: bool) -> MaterializeSpec:  # fmt: skip
-    """The spec of one materialisation kernel (``dtypes`` as for :func:`spec_for`)."""
+                         vector_state: bool, vector_io: bool, philox_rounds: int = 0) -> MaterializeSpec:  # fmt: skip
+    """The spec of one materialisation kernel (``dtypes`` and ``philox_rounds`` as for :func:`spec_for`)."""
     names = {field: DTYPE_NAMES[dt] for field, dt in dtypes.items()}
-    per_thread = tuning(dtypes["state_dtype"], 0).per_thread
+    per_thread = tuning(dtypes["state_dtype"], philox_rounds).per_thread
     return MaterializeSpec(
         dim=dim, dstate=dstate, heads_per_group=heads_per_group, **names, ring_rows=ring_rows,
         tiling=choose_tiling(dim, dstate, names["state_dtype"], per_thread), vector_state=vector_state,
-        vector_io=vector_io,
+        vector_io=vector_io, philox_rounds=philox_rounds,
     )  # fmt: skip
+
+
+def _check_rounding(rounds: int, N: int, kernel: str) -> None:
+    if rounds and N % 8:
+        unsupported(f"rand_seed (stochastic rounding) with dstate={N} in the TileLang ReplaySSM {kernel} (eight "
+                    "values per Philox counter: a multiple of 8)", "use backend='torch'")  # fmt: skip
+
+
+def _rounding_values(values: dict, state_scale, rand_seed, rounds: int) -> None:
+    """The trailing launch values of the kernel's variant (:func:`mate_kernels.ssu_ring.checkpoint_variant`)."""
+    if state_scale is not None:
+        values["state_scale"] = state_scale
+    if rounds:
+        values["rand_seed"] = rand_seed.reshape(1)
 
 
 def plan_materialize(call: MaterializeCall):
@@ -224,6 +236,8 @@ def plan_materialize(call: MaterializeCall):
     if batch > MAX_SEQUENCES:
         unsupported(f"materialize_replayed_state (tilelang) with more than {MAX_SEQUENCES} requests in one call "
                     f"({batch})")  # fmt: skip
+    rounds = call.philox_rounds
+    _check_rounding(rounds, N, "materialisation kernel")
     ring_rows, _ = staged_rows(call.x_cache.shape[2], 1)
     tables = (call.ring_start, call.prefix, call.src, call.dst)
     index_dt = tables[0].dtype if all(t.dtype == tables[0].dtype for t in tables) else torch.int64
@@ -232,27 +246,28 @@ def plan_materialize(call: MaterializeCall):
         "state": state, "x_cache": call.x_cache, "B_cache": call.B_cache, "dt_cache": call.dt_cache, "A": call.A,
         "ring_start": ring_start, "prefix": prefix, "src": src, "dst": dst, "batch": batch, "pad": call.pad_slot_id,
     }  # fmt: skip
-    variant = None
-    if call.state_scale is not None:
-        variant, values["state_scale"] = "scaled", call.state_scale
-    args = args_of(MATERIALIZE_ARGS, MATERIALIZE, variant)
+    _rounding_values(values, call.state_scale, call.rand_seed, rounds)
+    args = args_of(MATERIALIZE_ARGS, MATERIALIZE, checkpoint_variant(DTYPE_NAMES[state.dtype], rounds))
     spec = materialize_spec_for(
         dim=P, dstate=N, heads_per_group=H // call.B_cache.shape[1], dtypes=dtypes_of(args, values),
         ring_rows=ring_rows, vector_state=vstate, vector_io=_vector_rings(call.B_cache, call.x_cache),
+        philox_rounds=rounds,
     )  # fmt: skip
     return spec, launch_args(args, values)
 
 
 def materialize_layers_spec_for(*, dim: int, dstate: int, heads_per_group: int, state_dtype: torch.dtype,
-                                a_dtype: torch.dtype, ring_len: int) -> MaterializeLayersSpec:  # fmt: skip
-    """The spec of one multi-layer materialisation kernel (bf16 rings; a ring of ``ring_len`` rows)."""
+                                a_dtype: torch.dtype, ring_len: int,
+                                philox_rounds: int = 0) -> MaterializeLayersSpec:  # fmt: skip
+    """The spec of one multi-layer materialisation kernel (bf16 rings; a ring of ``ring_len`` rows;
+    ``philox_rounds`` as for :func:`spec_for`)."""
     ring_rows, _ = staged_rows(ring_len, 1)
-    per_thread = tuning(state_dtype, 0).per_thread
+    per_thread = tuning(state_dtype, philox_rounds).per_thread
     name = DTYPE_NAMES[state_dtype]
     return MaterializeLayersSpec(
         dim=dim, dstate=dstate, heads_per_group=heads_per_group, state_dtype=name, io_dtype="bfloat16",
         a_dtype=str(a_dtype).removeprefix("torch."), ring_rows=ring_rows,
-        tiling=choose_tiling(dim, dstate, name, per_thread),
+        tiling=choose_tiling(dim, dstate, name, per_thread), philox_rounds=philox_rounds,
     )  # fmt: skip
 
 
@@ -265,21 +280,26 @@ def plan_materialize_layers(call: MaterializeLayersCall):
     if layers * call.heads > MAX_SEQUENCES:
         unsupported(f"materialize_replayed_layers (tilelang) with layers x num_heads above {MAX_SEQUENCES} "
                     f"({layers} x {call.heads})")  # fmt: skip
+    rounds = call.philox_rounds
+    _check_rounding(rounds, call.dstate, "multi-layer materialisation kernel")
     spec = materialize_layers_spec_for(dim=call.dim, dstate=call.dstate, heads_per_group=call.heads_per_group,
-                                       state_dtype=call.state_dtype, a_dtype=call.a_dtype,
-                                       ring_len=call.ring_len)  # fmt: skip
+                                       state_dtype=call.state_dtype, a_dtype=call.a_dtype, ring_len=call.ring_len,
+                                       philox_rounds=rounds)  # fmt: skip
     names = ("state_ptrs", "state_strides", "x_ptrs", "x_strides", "B_ptrs", "B_strides", "dt_ptrs", "dt_strides",
              "A_ptrs", "scale_ptrs", "scale_strides")  # fmt: skip
     values = dict(zip(names, call.tables, strict=True))
     values.update(src=call.src, dst=call.dst, ring_start=call.ring_start, prefix=call.prefix, active=call.active,
                   heads=call.heads, ring_len=call.ring_len, pad=call.pad_slot_id)  # fmt: skip
-    return spec, launch_args(args_of(MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS), values)
+    _rounding_values(values, None, call.rand_seed, rounds)
+    args = args_of(MATERIALIZE_LAYERS_ARGS, MATERIALIZE_LAYERS, "sr" if rounds else None)
+    return spec, launch_args(args, values)
 
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
                   tokens=1) -> list:  # fmt: skip
     """The specs one serving configuration calls: the decode step with dt fp32 and in the io dtype, and the
-    materialisation with ``slot_dtype`` tables, on aligned pools and rings of a ``window`` plus ``tokens`` rows
+    materialisation with ``slot_dtype`` tables (rounding to nearest, and stochastically with ``philox_rounds`` >
+    0), on aligned pools and rings of a ``window`` plus ``tokens`` rows
     (vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative tokens per step)."""
     ring_rows, new_rows = staged_rows(window + tokens, tokens)
     shape = {"dim": dim, "dstate": dstate, "heads_per_group": heads // groups, "ring_rows": ring_rows,
@@ -288,7 +308,9 @@ def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dty
                                        "slot_dtype": slot_dtype}, new_rows=new_rows, philox_rounds=philox_rounds)
              for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
     tables = {"state_dtype": state_dtype, "io_dtype": io_dtype, "index_dtype": slot_dtype}
-    return specs + [materialize_spec_for(**shape, dtypes=tables)]
+    return specs + [
+        materialize_spec_for(**shape, dtypes=tables, philox_rounds=r) for r in dict.fromkeys((0, philox_rounds))
+    ]
 
 
 __all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for",

@@ -156,6 +156,7 @@ class MaterializeSpec(KernelSpec):
     tiling: SSUTiling
     vector_state: bool
     vector_io: bool
+    philox_rounds: int = 0  # > 0: the rows written rounded stochastically with ``rand_seed``
 
     def pass_configs(self) -> dict:
         return ssu_pass_configs()
@@ -178,6 +179,7 @@ class MaterializeLayersSpec(KernelSpec):
     a_dtype: str
     ring_rows: int
     tiling: SSUTiling
+    philox_rounds: int = 0  # > 0: the rows written rounded stochastically with ``rand_seed`` (a key per layer)
 
     def pass_configs(self) -> dict:
         return ssu_pass_configs()

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, replace
 
 import torch
-from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES, STATE_FORMATS
+from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES, SSU_SR_STATE_DTYPES, STATE_FORMATS
 from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, plot, write_report
 from mate.mamba.bench.shapes import SSU_SHAPES, SSUShape
@@ -29,8 +29,8 @@ SCALED_NAMES = tuple(STATE_FORMATS[dt].label for dt in QUANT_STATE_DTYPES)
 SR = "+sr"  # the name of a stochastically rounded case: its format's label and this
 STATE_NAMES = tuple(
     name
-    for f in STATE_FORMATS.values()
-    for name in ((f.label, f.label + SR) if "stochastic" in f.rounding else (f.label,))
+    for dt, f in STATE_FORMATS.items()
+    for name in ((f.label, f.label + SR) if dt in SSU_SR_STATE_DTYPES else (f.label,))
 )
 SR_ROUNDS = 10  # Philox rounds of the stochastic-rounding cases (FlashInfer's and vLLM's default)
 
