@@ -9,7 +9,7 @@ fast-path launcher re-checks per call.
 
 The tuning is data (:data:`TUNING`): threads per CTA and the prefill's tokens per CTA; a thread's channels are
 16 bytes of the widest dtype where the layout allows (:func:`vector_width`), else one. The prefill's token blocks
-trade the CTAs' count against the serial tokens per thread. Not measured on a GPU yet.
+trade the CTAs' count against the serial tokens per thread (64: not swept; docs/benchmarks/conv1d.md has the runs).
 """
 
 from __future__ import annotations
