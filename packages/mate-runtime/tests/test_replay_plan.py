@@ -82,3 +82,19 @@ def test_prewarm_validates(bad, match):
     kw.update(bad)
     with pytest.raises(ValueError, match=match):
         prewarm_replay_state_update(**kw)
+
+
+def test_backend_plan_names_the_materialisation_kernel():
+    """The backend's plan of a one-layer materialisation is its kernel's spec (it once went to the decode's planner)."""
+    from mate.mamba._contract.replay import normalize_materialize
+    from mate.mamba._tilelang import backend
+
+    S, H, P, N, L = 4, 4, 64, 128, 16
+    call = normalize_materialize(
+        torch.zeros(S, H, P, N), torch.zeros(S, H, L, P, dtype=torch.bfloat16),
+        torch.zeros(S, 1, L, N, dtype=torch.bfloat16), torch.zeros(S, H, L), -torch.ones(H),
+        torch.zeros(2, dtype=torch.int32), torch.tensor([3, 0], dtype=torch.int32),
+        torch.tensor([0, 1], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32),
+    )  # fmt: skip
+    (spec,) = backend.plan("materialize", call)
+    assert isinstance(spec, MaterializeSpec) and (spec.dim, spec.dstate, spec.ring_rows) == (P, N, L)

@@ -60,6 +60,9 @@ def plan(op: str, call) -> tuple:
         return () if planned is None else (planned[0],)
     if op == "materialize_layers":
         return (replay_plan.plan_materialize_layers(call)[0],)
+    if op == "materialize":
+        planned = replay_plan.plan_materialize(call)
+        return () if planned is None else (planned[0],)
     if op == "decode_step":
         planned = decode_step_plan.plan(call)
         return () if planned is None else (planned,)
