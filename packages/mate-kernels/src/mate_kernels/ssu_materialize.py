@@ -19,7 +19,6 @@ prefix-cache event, not a decode step), so the fold is the plain recurrence.
 from types import SimpleNamespace
 
 from .abi import MATERIALIZE, MATERIALIZE_ARGS, MATERIALIZE_LAYERS, MATERIALIZE_LAYERS_ARGS, prim_func
-from .formats import QMAX
 from .ssu_common import SSUTiling, choose_tiling
 
 
@@ -224,16 +223,15 @@ def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_ro
     """What both kernels share: the tiling's sizes, ``aligned`` and the macro ``fold``, one CTA's work once its
     request is live (with ``philox_rounds`` > 0 storing the rows rounded stochastically)."""
     from .ssu_parts import row_ops
-    from .ssu_ring import ring_ops
+    from .ssu_ring import checkpoint_ops, ring_ops
 
     P, N, ratio = int(dim), int(dstate), int(heads_per_group)
     ops = row_ops(T, dim=P, dstate=N, tiling=tiling, state_dtype=state_dtype, io_dtype=io_dtype, tied=True,
                   vector_state=vector_state, transposed=False)  # fmt: skip
     VEC, NV, LN, R, TH, BP, RP, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NS
     guard_p = ops.guard_p
-    quant = state_dtype in QMAX
-    q = ops.quant_ops(state_dtype, philox_rounds) if quant else None
-    sr = ops.sr_ops(philox_rounds) if philox_rounds and not quant else None
+    ck = checkpoint_ops(T, ops, state_dtype=state_dtype, philox_rounds=philox_rounds)
+    quant, q = ck.quant, ck.q
     f32 = "float32"
     rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, vector_io=vector_io)
     CH, IOV, XV = rops.CH, rops.IOV, rops.XV
@@ -294,18 +292,7 @@ def _fold_ops(T, *, dim, dstate, heads_per_group, state_dtype, io_dtype, ring_ro
                     for kk in T.unroll(NV * VEC):
                         s[r * NV * VEC + kk] = s[r * NV * VEC + kk] * dA + xr * bv[kk]
                 row = T.if_then_else(row + 1 == L, 0, row + 1)
-            if philox_rounds == 0:
-                if quant:
-                    q.store(s, buf, pool, scale, qs, dl, h, pb, tx)
-                else:
-                    ops.store_state(s, buf, pool, dl, h, pb, tx)
-            else:
-                k0 = T.cast(seed, "uint32")
-                k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
-                if quant:
-                    q.store_sr(s, buf, pool, scale, qs, dl, h, pb, tx, k0, k1)
-                else:
-                    sr.store_now(s, buf, pool, dl, h, pb, tx, k0, k1)
+            ck.store(s, buf, pool, scale, qs if quant else None, dl, h, pb, tx, seed)
 
     return SimpleNamespace(NB=ops.NB, TH=TH, IOB=rops.IOB, ratio=ratio, quant=quant, aligned=ops.aligned, fold=fold)
 

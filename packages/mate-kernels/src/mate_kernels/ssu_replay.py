@@ -45,7 +45,6 @@ of at most ``ring_rows`` rows and at most ``new_rows`` tokens per sequence).
 from types import SimpleNamespace
 
 from .abi import REPLAY, REPLAY_ARGS, prim_func
-from .formats import QMAX
 from .ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, SSUTiling, choose_tiling
 
 
@@ -85,7 +84,7 @@ def replay_kernel(
     import tilelang.language as T
 
     from .ssu_parts import row_ops
-    from .ssu_ring import checkpoint_variant, ring_ops
+    from .ssu_ring import checkpoint_ops, checkpoint_variant, ring_ops
 
     variant = checkpoint_variant(state_dtype, philox_rounds)
     P, N, ratio = int(dim), int(dstate), int(heads_per_group)
@@ -94,11 +93,10 @@ def replay_kernel(
                   vector_state=vector_state, transposed=True)  # fmt: skip
     VEC, NV, LN, R, TH, BP, RP, NB, NS = ops.VEC, ops.NV, ops.L, ops.R, ops.TH, ops.BP, ops.RP, ops.NB, ops.NS
     prow, bit, aligned = ops.prow, ops.bit, ops.aligned
-    fetch_state, convert_state, store_state = ops.fetch_state, ops.convert_state, ops.store_state
+    fetch_state, convert_state = ops.fetch_state, ops.convert_state
     guard_p, transposed, reduce_rows = ops.guard_p, ops.transposed, ops.reduce_rows
-    quant = state_dtype in QMAX
-    q = ops.quant_ops(state_dtype, philox_rounds) if quant else None
-    sr = ops.sr_ops(philox_rounds) if philox_rounds and not quant else None
+    ck = checkpoint_ops(T, ops, state_dtype=state_dtype, philox_rounds=philox_rounds)
+    quant, q = ck.quant, ck.q
     f32, i64 = "float32", "int64"
     LOG_LN = LN.bit_length() - 1
     RG = TH // LN  # row groups per CTA
@@ -317,19 +315,8 @@ def replay_kernel(
                             xr = fold[j] * T.cast(Xs[row, r * RP + rg], f32)
                             for k in T.unroll(NV * VEC):
                                 s[r * NV * VEC + k] = s[r * NV * VEC + k] + xr * bv[k]
-                    if philox_rounds == 0:
-                        if quant:
-                            q.store(s, buf, pool, scale, qs, slot, h, pb, tx)
-                        else:
-                            store_state(s, buf, pool, slot, h, pb, tx)
-                    else:
-                        seed = seed_t[0]
-                        k0 = T.cast(seed, "uint32")
-                        k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
-                        if quant:
-                            q.store_sr(s, buf, pool, scale, qs, slot, h, pb, tx, k0, k1)
-                        else:
-                            sr.store_now(s, buf, pool, slot, h, pb, tx, k0, k1)
+                    ck.store(s, buf, pool, scale, qs if quant else None, slot, h, pb, tx,
+                             seed_t[0] if philox_rounds else None)  # fmt: skip
                 hd = bit(flags, FLAG_D)
                 hz = bit(flags, FLAG_Z)
                 dv = D[h * hd] * T.cast(hd, f32)

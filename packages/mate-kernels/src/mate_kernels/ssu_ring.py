@@ -1,10 +1,11 @@
-"""The ReplaySSM kernels' ring staging, shared by the decode step (:mod:`.ssu_replay`) and the materialisation
-(:mod:`.ssu_materialize`): a slot's ring of cached tokens copied into shared memory by physical row, and a lane's
-values of a staged row, in :mod:`.ssu_parts`' tiling (a row's ``N`` values over ``lanes`` lanes)."""
+"""What the ReplaySSM kernels share, the decode step (:mod:`.ssu_replay`) and the materialisation
+(:mod:`.ssu_materialize`): the checkpoint's format (its ABI variant and its store) and the ring staging, a slot's
+ring of cached tokens copied into shared memory by physical row and a lane's values of a staged row, in
+:mod:`.ssu_parts`' tiling (a row's ``N`` values over ``lanes`` lanes)."""
 
 from types import SimpleNamespace
 
-from .formats import BYTES, FORMATS
+from .formats import BYTES, FORMATS, QMAX
 
 
 def checkpoint_variant(state_dtype: str, philox_rounds: int) -> str | None:
@@ -18,6 +19,34 @@ def checkpoint_variant(state_dtype: str, philox_rounds: int) -> str | None:
                          f"{philox_rounds!r} with {state_dtype!r}")  # fmt: skip
     groups = ("scaled",) * fmt.block_scaled + ("sr",) * bool(philox_rounds)
     return "+".join(groups) or None
+
+
+def checkpoint_ops(T, ops, *, state_dtype: str, philox_rounds: int):
+    """A ReplaySSM build's checkpoint format (``ops``: its :func:`.ssu_parts.row_ops`): ``quant`` (block-scaled),
+    ``q`` (its ``quant_ops``, or None) and the macro ``store(s, buf, pool, scale, qs, slot, h, pb, tx, seed)``
+    writing the fp32 rows ``s`` as the checkpoint, rounded to nearest or requantised with new scales (``scale``,
+    ``qs``; None for an unscaled state), or with ``philox_rounds`` > 0 rounded stochastically with the Philox key
+    of ``seed`` (int64; None without)."""
+    quant = state_dtype in QMAX
+    q = ops.quant_ops(state_dtype, philox_rounds) if quant else None
+    sr = ops.sr_ops(philox_rounds) if philox_rounds and not quant else None
+
+    @T.macro
+    def store(s, buf, pool, scale, qs, slot, h, pb, tx, seed):
+        if philox_rounds == 0:
+            if quant:
+                q.store(s, buf, pool, scale, qs, slot, h, pb, tx)
+            else:
+                ops.store_state(s, buf, pool, slot, h, pb, tx)
+        else:
+            k0 = T.cast(seed, "uint32")
+            k1 = T.cast(T.shift_right(seed, T.int64(32)), "uint32")
+            if quant:
+                q.store_sr(s, buf, pool, scale, qs, slot, h, pb, tx, k0, k1)
+            else:
+                sr.store_now(s, buf, pool, slot, h, pb, tx, k0, k1)
+
+    return SimpleNamespace(quant=quant, q=q, store=store)
 
 
 def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector_io: bool = True):
@@ -104,4 +133,4 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
     )  # fmt: skip
 
 
-__all__ = ["ring_ops"]
+__all__ = ["checkpoint_ops", "checkpoint_variant", "ring_ops"]
