@@ -495,15 +495,8 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             the carry a comparison), so nothing depends on how the compiler contracts them. ``t``: 3 fp32."""
             for i in T.unroll(VEC):
                 u = T.cast(T.shift_right(words[i // 2], T.cast((i % 2) * 16, "uint32")) & T.uint32(0xFFFF), f32)
-                if integer:
+                if integer:  # t[0] = |v| / step, the step 1
                     t[0] = T.abs(qf[i])
-                    t[1] = T.floor(t[0])
-                    t[1] = t[1] + T.if_then_else((t[0] - t[1]) * T.float32(65536) >= T.float32(65536) - u,
-                                                 T.float32(1), T.float32(0))  # fmt: skip
-                    t[1] = T.min(t[1], T.float32(qmax))
-                    t[1] = T.if_then_else(qf[i] < T.float32(0), -t[1], t[1])
-                    # (an integral value within +-QMAX: its two's complement in the low bits of the sum's bits)
-                    buf[i] = T.cast(T.reinterpret("int32", t[1] + T.float32(12582912.0)), qdtype)
                 else:
                     t[2] = T.reinterpret(
                         f32,
@@ -513,9 +506,15 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                         ),
                     )  # the step
                     t[0] = T.abs(qf[i]) * T.reinterpret(f32, 0x7F000000 - T.reinterpret("int32", t[2]))  # / step
-                    t[1] = T.floor(t[0])
-                    t[1] = t[1] + T.if_then_else((t[0] - t[1]) * T.float32(65536) >= T.float32(65536) - u,
-                                                 T.float32(1), T.float32(0))  # fmt: skip
+                t[1] = T.floor(t[0])
+                t[1] = t[1] + T.if_then_else((t[0] - t[1]) * T.float32(65536) >= T.float32(65536) - u,
+                                             T.float32(1), T.float32(0))  # fmt: skip
+                if integer:
+                    t[1] = T.min(t[1], T.float32(qmax))
+                    t[1] = T.if_then_else(qf[i] < T.float32(0), -t[1], t[1])
+                    # (an integral value within +-QMAX: its two's complement in the low bits of the sum's bits)
+                    buf[i] = T.cast(T.reinterpret("int32", t[1] + T.float32(12582912.0)), qdtype)
+                else:
                     t[1] = T.min(t[1] * t[2], T.float32(qmax))
                     buf[i] = T.cast(T.if_then_else(qf[i] < T.float32(0), -t[1], t[1]), qdtype)
 
