@@ -379,7 +379,7 @@ def test_main_writes_a_row_per_design_and_the_summary(monkeypatch, tmp_path, for
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "stub")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(bench_ssd, "copy_ceiling_tbps", lambda dev: 4.0)
+    monkeypatch.setattr(bench_ssd, "start", lambda: (torch.device("cuda", 0), 4.0))
     monkeypatch.setattr(bench_ssd, "windows_for", lambda n: 2)
     monkeypatch.setattr(bench_ssd, "mate_fn", fn_for("mate"))
     monkeypatch.setattr(bench_ssd, "vllm_fn", fn_for("vllm"))

@@ -34,7 +34,7 @@ from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, write_report
 from mate.mamba.bench.shapes import SSD_CASES, SSDCase
 from mate.mamba.bench.ssd import parse_models
-from mate.mamba.bench.timing import copy_ceiling_tbps, graph_times_us, host_times_us, windows_for
+from mate.mamba.bench.timing import graph_times_us, host_times_us, start, windows_for
 
 WIDTH = 4
 MTP = 6  # tokens per query of the speculative update (1 + 5 draft tokens)
@@ -287,10 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "--models, --ops, --quick")  # fmt: skip
     if code is not None:
         return code
-    dev = torch.device("cuda", torch.cuda.current_device())
     vllm = load_vllm() if "vllm" in args.impls else None
-    ceiling = copy_ceiling_tbps(dev)
-    print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
+    dev, ceiling = start()
     meta = dict(
         device=torch.cuda.get_device_name(dev), copy_ceiling_tbps=round(ceiling, 2), width=WIDTH,
         dtypes="x, weight, bias and pool bf16; int32 tables; silu",

@@ -27,7 +27,7 @@ from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, write_report
 from mate.mamba.bench.shapes import SSD_CASES, SSDCase
 from mate.mamba.bench.ssd import parse_models
-from mate.mamba.bench.timing import copy_ceiling_tbps, graph_times_us, windows_for
+from mate.mamba.bench.timing import graph_times_us, start, windows_for
 
 WIDTH = 4
 BATCHES = (1, 2, 4, 8, 64)
@@ -210,9 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     code = arglists.listed_or_refused("mate-mamba bench layer", plan, list_lines, args.list, "--models, --batches")
     if code is not None:
         return code
-    dev = torch.device("cuda", torch.cuda.current_device())
     vllm = load_vllm()
-    ceiling = copy_ceiling_tbps(dev)
+    dev, ceiling = start()
     meta = dict(
         device=torch.cuda.get_device_name(dev), copy_ceiling_tbps=round(ceiling, 2), width=WIDTH,
         timing="CUDA graph, one call per window of disjoint tensors, replayed; median of repeats",

@@ -27,7 +27,7 @@ import torch
 from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, write_report
 from mate.mamba.bench.shapes import SSD_CASES, SSD_MODELS
-from mate.mamba.bench.timing import L2_BYTES, copy_ceiling_tbps, graph_times_us, host_times_us, windows_for
+from mate.mamba.bench.timing import L2_BYTES, graph_times_us, host_times_us, start, windows_for
 
 EPS = 1e-5  # Nemotron-H's rms_norm_eps
 TOKENS = (1, 8, 64, 256, 1024, 8192)
@@ -374,12 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "--models, --tokens, --quick", what="case")  # fmt: skip
     if code is not None:
         return code
-    dev = torch.device("cuda", torch.cuda.current_device())
     impls, skipped = load_impls(args.impls)
-    for name, why in skipped.items():
-        print(f"[skip] {name}: {why}", flush=True)
-    ceiling = copy_ceiling_tbps(dev)
-    print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
+    dev, ceiling = start(skipped)
     meta = dict(
         device=torch.cuda.get_device_name(dev), torch=torch.__version__, copy_ceiling_tbps=ceiling, skipped=skipped,
         replays=args.replays, repeats=args.repeats, eps=EPS,

@@ -43,7 +43,7 @@ from mate.mamba._contract.dtypes import STATE_FORMATS
 from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, plot, write_report
 from mate.mamba.bench.shapes import SSD_CASES, SSUShape
-from mate.mamba.bench.timing import copy_ceiling_tbps, graph_times_us, windows_for
+from mate.mamba.bench.timing import graph_times_us, start, windows_for
 
 WINDOW = 16  # vLLM 0.33's replayssm_buffer_len default (FlashInfer's largest window)
 DT_NAME = {dt: f.label for dt, f in STATE_FORMATS.items()}
@@ -495,12 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         prebuild(configs(plan), args.impls, max(1, args.prebuild_jobs))
         if args.prebuild_only:
             return 0
-    dev = torch.device("cuda", torch.cuda.current_device())
     impls, skipped = load_impls(args.impls)
-    for name, why in skipped.items():
-        print(f"[skip] {name}: {why}", flush=True)
-    ceiling = copy_ceiling_tbps(dev)
-    print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
+    dev, ceiling = start(skipped)
     meta = dict(
         device=torch.cuda.get_device_name(dev), torch=torch.__version__, copy_ceiling_tbps=ceiling, skipped=skipped,
         replays=args.replays, repeats=args.repeats, window=WINDOW, targets={str(k): v for k, v in TARGETS.items()},

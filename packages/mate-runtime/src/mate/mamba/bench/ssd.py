@@ -43,7 +43,7 @@ from mate.mamba.bench.shapes import (
     BatchLayout,
     SSDCase,
 )
-from mate.mamba.bench.timing import copy_ceiling_tbps, graph_time_us, host_time_us, windows_for
+from mate.mamba.bench.timing import graph_time_us, host_time_us, start, windows_for
 
 PEAK_TFLOPS_BF16 = 790.0
 
@@ -461,9 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("mate-mamba bench ssd: needs a CUDA device", file=sys.stderr)
         return 2
-    dev = torch.device("cuda", torch.cuda.current_device())
-    ceiling = copy_ceiling_tbps(dev)
-    print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
+    dev, ceiling = start()
 
     def report():
         meta = dict(

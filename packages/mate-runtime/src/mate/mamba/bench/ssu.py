@@ -22,7 +22,7 @@ from mate.mamba._contract.dtypes import QUANT_STATE_DTYPES, SSU_SR_STATE_DTYPES,
 from mate.mamba.bench import arglists
 from mate.mamba.bench.report import markdown_table, plot, write_report
 from mate.mamba.bench.shapes import SSU_SHAPES, SSUShape
-from mate.mamba.bench.timing import copy_ceiling_tbps, graph_times_us, host_times_us, windows_for
+from mate.mamba.bench.timing import graph_times_us, host_times_us, start, windows_for
 
 # block-scaled states: the pool comes with fp32 scales [slots, H, P] (FlashInfer 0.7.2's int16 layout)
 SCALED_NAMES = tuple(STATE_FORMATS[dt].label for dt in QUANT_STATE_DTYPES)
@@ -316,12 +316,8 @@ def warm(args) -> int:
 
 
 def run(args) -> tuple[list[dict], dict]:
-    dev = torch.device("cuda", torch.cuda.current_device())
     impls, skipped = load_impls(args.impls, args.pdl)
-    for name, why in skipped.items():
-        print(f"[skip] {name}: {why}", flush=True)
-    ceiling = copy_ceiling_tbps(dev)
-    print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
+    dev, ceiling = start(skipped)
     rows = []
     for case in selected_cases(args.quick, args.state, args.batches):
         st = Setup(case, dev)

@@ -108,6 +108,17 @@ def copy_ceiling_tbps(device=None, nbytes: int = 1 << 30, repeats: int = 5) -> f
     return statistics.median(2 * nbytes * 5 / (_device_ms(mod, copy, 5) * 1e-3) / 1e12 for _ in range(repeats))
 
 
+def start(skipped: dict | None = None) -> tuple[torch.device, float]:
+    """A device run's start: the current CUDA device and its copy ceiling (TB/s, read + write, measured now), both
+    printed with the implementations ``skipped`` (name -> why)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for name, why in (skipped or {}).items():
+        print(f"[skip] {name}: {why}", flush=True)
+    ceiling = copy_ceiling_tbps(dev)
+    print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)", flush=True)
+    return dev, ceiling
+
+
 def host_times_us(impls: dict[str, Callable[[], object]], iters: int = 200, rounds: int = 3, device=None) -> dict:
     """Eager host time per call in µs of each implementation (the time the Python caller is blocked; the device
     runs behind): the best of ``rounds`` loops of ``iters`` calls, the implementations' loops interleaved (the
@@ -138,5 +149,6 @@ def host_time_us(fn: Callable[[], object], iters: int = 200, device=None) -> flo
 
 
 __all__ = [
-    "L2_BYTES", "windows_for", "graph_time_us", "graph_times_us", "copy_ceiling_tbps", "host_time_us", "host_times_us"
+    "L2_BYTES", "windows_for", "graph_time_us", "graph_times_us", "copy_ceiling_tbps", "host_time_us", "host_times_us",
+    "start",
 ]  # fmt: skip
