@@ -88,6 +88,16 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
             v = v + T.cast(T.cast(T.cast(oldv[k * (W - 1) + j], f32) * T.cast(wv[k * W + j], f32), prod), f32)
         return v + T.cast(T.cast(T.cast(tokv[k], f32) * T.cast(wv[k * W + W - 1], f32), prod), f32)
 
+    @T.macro
+    def load_features(yl, zl, wl, y_ws, z, norm_weight, b, ng, k, tx):
+        """Pass ``k`` of the norm group's features, FB per thread: y, z and the norm weight as fp32 (past the
+        group's end, a partial last pass, its last feature is read, nothing written)."""
+        for i in T.unroll(FB):
+            col = ng * GS + T.min((k * FB + i) * TH + tx, GS - 1)
+            yl[i] = T.atomic_load(y_ws[b, col], memory_order="relaxed")
+            zl[i] = T.cast(z[b, col], f32)
+            wl[i] = T.cast(norm_weight[col], f32)
+
     @T.prim_func
     def mamba2_decode_step(
         xBC: T.StridedTensor((Bt, CD), (sxr, 1), io_dtype),
@@ -247,12 +257,7 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                 # trip, not two); the group's sum in a fixed order (each thread's strided partials, then a
                 # butterfly per warp, then the warps in order); then the features FB at a time per thread
                 T.call_extern("handle", "__threadfence")
-                for i in T.unroll(FB):
-                    # past the group's end (a partial last pass) its last feature is read, nothing written
-                    col = ng * GS + T.min(i * TH + tx, GS - 1)
-                    yl[i] = T.atomic_load(y_ws[b, col], memory_order="relaxed")
-                    zl[i] = T.cast(z[b, col], f32)
-                    wl[i] = T.cast(norm_weight[col], f32)
+                load_features(yl, zl, wl, y_ws, z, norm_weight, b, ng, 0, tx)
                 total = T.float32(0)
                 for k in T.serial((CPG + TH - 1) // TH):
                     if k * TH + tx < CPG:
@@ -269,11 +274,7 @@ def decode_step_kernel(*, dim: int, dstate: int, heads_per_group: int, heads_per
                 rstd = T.rsqrt(total / T.float32(GS) + eps)
                 for k in T.serial((NF + FB - 1) // FB):
                     if k > 0:
-                        for i in T.unroll(FB):
-                            col = ng * GS + T.min((k * FB + i) * TH + tx, GS - 1)
-                            yl[i] = T.atomic_load(y_ws[b, col], memory_order="relaxed")
-                            zl[i] = T.cast(z[b, col], f32)
-                            wl[i] = T.cast(norm_weight[col], f32)
+                        load_features(yl, zl, wl, y_ws, z, norm_weight, b, ng, k, tx)
                     for i in T.unroll(FB):
                         f = (k * FB + i) * TH + tx
                         if f < GS:
