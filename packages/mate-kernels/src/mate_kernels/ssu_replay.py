@@ -103,7 +103,7 @@ def replay_kernel(
     rops = ring_ops(T, ops, io_dtype=io_dtype, ring_rows=ring_rows, new_rows=new_rows, vector_io=vector_io)
     CH, TN, IOB, IOV, XV, NCB, NCX = rops.CH, rops.TN, rops.IOB, rops.IOV, rops.XV, rops.NCB, rops.NCX
     D_ITERS, NB_ITERS, NX_ITERS, ND_ITERS = rops.D_ITERS, rops.NB_ITERS, rops.NX_ITERS, rops.ND_ITERS
-    lane_row, put = rops.lane_row, rops.put
+    lane_row, put, wrap = rops.lane_row, rops.put, rops.wrap
     NCH = -(-CH // 32)  # 32-position chunks of the prefix scan
 
     S, H, G, L, XB, XT, HD, HB, LS, LC = T.dynamic("S, H, G, L, XB, XT, HD, HB, LS, LC")
@@ -174,8 +174,8 @@ def replay_kernel(
             wl = tx % 32
             g = h // ratio
             # Staged in shared memory in the io dtype (as fp32 they take twice the space, which costs occupancy:
-            # docs/design/decisions.md): the slot's whole ring by physical row (B, x of this block, dt' and its
-            # decay exp(A dt')), and the new tokens by index (B, C, x, dt', decay). Neither placement depends on
+            # docs/design/decisions.md): the slot's whole ring by physical row (B, x of this block and dt'), and
+            # the new tokens by index (B, C, x, dt'). Neither placement depends on
             # the ring's position or live count, so every load is issued as soon as its address is known: the new
             # tokens' at once, the ring's and the state's together once the slot is (one round trip after).
             Bs = T.alloc_shared((CH, N), io_dtype)
@@ -189,6 +189,7 @@ def replay_kernel(
             # buffer does not make TileLang fence every iteration)
             cum = T.alloc_shared((CH,), f32, scope="shared")
             dtp = T.alloc_shared((CH,), f32, scope="shared")
+            cb = T.alloc_shared((TN, CH), f32, scope="shared")
             coef = T.alloc_shared((TN, CH), f32, scope="shared")
             fold = T.alloc_shared((CH,), f32, scope="shared")
             s = T.alloc_local((NS,), f32)
@@ -264,7 +265,7 @@ def replay_kernel(
                 for c in T.unroll(NCH):
                     pos = c * 32 + wl
                     inl = pos < pk
-                    dtq = T.if_then_else(inl, dts[(rs + T.min(pos, CH - 1)) % L],
+                    dtq = T.if_then_else(inl, dts[wrap(rs + T.min(pos, CH - 1), L)],
                                          dtn[T.min(T.max(pos - pk, 0), TN - 1)])  # fmt: skip
                     sc[0] = T.if_then_else(pos < pk + tb, a * dtq, T.float32(0))
                     for d in T.unroll(5):
@@ -275,15 +276,15 @@ def replay_kernel(
                         cum[pos] = sc[0]
                         dtp[pos] = dtq
                     cv[0] = T.shfl_sync(sc[0], 31)
-                T.sync_threads()
-                # the token pairs: coef[t, j] = exp(cum[k + t] - cum[j]) dt'_j (B_j . C_t), token j >= first up to
-                # the new token t; each dot over one row group's lanes, the groups over the tokens j
+                # the table cb[t, j] = B_j . C_t, token j >= first up to the new token t: each dot over one row
+                # group's lanes, the row groups over the tokens j (then scaled by all threads at once, not by one
+                # lane per dot inside the loop)
                 for t in T.serial(tb):
                     lane_row(cv, rb, Cn, t, lane)
                     for jj in T.serial((pk + t + RG - first) // RG):
                         j = T.min(first + jj * RG + rg, pk + t)
                         if j < pk:
-                            lane_row(bv, rb, Bs, (rs + j) % L, lane)
+                            lane_row(bv, rb, Bs, wrap(rs + j, L), lane)
                         else:
                             lane_row(bv, rb, Bn, j - pk, lane)
                         dot[0] = T.float32(0)
@@ -292,8 +293,16 @@ def replay_kernel(
                         for d in T.unroll(LOG_LN):
                             dot[0] = dot[0] + T.shfl_xor(dot[0], LN >> (d + 1))
                         if lane == 0:
-                            coef[t, j] = T.exp(cum[pk + t] - cum[j]) * dtp[j] * dot[0]
-                # the flush's weights: h_flushed = exp(cum[k - 1]) h0 + sum_j fold[j] x_j B_j^T over the live tokens
+                            cb[t, j] = dot[0]
+                T.sync_threads()
+                # the weights coef[t, j] = exp(cum[k + t] - cum[j]) dt'_j cb[t, j], and the flush's
+                # h_flushed = exp(cum[k - 1]) h0 + sum_j fold[j] x_j B_j^T over the live tokens
+                for it in T.unroll(-(-TN * CH // TH)):
+                    e = it * TH + tx
+                    t = e // CH
+                    j = e % CH
+                    if t < tb and j >= first and j <= pk + t:
+                        coef[t, j] = T.exp(cum[pk + t] - cum[j]) * dtp[j] * cb[t, j]
                 for it in T.unroll(D_ITERS):
                     j = it * TH + tx
                     if j < pk:
@@ -309,7 +318,7 @@ def replay_kernel(
                     for k in T.unroll(NS):
                         s[k] = s[k] * w
                     for j in T.serial(pk):
-                        row = (rs + j) % L
+                        row = wrap(rs + j, L)
                         lane_row(bv, rb, Bs, row, lane)
                         for r in T.unroll(R):
                             xr = fold[j] * T.cast(Xs[row, r * RP + rg], f32)
@@ -335,7 +344,7 @@ def replay_kernel(
                         if j <= pk + t:
                             cf = coef[t, j]
                             if j < pk:
-                                row = (rs + j) % L
+                                row = wrap(rs + j, L)
                                 for r in T.unroll(R):
                                     acc[r] = acc[r] + cf * T.cast(Xs[row, r * RP + rg], f32)
                             else:
@@ -358,7 +367,7 @@ def replay_kernel(
                     if ti < tb:
                         for i in T.unroll(XV):
                             if pb * BP + j0 + i < P:
-                                ring_x[slot, h, (rs + pk + ti) % L, pb * BP + j0 + i] = Xn[ti, j0 + i]
+                                ring_x[slot, h, wrap(rs + pk + ti, L), pb * BP + j0 + i] = Xn[ti, j0 + i]
                 if pb == 0:
                     if h % ratio == 0:
                         for it in T.unroll(NB_ITERS):
@@ -370,14 +379,14 @@ def replay_kernel(
                                     stg[i] = Bn[ti, n0 + i]
                                 if vector_io:
                                     for i in T.vectorized(IOV):
-                                        ring_b[slot, g, (rs + pk + ti) % L, n0 + i] = stg[i]
+                                        ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
                                 else:
                                     for i in T.unroll(IOV):
-                                        ring_b[slot, g, (rs + pk + ti) % L, n0 + i] = stg[i]
+                                        ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
                     for it in T.unroll(ND_ITERS):
                         ti = it * TH + tx
                         if ti < tb:
-                            dt_cache[slot, h, (rs + pk + ti) % L] = dtn[ti]
+                            dt_cache[slot, h, wrap(rs + pk + ti, L)] = dtn[ti]
 
     # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
     # with the seed (a scaled one rounding stochastically with both)

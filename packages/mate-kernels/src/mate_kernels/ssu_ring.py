@@ -85,6 +85,11 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
         for k in T.unroll(NV * VEC):
             dst[k] = T.cast(rb[k], f32)
 
+    def wrap(v, L):
+        """``v % L`` for ``0 <= v < 2 L`` (a ring row ``rs + j`` with ``rs < L`` and ``j < L``): a runtime modulo is
+        an integer division, some 20 instructions per use in the token loops."""
+        return T.if_then_else(v >= L, v - L, v)
+
     @T.macro
     def put(dst, q, j0, stg, width):
         """dst[q, j0 : j0 + width] = the io registers ``stg`` (one shared store of ``width`` values)."""
@@ -129,7 +134,7 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
     return SimpleNamespace(
         CH=CH, TN=TN, IOB=IOB, IOV=IOV, XV=XV, LV=LV, NCB=NCB, NCX=NCX, D_ITERS=-(-CH // TH),
         NB_ITERS=-(-TN * NCB // TH), NX_ITERS=-(-TN * NCX // TH), ND_ITERS=-(-TN // TH),
-        lane_row=lane_row, put=put, stage_ring=stage_ring,
+        lane_row=lane_row, put=put, wrap=wrap, stage_ring=stage_ring,
     )  # fmt: skip
 
 
