@@ -63,6 +63,11 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
     # loads in flight together), so a sequence's tokens do not pay one global-memory latency each
     TMAX = 8
     NCH = N // VEC  # vector chunks per B/C row
+    # a block-scaled state's kernel stages B and C as fp32 (widened once per CTA, not once per thread and token),
+    # in groups of BW values ordered group-major so that a row's lanes read BW-value groups 16 bytes apart (one
+    # conflict-free LDS.128 per group); its per-token work per state value is what bounds it (docs/ssu-kernels.md)
+    bc32 = quant
+    BW = 4 if VEC % 4 == 0 else 1
     K_BC = (TMAX * NCH + TH - 1) // TH
     guard_bc = (TMAX * NCH) % TH != 0
     K_X = (TMAX * BP + TH - 1) // TH
@@ -107,9 +112,15 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
         for k in T.unroll(K_BC):
             e = tx + k * TH
             if bc_ok(e, e // NCH, cnt):
-                for i in T.unroll(VEC):
-                    Bs[e // NCH, (e % NCH) * VEC + i] = sb[k * VEC + i]
-                    Cs[e // NCH, (e % NCH) * VEC + i] = sc[k * VEC + i]
+                if bc32:
+                    for c in T.unroll(VEC // BW):
+                        for j in T.vectorized(BW):
+                            Bs[e // NCH, (c * NCH + e % NCH) * BW + j] = T.cast(sb[k * VEC + c * BW + j], f32)
+                            Cs[e // NCH, (c * NCH + e % NCH) * BW + j] = T.cast(sc[k * VEC + c * BW + j], f32)
+                else:
+                    for i in T.unroll(VEC):
+                        Bs[e // NCH, (e % NCH) * VEC + i] = sb[k * VEC + i]
+                        Cs[e // NCH, (e % NCH) * VEC + i] = sc[k * VEC + i]
         for k in T.unroll(K_X):
             e = tx + k * TH
             if x_ok(e, e // BP, cnt):
@@ -134,10 +145,16 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
         if tied:
             dtv[0] = dts[tt, 0]
         for v in T.unroll(NV):
-            n0 = (v * L + lane) * VEC
-            for i in T.unroll(VEC):
-                bv[v * VEC + i] = T.cast(Bs[tt, n0 + i], f32)
-                cv[v * VEC + i] = T.cast(Cs[tt, n0 + i], f32)
+            if bc32:
+                for c in T.unroll(VEC // BW):
+                    for j in T.vectorized(BW):
+                        bv[v * VEC + c * BW + j] = Bs[tt, (c * NCH + v * L + lane) * BW + j]
+                        cv[v * VEC + c * BW + j] = Cs[tt, (c * NCH + v * L + lane) * BW + j]
+            else:
+                n0 = (v * L + lane) * VEC
+                for i in T.unroll(VEC):
+                    bv[v * VEC + i] = T.cast(Bs[tt, n0 + i], f32)
+                    cv[v * VEC + i] = T.cast(Cs[tt, n0 + i], f32)
 
     @T.macro
     def body(state, x, dt, A, B, C, D, z, dt_bias, out, src, dst, cu, acc_tok, ibuf, iidx, parent, nseq, seqlen,
@@ -153,8 +170,8 @@ def packed_kernel(T, ops, ty, *, heads_per_group, state_dtype, io_dtype, ibuf_dt
                 T.pdl_trigger()
                 T.pdl_sync()
             tx = T.get_thread_binding()
-            Bs = T.alloc_shared((TMAX, N), io_dtype)
-            Cs = T.alloc_shared((TMAX, N), io_dtype)
+            Bs = T.alloc_shared((TMAX, N), f32 if bc32 else io_dtype)
+            Cs = T.alloc_shared((TMAX, N), f32 if bc32 else io_dtype)
             xs = T.alloc_shared((TMAX, BP), f32)
             zs = T.alloc_shared((TMAX, BP), f32)
             dts = T.alloc_shared((TMAX, BP), f32)
