@@ -38,8 +38,11 @@ SEARCH_STEPS = 32  # binary-search steps over query_start_loc (any int32 batch)
 THREADS = (128, 256)
 VEC = (1, 2, 4, 8)
 BLOCK_T = (32, 64, 128)
-MIN_BLOCKS = None
 GROUP = 4  # the prefill's tokens per step of a thread (their loads in flight together)
+# the prefill's __launch_bounds__ up to width 4: registers capped at 64 per thread, 8 CTAs of 128 threads per SM
+# (its loop takes no more instructions and spills nothing there; uncapped, ptxas spends 155 registers on overlapping
+# tokens; widths 5 and 6 would spill)
+PREFILL_THREADS_PER_SM = 1024
 
 
 def _check(width: int, threads: int, vec: int) -> None:
@@ -304,6 +307,26 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
     add_widened = _add_widened(T, V=V, dtype=pd)
     load_taps = _load_taps(T, V=V, W=W, weight_dtype=weight_dtype, pd=pd)
     store_x = _store_vector(T, V=V, dtype=x_dtype)
+
+    @T.macro
+    def load_token(xa, win, c, t, i):  # token t into the window's slot i (x rounded to the pool's dtype first)
+        for v in T.vectorized(V):
+            win[i * V + v] = T.cast(T.cast(xa[c + v, t], state_dtype), pd)
+
+    @T.macro
+    def token_out(win, wk, rb, acc, prod, rx, oa, c, t, u):  # token t's output from window slots [u, u + W)
+        for v in T.unroll(V):
+            acc[v] = rb[v]
+        for j in T.unroll(W):
+            for v in T.vectorized(V):
+                prod[v] = win[(u + j) * V + v] * wk[j * V + v]
+            add_widened(acc, prod)
+        for v in T.unroll(V):
+            acc[v] = _silu(T, acc[v]) if silu else acc[v]
+        for v in T.vectorized(V):
+            rx[v] = T.cast(T.cast(acc[v], state_dtype), x_dtype)
+        store_x(oa, rx, c, t)
+
     D, tokens, S, K, nq, nb, ns, ni = T.dynamic("D, tokens, S, K, nq, nb, ns, ni")
     x0, x1, o0, o1, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, o0, o1, w0, w1, s0, s1, s2", i64)
     bs, qs, ss, is_ = T.dynamic("bs, qs, ss, is_", i64)
@@ -326,6 +349,8 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
     ):
         xa, oa, sa = _aligned(T, V, x, 0), _aligned(T, V, out, 0), _aligned(T, V, state, 1)
         with T.Kernel(T.ceildiv(tokens, BT), T.ceildiv(D, TH * V), threads=TH) as (bx, by):
+            if W <= 4:
+                T.annotate_min_blocks_per_sm(PREFILL_THREADS_PER_SM // TH)
             tx = T.get_thread_binding()
             win = T.alloc_local(((W - 1 + G) * V,), pd)  # token i of the window at i * V
             wk = T.alloc_local((W * V,), pd)  # tap j at j * V
@@ -400,29 +425,22 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                                     rs[v] = sa[slot, c + v, (W - 1) + tok - s]
                                 for v in T.unroll(V):
                                     win[k * V + v] = T.cast(rs[v], pd)
-                        for gi in T.serial(T.ceildiv(n, G)):  # the window: W - 1 tokens, then the group's
+                        for gi in T.serial(n // G):  # the window: W - 1 tokens, then the group's
                             t = t_lo + gi * G
-                            m = T.min(n - gi * G, G)  # the group's tokens (G but in the last)
                             for u in T.unroll(G):  # the loads first: G in flight
-                                if u < m:
-                                    for v in T.vectorized(V):
-                                        win[(W - 1 + u) * V + v] = T.cast(T.cast(xa[c + v, t + u], state_dtype), pd)
+                                load_token(xa, win, c, t + u, W - 1 + u)
                             for u in T.unroll(G):
-                                if u < m:
-                                    for v in T.unroll(V):
-                                        acc[v] = rb[v]
-                                    for j in T.unroll(W):
-                                        for v in T.vectorized(V):
-                                            prod[v] = win[(u + j) * V + v] * wk[j * V + v]
-                                        add_widened(acc, prod)
-                                    for v in T.unroll(V):
-                                        acc[v] = _silu(T, acc[v]) if silu else acc[v]
-                                    for v in T.vectorized(V):
-                                        rx[v] = T.cast(T.cast(acc[v], state_dtype), x_dtype)
-                                    store_x(oa, rx, c, t + u)
-                            for k in T.unroll(W - 1):  # slide by G (a partial group is the last)
+                                token_out(win, wk, rb, acc, prod, rx, oa, c, t + u, u)
+                            for k in T.unroll(W - 1):
                                 for v in T.vectorized(V):
                                     win[k * V + v] = win[(k + G) * V + v]
+                        for r in T.serial(n % G):  # the last tokens one by one
+                            t = t_lo + n // G * G + r
+                            load_token(xa, win, c, t, W - 1)
+                            token_out(win, wk, rb, acc, prod, rx, oa, c, t, 0)
+                            for k in T.unroll(W - 1):
+                                for v in T.vectorized(V):
+                                    win[k * V + v] = win[(k + 1) * V + v]
                     else:  # a pad or null slot: zeros
                         for v in T.unroll(V):
                             rx[v] = T.cast(0, x_dtype)

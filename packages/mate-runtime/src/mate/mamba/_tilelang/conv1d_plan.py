@@ -10,8 +10,8 @@ fast-path launcher re-checks per call.
 The tuning is data (:data:`TUNING`): threads per CTA and the prefill's tokens per CTA; a thread's channels are
 16 bytes of the widest dtype where the layout allows (:func:`vector_width`), else one. The prefill's token blocks
 trade the CTAs' count against the per-CTA start (weights, the sequence search, the window): 32 tokens make 2560
-CTAs at 1 x 8192 and dim 10240, about 5 rounds of the 4 CTAs an SM holds at the kernel's 124 registers (64
-tokens: 2.4 rounds, the last half empty). Not yet measured against 64 and 128 (docs/benchmarks/conv1d.md).
+CTAs at 1 x 8192 and dim 10240, 2.4 rounds of the 8 CTAs an SM holds at the kernel's 64 registers (64 tokens: 1.2
+rounds, the second mostly empty). Not yet measured against 64 and 128 (docs/benchmarks/conv1d.md).
 """
 
 from __future__ import annotations
