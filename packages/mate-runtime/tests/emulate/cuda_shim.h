@@ -8,6 +8,7 @@
 #pragma once
 #include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -234,6 +235,7 @@ inline float __expf(float x) { return std::exp(x); }  // the device's is within 
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // the device's is within 2 ulp of this
 inline uint __umulhi(uint a, uint b) { return (uint)(((uint64_t)a * (uint64_t)b) >> 32); }
+inline int __clz(int x) { return std::countl_zero((uint32_t)x); }  // 32 for 0, as the device's
 
 using std::max;
 using std::min;
