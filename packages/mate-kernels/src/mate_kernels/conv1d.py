@@ -21,19 +21,27 @@ from a later column or a new token: nothing is read after it is overwritten), th
 belong to by binary search over ``query_start_loc`` and runs each one's tokens; a sequence's first ``W - 1``
 tokens (whose window reaches into the initial state) are run by the CTA holding its first token, also beyond its
 block, and that CTA alone reads the slot's initial state and writes the final one: no CTA reads a state another
-writes. Tokens of skipped sequences and past the last one are written as zeros.
+writes. Tokens of skipped sequences and past the last one are written as zeros. A thread takes its tokens
+:data:`GROUP` at a time (their loads in flight together) and keeps the window in the products' dtype, tap-major,
+so that one tap over its channels is one vector multiply: packed bf16x2 / f16x2 where the products are 16-bit
+(the product of two 16-bit values is exact in fp32, so rounding it once is the contract's rounding), each product
+widened to fp32 by one bit operation, the sum in fp32 as before.
 """
 
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
 MAX_WIDTH = 6
-SEARCH_STEPS = 32  # binary-search steps over query_start_loc (any int32 batch)
 
 # the tuning space: threads per CTA, channels per thread (1: the scalar form; else 16 bytes of the widest dtype)
 # and, for the prefill, tokens per CTA; the planner's table
 THREADS = (128, 256)
 VEC = (1, 2, 4, 8)
 BLOCK_T = (32, 64, 128)
+GROUP = 4  # the prefill's tokens per step of a thread (their loads in flight together)
+# the prefill's __launch_bounds__ up to width 4: registers capped at 64 per thread, 8 CTAs of 128 threads per SM
+# (its loop takes no more instructions and spills nothing there; uncapped, ptxas spends 155 registers on overlapping
+# tokens; widths 5 and 6 would spill)
+PREFILL_THREADS_PER_SM = 1024
 
 
 def _check(width: int, threads: int, vec: int) -> None:
@@ -79,9 +87,14 @@ def _load_params(T, *, V: int, W: int, has_bias: bool):
     return load_params
 
 
+def _silu(T, a):
+    """The hardware's exp and division (a few ulp of fp32): the IEEE ones were most of the prefill's issue."""
+    return T.call_extern("float32", "__fdividef", a, T.float32(1.0) + T.call_extern("float32", "__expf", -a))
+
+
 def _finish(T, a, *, silu: bool, state_dtype: str, out_dtype: str, via_state: bool):
-    if silu:  # the hardware's exp and division (a few ulp of fp32): the IEEE ones were most of the prefill's issue
-        a = T.call_extern("float32", "__fdividef", a, T.float32(1.0) + T.call_extern("float32", "__expf", -a))
+    if silu:
+        a = _silu(T, a)
     if via_state:
         a = T.cast(a, state_dtype)
     return T.cast(a, out_dtype)
@@ -208,6 +221,74 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
     return conv1d_update
 
 
+def _add_widened(T, *, V: int, dtype: str):
+    """The macro ``acc[v] += float(prod[v])`` over a thread's ``V`` channels. A bf16 ``prod`` of even length is read
+    as 32-bit words: the high value masked, the low one shifted (one instruction each; a bf16 value is the high
+    half of its fp32)."""
+
+    @T.macro
+    def add_widened(acc, prod):
+        if dtype == "bfloat16" and V % 2 == 0:
+            words = T.view(prod, shape=(V // 2,), dtype="uint32")
+            for h in T.unroll(V // 2):
+                acc[2 * h] = acc[2 * h] + T.reinterpret(words[h] << T.uint32(16), "float32")
+                acc[2 * h + 1] = acc[2 * h + 1] + T.reinterpret(words[h] & T.uint32(0xFFFF0000), "float32")
+        else:
+            for v in T.unroll(V):
+                acc[v] = acc[v] + T.cast(prod[v], "float32")
+
+    return add_widened
+
+
+def _load_taps(T, *, V: int, W: int, weight_dtype: str, pd: str):
+    """The macro loading channels ``[c, c + V)``'s weights tap-major into ``wk`` (tap ``j`` at ``j * V``), in the
+    products' dtype. Where both are 16-bit the vector form reads its dense ``V * W`` weights as 16-byte vectors and
+    pairs them into 32-bit words with byte permutes, once: the loop's packed multiplies then take whole words."""
+    packed = pd == weight_dtype and pd in ("bfloat16", "float16") and V > 1
+
+    @T.macro
+    def load_taps(weight, wk, c, D):
+        if packed:
+            rw = T.alloc_local((V * W,), weight_dtype)
+            wflat = T.view(weight, shape=(D * W,))
+            for e in T.vectorized(V * W):
+                rw[e] = wflat[c * W + e]
+            src = T.view(rw, shape=(V * W // 2,), dtype="uint32")
+            dst = T.view(wk, shape=(V * W // 2,), dtype="uint32")
+            for j in T.unroll(W):
+                for h in T.unroll(V // 2):
+                    a = 2 * h * W + j  # channel 2h's tap j in rw, then channel 2h + 1's
+                    b = a + W
+                    sel = T.if_then_else(a % 2 == 1, 0x32, 0x10) + T.if_then_else(b % 2 == 1, 0x7600, 0x5400)
+                    dst[j * V // 2 + h] = T.call_extern("uint32", "__byte_perm", src[a // 2], src[b // 2],
+                                                        T.cast(sel, "uint32"))  # fmt: skip
+        else:
+            for j in T.unroll(W):
+                for v in T.unroll(V):
+                    wk[j * V + v] = T.cast(weight[c + v, j], pd)
+
+    return load_taps
+
+
+def _store_vector(T, *, V: int, dtype: str):
+    """The macro ``dst[c:c + V, t] = buf``: the vector form's through TileLang's explicit 8- / 16-byte global store
+    (a plain vector copy out of a local may reach the device as 4-byte stores)."""
+    nbytes = V * _BYTES[dtype]
+    words = nbytes // 4
+
+    @T.macro
+    def store_vector(dst, buf, c, t):
+        if V > 1 and nbytes == 16:
+            T.stg128(dst[c, t], T.view(buf, shape=(1,), dtype=f"uint32x{words}")[0])
+        elif V > 1 and nbytes == 8:
+            T.stg64(dst[c, t], T.view(buf, shape=(1,), dtype=f"uint32x{words}")[0])
+        else:
+            for v in T.vectorized(V):
+                dst[c + v, t] = buf[v]
+
+    return store_vector
+
+
 def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype: str, bias_dtype: str,
                      qsl_dtype: str, slot_dtype: str, has_bias: bool, silu: bool, has_slots: bool, has_init: bool,
                      has_null: bool, threads: int = 128, block_t: int = 64, vec: int = 1):  # fmt: skip
@@ -219,10 +300,32 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
         raise ValueError(f"block_t: expected one of {BLOCK_T}, got {block_t!r}")
     import tilelang.language as T
 
-    W, TH, BT, V = width, threads, block_t, vec
+    W, TH, BT, V, G = width, threads, block_t, vec, GROUP
     f32, i64 = "float32", "int64"
-    tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
-    load_params = _load_params(T, V=V, W=W, has_bias=has_bias)
+    pd = state_dtype if state_dtype == weight_dtype else f32  # the products' dtype (the contract's)
+    add_widened = _add_widened(T, V=V, dtype=pd)
+    load_taps = _load_taps(T, V=V, W=W, weight_dtype=weight_dtype, pd=pd)
+    store_x = _store_vector(T, V=V, dtype=x_dtype)
+
+    @T.macro
+    def load_token(xa, win, c, t, i):  # token t into the window's slot i (x rounded to the pool's dtype first)
+        for v in T.vectorized(V):
+            win[i * V + v] = T.cast(T.cast(xa[c + v, t], state_dtype), pd)
+
+    @T.macro
+    def token_out(win, wk, rb, acc, prod, rx, oa, c, t, u):  # token t's output from window slots [u, u + W)
+        for v in T.unroll(V):
+            acc[v] = rb[v]
+        for j in T.unroll(W):
+            for v in T.vectorized(V):
+                prod[v] = win[(u + j) * V + v] * wk[j * V + v]
+            add_widened(acc, prod)
+        for v in T.unroll(V):
+            acc[v] = _silu(T, acc[v]) if silu else acc[v]
+        for v in T.vectorized(V):
+            rx[v] = T.cast(T.cast(acc[v], state_dtype), x_dtype)
+        store_x(oa, rx, c, t)
+
     D, tokens, S, K, nq, nb, ns, ni = T.dynamic("D, tokens, S, K, nq, nb, ns, ni")
     x0, x1, o0, o1, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, o0, o1, w0, w1, s0, s1, s2", i64)
     bs, qs, ss, is_ = T.dynamic("bs, qs, ss, is_", i64)
@@ -245,14 +348,16 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
     ):
         xa, oa, sa = _aligned(T, V, x, 0), _aligned(T, V, out, 0), _aligned(T, V, state, 1)
         with T.Kernel(T.ceildiv(tokens, BT), T.ceildiv(D, TH * V), threads=TH) as (bx, by):
+            if W <= 4:
+                T.annotate_min_blocks_per_sm(PREFILL_THREADS_PER_SM // TH)
             tx = T.get_thread_binding()
-            win = T.alloc_local((V * W,), f32)
-            wv = T.alloc_local((V * W,), f32)
+            win = T.alloc_local(((W - 1 + G) * V,), pd)  # token i of the window at i * V
+            wk = T.alloc_local((W * V,), pd)  # tap j at j * V
+            rb = T.alloc_local((V,), f32)
             acc = T.alloc_local((V,), f32)
+            prod = T.alloc_local((V,), pd)
             rx = T.alloc_local((V,), x_dtype)
             rs = T.alloc_local((V,), state_dtype)
-            rw = T.alloc_local((V * W,), weight_dtype)
-            rb = T.alloc_local((V,), bias_dtype)
             lo = T.alloc_var(i64)
             hi = T.alloc_var(i64)
             first = T.alloc_var(i64)
@@ -264,18 +369,20 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
             batch = T.cast(nq - 1, i64)
 
             if c + V <= D:
-                load_params(weight, bias, rw, wv, rb, c, D)
-                end = start_of(qsl, batch)
+                load_taps(weight, wk, c, D)
+                for v in T.unroll(V):
+                    rb[v] = T.cast(bias[c + v], f32) if has_bias else T.float32(0.0)
                 for v in T.unroll(V):
                     rx[v] = T.cast(0, x_dtype)
-                for t in T.serial(t1 - t0):  # tokens past the last sequence
-                    if t0 + t >= end:
-                        for v in T.vectorized(V):
-                            oa[c + v, t0 + t] = rx[v]
+                z0 = T.max(start_of(qsl, batch), t0)
+                for t in T.serial(T.max(t1 - z0, 0)):  # tokens past the last sequence
+                    store_x(oa, rx, c, z0 + t)
                 # first / last: the last sequence starting at or before t0 / t1 - 1 (a non-empty one holds it)
+                # binary-search steps: the batch's bit length (32 unrolled steps cost ~500 instructions a CTA)
+                steps = 32 - T.call_extern("int32", "__clz", nq - 1)
                 lo = 0
                 hi = batch
-                for _ in T.serial(SEARCH_STEPS):
+                for _ in T.serial(steps):
                     if hi - lo > 1:
                         if start_of(qsl, (lo + hi) // 2) <= t0:
                             lo = (lo + hi) // 2
@@ -284,7 +391,7 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                 first = lo
                 lo = first
                 hi = batch
-                for _ in T.serial(SEARCH_STEPS):
+                for _ in T.serial(steps):
                     if hi - lo > 1:
                         if start_of(qsl, (lo + hi) // 2) <= t1 - 1:
                             lo = (lo + hi) // 2
@@ -303,41 +410,47 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                     # this CTA's tokens of the sequence: a sequence's first W - 1 belong to the CTA holding its first
                     t_lo = T.if_then_else(s >= t0, s, T.max(t0, s + (W - 1)))
                     t_hi = T.if_then_else(s >= t0, T.min(T.max(t1, s + (W - 1)), e), T.min(t1, e))
-                    for k in T.unroll(1, W):
-                        tok = t_lo - k
-                        for v in T.unroll(V):
-                            win[v * W + W - 1 - k] = T.float32(0.0)
-                        if tok >= s:
-                            for v in T.vectorized(V):
-                                rx[v] = xa[c + v, tok]
+                    n = T.max(t_hi - t_lo, 0)
+                    if live:
+                        for k in T.unroll(W - 1):  # the window before t_lo: x, the initial state or zeros
+                            tok = t_lo - (W - 1) + k
                             for v in T.unroll(V):
-                                win[v * W + W - 1 - k] = T.cast(T.cast(rx[v], state_dtype), f32)
-                        elif with_init:
-                            for v in T.vectorized(V):
-                                rs[v] = sa[slot, c + v, (W - 1) + tok - s]
-                            for v in T.unroll(V):
-                                win[v * W + W - 1 - k] = T.cast(rs[v], f32)
-                    for ti in T.serial(t_hi - t_lo):
-                        t = t_lo + ti
-                        for v in T.vectorized(V):
-                            rx[v] = xa[c + v, t]
+                                win[k * V + v] = T.cast(0, pd)
+                            if tok >= s:
+                                for v in T.vectorized(V):
+                                    rx[v] = xa[c + v, tok]
+                                for v in T.unroll(V):
+                                    win[k * V + v] = T.cast(T.cast(rx[v], state_dtype), pd)
+                            elif with_init:
+                                for v in T.vectorized(V):
+                                    rs[v] = sa[slot, c + v, (W - 1) + tok - s]
+                                for v in T.unroll(V):
+                                    win[k * V + v] = T.cast(rs[v], pd)
+                        for gi in T.serial(n // G):  # the window: W - 1 tokens, then the group's
+                            t = t_lo + gi * G
+                            for u in T.unroll(G):  # the loads first: G in flight
+                                load_token(xa, win, c, t + u, W - 1 + u)
+                            for u in T.unroll(G):
+                                token_out(win, wk, rb, acc, prod, rx, oa, c, t + u, u)
+                            for k in T.unroll(W - 1):
+                                for v in T.vectorized(V):
+                                    win[k * V + v] = win[(k + G) * V + v]
+                        for r in T.serial(n % G):  # the last tokens one by one
+                            t = t_lo + n // G * G + r
+                            load_token(xa, win, c, t, W - 1)
+                            token_out(win, wk, rb, acc, prod, rx, oa, c, t, 0)
+                            for k in T.unroll(W - 1):
+                                for v in T.vectorized(V):
+                                    win[k * V + v] = win[(k + 1) * V + v]
+                    else:  # a pad or null slot: zeros
                         for v in T.unroll(V):
-                            win[v * W + W - 1] = T.cast(T.cast(rx[v], state_dtype), f32)
-                            acc[v] = T.cast(rb[v], f32) if has_bias else T.float32(0.0)
-                            tap_sum(win, wv, acc, v)
-                            if live:
-                                rx[v] = _finish(T, acc[v], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
-                                                via_state=True)  # fmt: skip
-                            else:
-                                rx[v] = T.cast(0, x_dtype)
-                            for j in T.unroll(W - 1):
-                                win[v * W + j] = win[v * W + j + 1]
-                        for v in T.vectorized(V):
-                            oa[c + v, t] = rx[v]
+                            rx[v] = T.cast(0, x_dtype)
+                        for ti in T.serial(n):
+                            store_x(oa, rx, c, t_lo + ti)
                     if live and s >= t0 and e > s:  # the final state, by the CTA of the first token
-                        n = e - s
+                        n_seq = e - s
                         for i in T.unroll(W - 1):
-                            p = n - (W - 1) + i
+                            p = n_seq - (W - 1) + i
                             if p >= 0:
                                 for v in T.vectorized(V):
                                     rx[v] = xa[c + v, s + p]
@@ -345,7 +458,7 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                                     rs[v] = T.cast(rx[v], state_dtype)
                             elif with_init:
                                 for v in T.vectorized(V):
-                                    rs[v] = sa[slot, c + v, i + n]
+                                    rs[v] = sa[slot, c + v, i + n_seq]
                             else:
                                 for v in T.unroll(V):
                                     rs[v] = T.cast(0, state_dtype)

@@ -8,6 +8,7 @@
 #pragma once
 #include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -165,6 +166,33 @@ inline float2 __half22float2(half2 v) { return float2{(float)v.x, (float)v.y}; }
 inline uint __pack_half2(half_t x, half_t y) { return (uint)x.v | ((uint)y.v << 16); }
 inline uint __pack_half2(bfloat16_t x, bfloat16_t y) { return (uint)x.v | ((uint)y.v << 16); }
 
+typedef half2 __half2;
+inline __nv_bfloat162 __float22bfloat162_rn(float2 v) { return __nv_bfloat162{bfloat16_t(v.x), bfloat16_t(v.y)}; }
+inline half2 __float22half2_rn(float2 v) { return half2{half_t(v.x), half_t(v.y)}; }
+// TileLang's packed x2 arithmetic (tl_templates/cuda/common.h): a pair of 16-bit floats is a ``uint1`` in the
+// generated code; a product of two 16-bit floats is exact in fp32, so rounding it once is the device's HMUL2
+struct uint1 {
+  uint x;
+};
+namespace tl {
+template <typename T>
+T from_uint1(uint1 v) {
+  T r;
+  std::memcpy(&r, &v, sizeof(T));
+  return r;
+}
+template <typename T>
+uint1 to_uint1(T v) {
+  uint1 r;
+  std::memcpy(&r, &v, sizeof(T));
+  return r;
+}
+inline __nv_bfloat162 mul2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return __nv_bfloat162{bfloat16_t((float)a.x * (float)b.x), bfloat16_t((float)a.y * (float)b.y)};
+}
+inline half2 mul2(half2 a, half2 b) { return half2{half_t((float)a.x * (float)b.x), half_t((float)a.y * (float)b.y)}; }
+}  // namespace tl
+
 inline float2 __tl_cvt_fp8x2_to_float2(__nv_fp8x2_storage_t s, int) {
   return float2{e4m3_to_f32((uint8_t)(s & 0xff)), e4m3_to_f32((uint8_t)(s >> 8))};
 }
@@ -207,6 +235,7 @@ inline float __expf(float x) { return std::exp(x); }  // the device's is within 
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // the device's is within 2 ulp of this
 inline uint __umulhi(uint a, uint b) { return (uint)(((uint64_t)a * (uint64_t)b) >> 32); }
+inline int __clz(int x) { return std::countl_zero((uint32_t)x); }  // 32 for 0, as the device's
 
 using std::max;
 using std::min;
@@ -277,6 +306,9 @@ void cp_async_gs_conditional(void* smem, const void* global, bool cond) {
     std::memset(smem, 0, N);
 }
 inline void cp_async_commit() {}
+// the explicit 16- / 8-byte global stores (st.global.v4 / v2; aligned as on the device)
+inline void store_global_128(void* p, uint4 v) { *vec<uint4>((uint4*)p) = v; }
+inline void store_global_64(void* p, uint2 v) { *vec<uint2>((uint2*)p) = v; }
 template <int N>
 void cp_async_wait() {}
 }  // namespace tl

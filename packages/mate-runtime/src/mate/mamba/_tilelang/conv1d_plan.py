@@ -9,7 +9,9 @@ fast-path launcher re-checks per call.
 
 The tuning is data (:data:`TUNING`): threads per CTA and the prefill's tokens per CTA; a thread's channels are
 16 bytes of the widest dtype where the layout allows (:func:`vector_width`), else one. The prefill's token blocks
-trade the CTAs' count against the serial tokens per thread (64: not swept; docs/benchmarks/conv1d.md has the runs).
+trade the CTAs' count against the per-CTA start (weights, the sequence search, the window): 32 tokens make 2560
+CTAs at 1 x 8192 and dim 10240, 2.4 rounds of the 8 CTAs an SM holds at the kernel's 64 registers (64 tokens: 1.2
+rounds, the second mostly empty). Not yet measured against 64 and 128 (docs/benchmarks/conv1d.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
 from mate_kernels.conv1d import vector_width as _vec_of
 
-TUNING = {"threads": 128, "block_t": 64}
+TUNING = {"threads": 128, "block_t": 32}
 
 _NAMES = {**DTYPE_NAMES, torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
