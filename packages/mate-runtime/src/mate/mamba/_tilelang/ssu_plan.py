@@ -68,11 +68,6 @@ class Tuning:
 #   / 986.4, 68.0 / 249.8 / 973.3 and 66.9 / 245.9 / 961.7, 73.2 / 271.2 / 1063.6 and 72.5 / 268.2 / 1051.3.
 #   At batch 1 / 8 (128 / 1024 CTAs) the register design stays faster (4.1 / 11.4 against 4.8 / 13.0 us): a
 #   grid of at most SMALL_GRID_CTAS_PER_SM CTAs per SM runs it ("one_token_small").
-# - int8 / fp8 packed: issue-bound (each state value costs its update, y, max and requantisation per token, ~6
-#   instructions at least, against 1 byte written). Four rows per thread (64 values) under a 5-CTA cap (96 registers,
-#   spills only before the token loop) spread a token's fixed work (y, reductions, addresses) over twice the values:
-#   sm_90a SASS of MTP 6 at Nemotron-H 8B, per token and state value, 12.8 instructions (2 rows, B/C widened per
-#   thread), 10.7 (2 rows, fp32 B/C), 8.9 (4 rows, fp32 B/C) (docs/design/decisions.md).
 # - fp16 with stochastic rounding: the Philox draw keeps 16 more registers live (137 uncapped); of per_thread
 #   {2, 4} x min_blocks {0, 5, 6, 8} (2026-12-03, H200), 4 chunks under a 5-CTA cap (96 registers, no spill):
 #   one-token batch 64 127.9 -> 117.4 us against no cap, 134.2 us for 2 chunks under an 8-CTA cap; packed MTP 6
@@ -87,10 +82,10 @@ TUNING = {
     ("int16", "packed"): Tuning(per_thread=4, pack_early=False, min_blocks=8),
     ("int8", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=6, staged=True),
     ("int8", "one_token_small"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
-    ("int8", "packed"): Tuning(per_thread=4, pack_early=False, min_blocks=5),
+    ("int8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp8", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=6, staged=True),
     ("fp8", "one_token_small"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
-    ("fp8", "packed"): Tuning(per_thread=4, pack_early=False, min_blocks=5),
+    ("fp8", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
     ("fp16-sr", "one_token"): Tuning(per_thread=4, pack_early=False, min_blocks=5),
     ("fp16-sr", "packed"): Tuning(per_thread=2, pack_early=False, min_blocks=8),
 }
