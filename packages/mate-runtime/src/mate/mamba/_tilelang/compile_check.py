@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import multiprocessing
-import os
 import sys
 import time
 import traceback
@@ -83,13 +82,6 @@ def _results(jobs: list, n: int):
         yield from pool.map(_compile, jobs)  # one spec at a time: they take 1-70 s, in no useful order
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # (no affinity on macOS)
-        return os.cpu_count() or 1
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mate.mamba._tilelang.compile_check", description=__doc__.split("\n\n")[0]
@@ -99,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="sm_90a", help="CUDA arch to compile for (default sm_90a)")
     ap.add_argument("--sources", default=None, help="JSON map str(spec) -> sha256 of the generated CUDA to check")
     ap.add_argument("--write-sources", action="store_true", help="write the hashes to --sources instead")
-    ap.add_argument("--jobs", type=int, default=usable_cpus(), help="worker processes (default: the usable CPUs)")
+    ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: the usable CPUs)")
     args = ap.parse_args(argv)
+    from mate.mamba._tilelang.cache import default_jobs
 
     expected: dict = {}
     if args.sources and not args.write_sources:
@@ -110,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = grid(args.only)
     failed, changed, seen = 0, 0, {}
     t_all = time.perf_counter()
-    results = _results([(spec, target) for spec in specs], args.jobs)
+    results = _results([(spec, target) for spec in specs], args.jobs or default_jobs())
     for i, (spec, (digest, error, seconds)) in enumerate(zip(specs, results, strict=True), 1):
         head = f"[{i}/{len(specs)}] {spec.family} {spec}"
         if error is not None:  # report every failure, then fail the run
