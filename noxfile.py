@@ -2,8 +2,9 @@
 
     nox -s tests      CPU tests (-m "not gpu and not engine") of every package; extra arguments go to pytest
     nox -s lint       ruff check + ruff format --check
-    nox -s compile    lower and compile every TileLang kernel configuration for sm_90a with nvcc (no GPU), then
-                      check the SSD kernels' generated CUDA for warp-specialisation hazards
+    nox -s compile    lower and compile every TileLang kernel configuration for sm_90a with nvcc (no GPU, one
+                      worker process per CPU), then check the SSD kernels' generated CUDA for warp-specialisation
+                      hazards and run the decode kernels' generated CUDA on the CPU
     nox -s build      wheel + sdist of every package into dist/, installed into a fresh venv and imported
     nox -s demo       `mate-mamba demo`: a Mamba2 layer's prefill + decode + MTP, checked against a recurrence
     nox -s engines    the adapters inside the released vLLM, SGLang and FlashInfer (their wheels installed
@@ -29,6 +30,7 @@ TORCH = "torch==2.13.0"
 TILELANG = "tilelang==0.1.15"
 RUFF = "ruff==0.17.6"
 PYTEST = "pytest>=8"
+XDIST = "pytest-xdist>=3.5"  # the emulated kernel tests in one process per CPU (nox -s compile)
 HYPOTHESIS = "hypothesis>=6.100"  # the contract's property tests
 NUMPY = "numpy"  # beside torch wherever torch is installed: torch warns at import without it
 
@@ -143,15 +145,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def compile(session: nox.Session) -> None:
-    """Every kernel spec of the compile grid lowered and compiled for sm_90a (nvcc, no GPU), each generating the
-    CUDA recorded in tests/data/generated_sources.json; then the generated-code checks of the SSD kernels
+    """Every kernel spec of the compile grid lowered and compiled for sm_90a (nvcc, no GPU; in one worker process
+    per usable CPU, compile_check's default ``--jobs``), each generating the CUDA recorded in
+    tests/data/generated_sources.json; then the generated-code checks of the SSD kernels
     (tests/test_ssd_generated_code.py: hazards of TileLang's warp specialisation that compiling alone does not
     show; they need TileLang and nvcc, so they run here) and the emulated kernel tests (``-m emulated``: a kernel's
-    generated CUDA run on the CPU against the reference; they need TileLang and g++)."""
+    generated CUDA run on the CPU against the reference; they need TileLang and g++; pytest-xdist runs them in one
+    process per CPU)."""
     install_torch(session)
     # Only the two packages the compile check uses, through their `cuda` extra (which pins TileLang).
     kernels, runtime = ROOT / "packages" / "mate-kernels", ROOT / "packages" / "mate-runtime"
-    session.install("-c", constraints(session), "-e", f"{kernels}[cuda]", "-e", f"{runtime}[cuda]", PYTEST)
+    session.install("-c", constraints(session), "-e", f"{kernels}[cuda]", "-e", f"{runtime}[cuda]", PYTEST, XDIST)
     session.run("python", "-c", f"import tilelang; assert tilelang.__version__.startswith('{TILELANG[10:]}')")
     env = cuda_env()
     # An empty TileLang disk cache: every configuration really goes through lowering and nvcc on each run.
@@ -170,9 +174,10 @@ def compile(session: nox.Session) -> None:
         checks = [runtime / "tests" / "test_ssd_generated_code.py", runtime / "tests" / "test_tilelang_internals.py"]
         session.run("pytest", "-q", "-p", "no:cacheprovider", *(str(c.relative_to(ROOT)) for c in checks), env=env)
         # the decode kernels' generated CUDA run on the CPU against the reference (tests/emulate; needs g++); the
-        # emulated test modules by name, as the other test modules need what this session does not install
+        # emulated test modules by name, as the other test modules need what this session does not install; one
+        # process per CPU (-n logical): lowering, g++ and the reference leave a core idle in a single process
         emulated = sorted(str(t.relative_to(ROOT)) for t in (runtime / "tests").glob("test_*_emulated.py"))
-        session.run("pytest", "-q", "-p", "no:cacheprovider", "-m", "emulated", *emulated, env=env)
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "logical", "-m", "emulated", *emulated, env=env)
 
 
 @nox.session(python=PYTHON, reuse_venv=False)

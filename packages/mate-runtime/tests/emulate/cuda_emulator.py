@@ -109,7 +109,8 @@ class Emulated:
         CACHE.mkdir(parents=True, exist_ok=True)
         lib = CACHE / f"{self.name}-{digest}.so"
         if not lib.exists():
-            cpp = CACHE / f"{self.name}-{digest}.cpp"
+            # this process's own files until the rename: parallel test processes may build the same library
+            cpp = CACHE / f"{self.name}-{digest}.{os.getpid()}.cpp"
             cpp.write_text(src)
             tmp = lib.with_suffix(f".{os.getpid()}.so")
             cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", f"-I{HERE}", str(cpp), "-o",
