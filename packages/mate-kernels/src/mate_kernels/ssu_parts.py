@@ -467,23 +467,47 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             for r in T.unroll(R):
                 qs[r] = T.if_then_else(qs[r] == T.float32(0), T.float32(1), T.float32(qmax) / qs[r])
 
+        def rows_store(stochastic: bool):
+            """The store of the fp32 rows ``s`` into ``dst[slot]`` with new scales (every lane of the CTA calls it: the
+            row maximum is a warp shuffle), rounding to nearest (``encode``) or, ``stochastic``, with ``encode_sr``,
+            each chunk with its Philox words for key ``(k0, k1)`` (:func:`row_ops`' ``sr_ops``: the value at flat
+            offset ``o`` of the ``[rows, heads, P, N]`` tensor written takes half ``o % 2`` of word ``(o % 8) // 2``
+            of counter ``o - o % 8``). |s| x QMAX / max|row| is at most QMAX up to the division's rounding, so the
+            rounded numbers stay within +-QMAX without a clamp (fp8's conversion saturates)."""
+
+            @T.macro
+            def store_rows(s, buf, dst, scale, qs, slot, h, pb, tx, k0, k1):
+                qf = T.alloc_local((VEC,), f32)
+                if stochastic:
+                    t = T.alloc_local((3,), f32)
+                    ctr = T.alloc_local((4,), "uint32")
+                    tmp = T.alloc_local((2,), "uint32")
+                    words = T.alloc_local((VEC // 2,), "uint32")
+                lane = tx % L
+                rg = tx // L
+                encode_factors(s, qs)
+                for r in T.unroll(R):
+                    p = pb * BP + r * RP + rg
+                    for v in T.unroll(NV):
+                        n0 = (v * L + lane) * VEC
+                        if stochastic:
+                            sr.draw_chunk(words, 0, ctr, tmp, dst, slot, h, p, n0, k0, k1)
+                        for i in T.unroll(VEC):
+                            qf[i] = s[(r * NV + v) * VEC + i] * qs[r]
+                        if stochastic:
+                            encode_sr(buf, qf, t, words)
+                        else:
+                            encode(buf, qf, 0)
+                        store_chunk(buf, dst, slot, h, p, n0)
+                    write_scale(scale, slot, h, p, qs, r)
+
+            return store_rows
+
+        nearest = rows_store(False)
+
         @T.macro
         def store(s, buf, dst, scale, qs, slot, h, pb, tx):
-            """Quantise the fp32 rows ``s`` into ``dst[slot]`` with new scales (every lane of the CTA calls it:
-            the row maximum is a warp shuffle). |s| x QMAX / max|row| is at most QMAX up to the division's
-            rounding, so the rounded numbers stay within +-QMAX without a clamp (fp8's conversion saturates)."""
-            qf = T.alloc_local((VEC,), f32)
-            lane = tx % L
-            rg = tx // L
-            encode_factors(s, qs)
-            for r in T.unroll(R):
-                p = pb * BP + r * RP + rg
-                for v in T.unroll(NV):
-                    for i in T.unroll(VEC):
-                        qf[i] = s[(r * NV + v) * VEC + i] * qs[r]
-                    encode(buf, qf, 0)
-                    store_chunk(buf, dst, slot, h, p, (v * L + lane) * VEC)
-                write_scale(scale, slot, h, p, qs, r)
+            nearest(s, buf, dst, scale, qs, slot, h, pb, tx, None, None)
 
         @T.macro
         def encode_sr(buf, qf, t, words):
@@ -518,32 +542,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                     t[1] = T.min(t[1] * t[2], T.float32(qmax))
                     buf[i] = T.cast(T.if_then_else(qf[i] < T.float32(0), -t[1], t[1]), qdtype)
 
-        store_sr = None
-        if rounds:
-
-            @T.macro
-            def store_sr(s, buf, dst, scale, qs, slot, h, pb, tx, k0, k1):
-                """``store`` rounding stochastically (``encode_sr``), each chunk with its Philox words for key
-                ``(k0, k1)`` (:func:`row_ops`' ``sr_ops``: the value at flat offset ``o`` of the ``[rows, heads, P,
-                N]`` tensor written takes half ``o % 2`` of word ``(o % 8) // 2`` of counter ``o - o % 8``)."""
-                qf = T.alloc_local((VEC,), f32)
-                t = T.alloc_local((3,), f32)
-                ctr = T.alloc_local((4,), "uint32")
-                tmp = T.alloc_local((2,), "uint32")
-                words = T.alloc_local((VEC // 2,), "uint32")
-                lane = tx % L
-                rg = tx // L
-                encode_factors(s, qs)
-                for r in T.unroll(R):
-                    p = pb * BP + r * RP + rg
-                    for v in T.unroll(NV):
-                        n0 = (v * L + lane) * VEC
-                        sr.draw_chunk(words, 0, ctr, tmp, dst, slot, h, p, n0, k0, k1)
-                        for i in T.unroll(VEC):
-                            qf[i] = s[(r * NV + v) * VEC + i] * qs[r]
-                        encode_sr(buf, qf, t, words)
-                        store_chunk(buf, dst, slot, h, p, n0)
-                    write_scale(scale, slot, h, p, qs, r)
+        store_sr = rows_store(True) if rounds else None  # (s, buf, dst, scale, qs, slot, h, pb, tx, k0, k1)
 
         @T.macro
         def unstage_numbers(sv, cb, cw, stage, r, v, tx, k0):
