@@ -42,7 +42,7 @@ def emulated(kw, scratch=None):
     """``mamba2_decode_step`` on the TileLang backend, its kernel run on the CPU; returns (out, conv, ssm), the
     spec and the scratch."""
     call = normalize_decode_step(**kw)
-    spec = decode_step_plan.plan(call)
+    spec = decode_step_plan.call_spec(call, decode_step_plan.vector_ok(call))  # the fused kernel at any batch
     em = _built.get(spec)
     if em is None:
         em = _built[spec] = Emulated(spec.build(), spec.pass_configs())
@@ -112,3 +112,70 @@ def test_launcher_and_its_fast_path_run_the_planned_kernel(monkeypatch):
         out2 = again(tuple(a.get(n) for n in names))
     check((out2, a["conv_state"], a["ssm_state"]), want())
     assert out2 is not out and not bool(launcher.counters(1, torch.device("cpu")).any())
+
+
+def _emulate(spec, args, grid, threads):
+    em = _built.get(spec) or _built.setdefault(spec, Emulated(spec.build(), spec.pass_configs()))
+    em(*args, grid=grid, threads=threads)
+
+
+THREE_LAUNCHES = [
+    pytest.param(Case(batch=9, pads=(3,)), id="b9"),
+    pytest.param(
+        Case(
+            batch=12, pads=(0, 11), state=torch.float32, strided=True, index=torch.int64, table_2d=True, out_rows=True
+        ),
+        id="b12-f32-strided-int64-2d-out-rows",
+    ),  # fmt: skip
+    pytest.param(
+        Case(batch=10, io=torch.float16, state=torch.float16, pad_slot_id=0, has_D=False, has_bias=False, width=2),
+        id="b10-f16-null-0-w2",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("c", THREE_LAUNCHES)
+def test_three_launches_above_the_fused_batch(monkeypatch, c):
+    """Above ``FUSED_MAX_BATCH`` the launcher runs the conv1d update, the SSU and the norm over its scratch, each
+    op's planned kernel emulated on the CPU: equal to the reference step, twice on the same scratch; the plan names
+    the three kernels, in launch order."""
+    from mate.mamba._contract.norm import finish as norm_finish
+    from mate.mamba._contract.ssu import finish as ssu_finish
+    from mate.mamba._tilelang import conv1d_plan, norm_plan, ssu_plan
+    from mate.mamba._tilelang import decode_step as launcher
+
+    assert c.batch > decode_step_plan.FUSED_MAX_BATCH
+    ran = []
+
+    def conv(call):
+        spec, args = conv1d_plan.plan_update(call)
+        _emulate(spec, args, conv1d_plan.grid_update(spec, call), spec.threads)
+        ran.append(spec)
+
+    def ssu(call):
+        spec, args = ssu_plan.plan(call)
+        t = spec.tiling
+        _emulate(spec, args, (-(-call.state.shape[2] // t.block_p), call.state.shape[1], call.nseq), t.threads)
+        ran.append(spec)
+        return ssu_finish(call)
+
+    def norm(call):
+        spec, args = norm_plan.plan(call)
+        _emulate(spec, args, (call.rows, call.groups, 1), spec.threads)
+        ran.append(spec)
+        return norm_finish(call)
+
+    monkeypatch.setattr(launcher.conv1d, "run_update", conv)
+    monkeypatch.setattr(launcher.ssu, "run", ssu)
+    monkeypatch.setattr(launcher.norm, "run", norm)
+    kw = build(c, "cpu")
+    a, r = clone(kw), clone(kw)
+    if c.out_rows:
+        r["out"] = torch.zeros_like(kw["out"])
+    for step in range(2):
+        if step:
+            a["dt"] = r["dt"] = kw["dt"] * 0.5
+        out, _ = launcher.run(normalize_decode_step(**a))
+        check((out, a["conv_state"], a["ssm_state"]), (mamba2_decode_step(**r, backend="torch"), r["conv_state"],
+                                                      r["ssm_state"]))  # fmt: skip
+    assert out is a.get("out", out) and tuple(ran[:3]) == plan_mamba2_decode_step(**clone(kw))

@@ -42,6 +42,7 @@ class Case:
     strided: bool = False  # pools as views: SSM pool inside pages at an offset, channel-contiguous conv pool
     has_D: bool = True
     has_bias: bool = True
+    out_rows: bool = False  # out as row views of a wider buffer (not contiguous)
 
     @property
     def channels(self) -> int:
@@ -106,7 +107,8 @@ def build(c: Case, dev: str, seed: int = 0) -> dict:
     if c.table_2d:
         idx = torch.stack([idx, torch.full_like(idx, 10**6)], dim=1)  # column 1 is never read
     to = {"device": dev}
-    return dict(
+    extra = {"out": torch.zeros(B, hp + 8, dtype=c.io, device=dev)[:, :hp]} if c.out_rows else {}
+    return dict(**extra,
         xBC=xBC.to(**to), z=z.to(**to), dt=dt.to(**to), conv_state=conv.to(**to),
         conv_weight=(0.5 * torch.randn(cd, W, generator=g)).to(c.io).to(**to),
         conv_bias=(0.2 * torch.randn(cd, generator=g)).to(c.io).to(**to) if c.has_bias else None,
@@ -151,6 +153,29 @@ def run(kw: dict, backend: str) -> tuple:
     return out, kw["conv_state"], kw["ssm_state"]
 
 
+# batches above the fused kernel's (decode_step_plan.FUSED_MAX_BATCH): the step as three launches
+SEQUENCE_CASES = [
+    pytest.param(Case(batch=12, pads=(3,), heads=16, dstate=128), id="b12-h16-n128"),
+    pytest.param(
+        Case(
+            batch=40,
+            pads=(0, 39),
+            heads=16,
+            dstate=128,
+            state=F32,
+            index=torch.int64,
+            strided=True,
+            table_2d=True,
+            out_rows=True,
+        ),
+        id="b40-f32-strided-int64-2d-out-rows",
+    ),  # fmt: skip
+    pytest.param(
+        Case(batch=24, io=F16, state=F16, pads=(2,), pad_slot_id=0, has_D=False, has_bias=False, width=2),
+        id="b24-f16-null-block-0-w2",
+    ),  # fmt: skip
+]
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -167,9 +192,25 @@ def test_kernel_matches_reference_twice(c):
 
 
 @needs_gpu
-def test_graph_replay_twice_equals_eager():
+@pytest.mark.parametrize("c", SEQUENCE_CASES)
+def test_three_launches_match_reference_twice(c):
     pytest.importorskip("tilelang")
-    kw = build(Case(batch=8, heads=16, dstate=128, pads=(3,)), "cuda")
+    from mate.mamba import plan_mamba2_decode_step
+
+    kw = build(c, "cuda")
+    assert len(plan_mamba2_decode_step(**clone(kw))) == 3  # conv1d update, SSU, norm
+    a, r = clone(kw), clone(kw)
+    for step in range(2):
+        if step:
+            a["dt"] = r["dt"] = kw["dt"] * 0.5
+        check(tuple(t.cpu() for t in run(a, "tilelang")), tuple(t.cpu() for t in run(r, "torch")))
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch", [8, 12], ids=["fused-b8", "three-launches-b12"])
+def test_graph_replay_twice_equals_eager(batch):
+    pytest.importorskip("tilelang")
+    kw = build(Case(batch=batch, heads=16, dstate=128, pads=(3,)), "cuda")
     eager, graphed = clone(kw), clone(kw)
     out = torch.empty_like(kw["z"])
     graphed["out"] = out

@@ -64,8 +64,7 @@ def plan(op: str, call) -> tuple:
         planned = replay_plan.plan_materialize(call)
         return () if planned is None else (planned[0],)
     if op == "decode_step":
-        planned = decode_step_plan.plan(call)
-        return () if planned is None else (planned,)
+        return decode_step_plan.plan(call)
     planned = ssu_plan.plan(call) if op == "ssu" else replay_plan.plan(call)
     return () if planned is None else (planned[0],)
 

@@ -1,10 +1,13 @@
-"""TileLang launcher for ``mamba2_decode_step``: one normalised :class:`DecodeStepCall` -> one kernel launch on the
-current stream (:mod:`.decode_step_plan` decides the kernel), no host<->device synchronisation.
+"""TileLang launcher for ``mamba2_decode_step``: one normalised :class:`DecodeStepCall` -> the fused kernel's launch
+or the three ops' launches on the current stream (:mod:`.decode_step_plan` decides), no host<->device
+synchronisation.
 
-Scratch: ``y_ws`` and ``partials`` from the workspace cache (written before they are read in every launch) and
-the hand-over counters, zeroed once when allocated: each launch leaves them zero (the kernel's docstring), so a
-steady-state call and a CUDA-graph replay touch nothing else. As for every workspace, two launches must not run
-concurrently on different streams of one device.
+Scratch of the fused kernel: ``y_ws`` and ``partials`` from the workspace cache (written before they are read in
+every launch) and the hand-over counters, zeroed once when allocated: each launch leaves them zero (the kernel's
+docstring), so a steady-state call and a CUDA-graph replay touch nothing else. Scratch of the three launches: xBC's
+copy that the conv1d update overwrites, and y (and the norm's output where ``out`` is not contiguous), written
+before they are read. As for every workspace, two launches must not run concurrently on different streams of one
+device.
 """
 
 from __future__ import annotations
@@ -14,9 +17,19 @@ from mate.mamba._contract.decode_step import DecodeStepCall, check_index_data
 from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
-from mate.mamba._platform.device import is_capturing, tilelang_target
+from mate.mamba._platform.device import hardware, is_capturing, pdl_for_capability, tilelang_target
+from mate.mamba._tilelang import conv1d, norm, ssu
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
-from mate.mamba._tilelang.decode_step_plan import call_spec, launch_args, spec_for, vector_ok, workspace_sizes
+from mate.mamba._tilelang.decode_step_plan import (
+    call_spec,
+    fused,
+    launch_args,
+    sequence_calls,
+    spec_for,
+    vector_ok,
+    workspace_sizes,
+)
+from mate.mamba._tilelang.specs import Conv1dUpdateSpec
 from mate.mamba._tilelang.workspace import WORKSPACE
 
 PREWARM_HINT = "mate.mamba.prewarm_mamba2_decode_step(heads=..., dim=..., dstate=..., ngroups=..., ...)"
@@ -47,6 +60,9 @@ def _launch(call: DecodeStepCall, specs: dict) -> torch.Tensor:
         spec = specs.get(vector)
         if spec is None:
             spec = specs[vector] = call_spec(call, vector)
+        if not fused(call):
+            _sequence(call)
+            return call.out
         kern = _kernels.get(spec)
         dev = call.xBC.device
         if kern is None:
@@ -56,6 +72,23 @@ def _launch(call: DecodeStepCall, specs: dict) -> torch.Tensor:
         partials = WORKSPACE.get(spec, "partials", (sizes["partials"],), torch.float32, dev)
         kern(*launch_args(call, y_ws, partials, counters(sizes["counters"], dev)))
     return call.out
+
+
+def _sequence(call: DecodeStepCall) -> None:
+    """The step as three launches (:func:`.decode_step_plan.sequence_calls`) after a copy of xBC, each op's own
+    launcher deciding its kernel."""
+    dev, io = call.xBC.device, call.xBC.dtype
+    xbc = WORKSPACE.get("decode_step_sequence", "xBC", tuple(call.xBC.shape), io, dev)
+    y = WORKSPACE.get("decode_step_sequence", "y", (call.batch, call.heads, call.dim), io, dev)
+    dense = call.out.is_contiguous()
+    out = call.out if dense else WORKSPACE.get("decode_step_sequence", "out", tuple(call.out.shape), io, dev)
+    xbc.copy_(call.xBC)
+    conv_call, ssu_call, norm_call = sequence_calls(call, xbc, y, out)
+    conv1d.run_update(conv_call)
+    ssu.run(ssu_call)
+    norm.run(norm_call)
+    if not dense:
+        call.out.copy_(out)
 
 
 def serving_specs(*, heads, dim, dstate, ngroups, width, norm_group_size, io_dtype, state_dtype, dt_dtype,
@@ -71,12 +104,52 @@ def serving_specs(*, heads, dim, dstate, ngroups, width, norm_group_size, io_dty
     )]  # fmt: skip
 
 
+def sequence_specs(device, *, heads, dim, dstate, ngroups, width, norm_group_size, io_dtype, state_dtype, dt_dtype,
+                   param_dtype, weight_dtype, index_dtype, has_conv_bias) -> list:  # fmt: skip
+    """``(kernel lookup, spec)`` of the three launches a configuration's batches above the fused kernel's run: the
+    one-token conv1d update in place (vector and scalar form), the SSU's one-token forms with tied
+    parameters (dt fp32 and in the io dtype), the gated norm."""
+    del dt_dtype  # the SSU's serving forms take both
+    hw = hardware(torch.device(device))
+    convs = [
+        s
+        for s in conv1d.serving_specs(
+            dim=0,
+            width=width,
+            io_dtype=io_dtype,
+            state_dtype=io_dtype,
+            weight_dtype=weight_dtype,
+            index_dtype=index_dtype,
+            has_bias=has_conv_bias,
+            silu=True,
+        )  # fmt: skip
+        if isinstance(s, Conv1dUpdateSpec) and not (s.varlen or s.spec_decode or s.round_via_state)
+    ]
+    ssus = ssu.serving_specs(state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
+                             groups=ngroups, slot_dtype=index_dtype, packed=False, meta_dtype=torch.int32,
+                             tie_hdim=True, pdl=pdl_for_capability(hw.kind, hw.major))  # fmt: skip
+    norms = norm.serving_specs(
+        hidden=heads * dim,
+        group_size=norm_group_size,
+        io_dtype=io_dtype,
+        weight_dtype=param_dtype,
+        z_dtype=io_dtype,
+        has_bias=False,
+        norm_before_gate=False,
+    )
+    return [(conv1d.kernel, s) for s in convs] + [(ssu.kernel, s) for s in ssus] + [(norm.kernel, s) for s in norms]
+
+
 def prewarm(device, *, jobs=1, **config) -> None:
-    """Compile (without launching) the kernel of one configuration on ``device`` (see :func:`serving_specs`)."""
+    """Compile (without launching) every kernel of one configuration on ``device``: the fused kernel
+    (:func:`serving_specs`) and the three launches of larger batches (:func:`sequence_specs`)."""
     specs = serving_specs(**config)
-    compile_missing(specs, target=tilelang_target(device), jobs=jobs)
+    parts = sequence_specs(device, **config)
+    compile_missing(specs + [s for _, s in parts], target=tilelang_target(device), jobs=jobs)
     for spec in specs:
         kernel(spec, device)
+    for lookup, spec in parts:
+        lookup(spec, device)
     device = torch.device(device)
     if device.index is None:  # the launches' tensors name their index: key the counters alike
         device = torch.device(device.type, torch.get_device_module(device.type).current_device())
@@ -115,4 +188,4 @@ def compile_grid() -> list:
     ]
 
 
-__all__ = ["PREWARM_HINT", "compile_grid", "counters", "kernel", "prewarm", "run", "serving_specs"]
+__all__ = ["PREWARM_HINT", "compile_grid", "counters", "kernel", "prewarm", "run", "sequence_specs", "serving_specs"]

@@ -1,5 +1,6 @@
-"""``mate-mamba bench layer``: a Mamba2 layer's decode step (one token per sequence), MATE's fused
-``mamba2_decode_step`` (one launch) against the same step as three launches: vLLM 0.33's Triton
+"""``mate-mamba bench layer``: a Mamba2 layer's decode step (one token per sequence), MATE's
+``mamba2_decode_step`` (the fused kernel, one launch, up to ``decode_step_plan.FUSED_MAX_BATCH``; MATE's three ops
+above it: the ``launches`` column) against the same step as three launches: vLLM 0.33's Triton
 ``causal_conv1d_update`` (SiLU), MATE's ``selective_state_update`` (TileLang) and vLLM's Triton ``rms_norm_gated``
 (norm after the gate, the layer's group size), in the same process on the same inputs.
 
@@ -13,7 +14,7 @@ replayed; median µs per step.
 
 Bytes per call (GB/s, % of the device copy bandwidth measured in the same run): the SSM rows read and written,
 the conv rows read (width - 1 per channel) and written, xBC, z and dt read and the output written, once per
-sequence (the three-launch path moves more: its intermediates; the count is the fused step's).
+sequence (a three-launch path moves more: its intermediates; the count is the fused step's).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from mate.mamba.bench.ssd import parse_models
 from mate.mamba.bench.timing import graph_times_us, start, windows_for
 
 WIDTH = 4
-BATCHES = (1, 2, 4, 8, 64)
+BATCHES = (1, 2, 4, 8, 16, 64)
 DEFAULT_CASE = "nemotron-h-8b-tp1"
-IMPLS = ("mate-fused", "three-ops")
+IMPLS = ("mate", "three-ops")
 DTYPE = torch.bfloat16
 EPS = 1e-5
 
@@ -52,7 +53,7 @@ def channels(case: SSDCase) -> int:
 
 
 def nbytes(cell: Planned) -> int:
-    """Bytes one fused step moves (the module docstring's count)."""
+    """Bytes one step moves at least (the module docstring's count)."""
     c = SSD_CASES[cell.case]
     es, b = DTYPE.itemsize, cell.batch
     hp, cd = c.heads * c.dim, channels(c)
@@ -87,7 +88,7 @@ def make_window(cell: Planned, seed: int, dev) -> dict:
     )  # fmt: skip
 
 
-def fused(w: dict):
+def mate_step(w: dict):
     from mate.mamba import mamba2_decode_step
 
     return lambda: mamba2_decode_step(**w, backend="tilelang")
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-COLUMNS = ["case", "batch", "impl", "us", "gbps", "pct_copy", "speedup_vs_three_ops", "max_abs_diff"]
+COLUMNS = ["case", "batch", "impl", "launches", "us", "gbps", "pct_copy", "speedup_vs_three_ops", "max_abs_diff"]
 
 
 def list_lines(plan: list[Planned]) -> list[str]:
@@ -172,13 +173,13 @@ def list_lines(plan: list[Planned]) -> list[str]:
 def measure(cell: Planned, vllm, dev, ceiling, args) -> list[dict]:
     moved = nbytes(cell)
     wins = [make_window(cell, 17 + i, dev) for i in range(windows_for(moved))]
-    fns = {"mate-fused": [fused(w) for w in wins]}
+    fns = {"mate": [mate_step(w) for w in wins]}
     diff = None
     if not isinstance(vllm, Exception):
         fns["three-ops"] = [three_ops(w, vllm) for w in wins]
         a = make_window(cell, 5, dev)
         b = {**a, "conv_state": a["conv_state"].clone(), "ssm_state": a["ssm_state"].clone(), "out": a["out"].clone()}
-        got, want = fused(a)(), three_ops(b, vllm)()
+        got, want = mate_step(a)(), three_ops(b, vllm)()
         diff = max(float((got.float() - want.float()).abs().max()),
                    float((a["ssm_state"].float() - b["ssm_state"].float()).abs().max()),
                    float((a["conv_state"].float() - b["conv_state"].float()).abs().max()))  # fmt: skip
@@ -194,7 +195,10 @@ def measure(cell: Planned, vllm, dev, ceiling, args) -> list[dict]:
         rows.append(row)
     three = next((r.get("us") for r in rows if r["impl"] == "three-ops"), None)
     for r in rows:
-        if r["impl"] == "mate-fused":
+        if r["impl"] == "mate":
+            from mate.mamba import plan_mamba2_decode_step
+
+            r["launches"] = len(plan_mamba2_decode_step(**wins[0]))
             r["max_abs_diff"] = None if diff is None else f"{diff:.2e}"
             if three and r.get("us"):
                 r["speedup_vs_three_ops"] = round(three / r["us"], 2)
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def report():
         cols = COLUMNS + (["error"] if any("error" in r for r in rows) else [])
-        preface = (f"# Mamba2 decode step: MATE fused vs vLLM conv1d + MATE SSU + vLLM norm\n\n{meta['device']}; "
+        preface = (f"# Mamba2 decode step: MATE vs vLLM conv1d + MATE SSU + vLLM norm\n\n{meta['device']}; "
                    f"copy ceiling {ceiling:.2f} TB/s; {meta['timing']}.\n\n")  # fmt: skip
         return write_report(args.name, rows, args.out, meta=meta, columns=cols, preface=preface)
 
