@@ -101,6 +101,13 @@ def mtp(batch=2, T=3, *, meta=I32, flat=False):
     )  # fmt: skip
 
 
+def mtp_one_table(batch=2, T=3):
+    """vLLM's speculative decode without prefix caching: one 2-D slot table as source and destination."""
+    kw = mtp(batch, T)
+    kw["dst_state_batch_indices"] = kw["state_batch_indices"]
+    return kw
+
+
 def mtp_strided_table(batch=2, T=3):
     kw = mtp(batch, T)
     kw["state_batch_indices"] = torch.arange(2 * batch * T, dtype=I32).view(T, 2 * batch).t()[:batch]
@@ -158,6 +165,7 @@ FORMS = {
     "mtp": mtp,
     "mtp_i64_flat": lambda: mtp(1, 4, meta=I64, flat=True),
     "mtp_strided_table": mtp_strided_table,
+    "mtp_one_table": mtp_one_table,
     "vllm_final_write": vllm_mtp_adapter,
     "dense_intermediate": dense_intermediate,
     "dense_intermediate_out": lambda: dense_intermediate(out=True),
@@ -536,6 +544,20 @@ def test_one_table_as_source_and_destination_hits_without_its_key(stub, monkeypa
     eager(kw)
     assert len(normalised) == 1
     assert_same_launch(launches[-1], expected)
+
+
+def test_one_recipe_serves_one_table_and_two(stub):
+    """The packed kernel takes 2-D tables as 1-D views: one table passed as both is viewed once, two equal
+    tables each (the key does not tell them apart: both forms replay one recipe)."""
+    launches, normalised = stub
+    for i in range(6):
+        kw = mtp_one_table() if i % 3 else mtp()
+        expected = slow_plan(kw)
+        eager(kw)
+        assert_same_launch(launches[-1], expected)
+        src, dst = launches[-1][1][10:12]
+        assert (src is dst) == (i % 3 != 0)
+    assert len(normalised) == 1
 
 
 def test_switching_the_fast_path_off_forgets_the_latest_form(stub, monkeypatch):
