@@ -301,10 +301,18 @@ def test_generated_entries_split_and_forward_in_table_order():
     """The eager SSU entry (generated from the table) hands on the keyed tensors and either the scalar options
     (from which join() rebuilds every argument) or, when a scalar is not exactly its row's class or an
     unimplemented option is given, every argument."""
+    from mate.mamba._dispatch import FastPath
     from mate.mamba._ops import SSU
 
     got = []
-    entry = SSU.entry("probe", lambda *a: got.append(a), split=True)
+
+    class Probe:  # a FastPath without a latest hit
+        latest = FastPath.NONE
+
+        def __call__(self, *a):
+            got.append(a)
+
+    entry = SSU.entry("probe", Probe(), split=True)
     args = {p.name: (p.default if p.default is not REQUIRED else object()) for p in SSU_PARAMS}
     args.update(x=object(), out=object())
     entry(*args.values())
@@ -317,6 +325,29 @@ def test_generated_entries_split_and_forward_in_table_order():
         entry(*changed.values())
         assert got[-1] == (tuple(changed[n] for n in SSU.tensor_names), None, tuple(changed.values())), change
     assert "def probe(state, x, dt" in "".join(linecache.getlines("<mate.mamba._ops probe>"))
+
+
+def test_a_generated_entry_replays_the_latest_form_itself():
+    """A keyable call whose scalars equal the latest hit's and whose tensors its check accepts is launched by the
+    entry (the FastPath is not called); any other call goes to the FastPath."""
+    from mate.mamba._ops import SSU
+
+    args = {p.name: (p.default if p.default is not REQUIRED else object()) for p in SSU_PARAMS}
+    scalars = tuple(args[n] for n in SSU.scalar_names)
+    seen, launched, called = [], [], []
+
+    class Probe:
+        latest = (scalars, lambda t: seen.append(t) or t[1] is args["x"], lambda t: launched.append(t) or "y")
+
+        def __call__(self, *a):
+            called.append(a)
+
+    entry = SSU.entry("probe_latest", Probe(), split=True)
+    assert entry(*args.values()) == "y" and not called
+    assert launched == seen == [tuple(args[n] for n in SSU.tensor_names)]
+    entry(*{**args, "x": object()}.values())  # the check refuses
+    entry(*{**args, "pad_slot_id": 7}.values())  # other scalars: not checked
+    assert len(called) == 2 and len(launched) == 1 and len(seen) == 2
 
 
 def _replay_pool(seed=0):

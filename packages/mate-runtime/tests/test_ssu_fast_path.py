@@ -19,7 +19,7 @@ from mate.mamba import _dispatch as dispatch
 from mate.mamba import settings
 from mate.mamba import ssu as api
 from mate.mamba._contract.ssu import normalize_ssu
-from mate.mamba._ops import REQUIRED, SSU_PARAMS
+from mate.mamba._ops import REQUIRED, SSU, SSU_PARAMS
 from mate.mamba._tilelang import ssu as tl_ssu
 from mate.mamba._tilelang import ssu_plan, tl_internals
 
@@ -101,6 +101,13 @@ def mtp(batch=2, T=3, *, meta=I32, flat=False):
     )  # fmt: skip
 
 
+def mtp_one_table(batch=2, T=3):
+    """vLLM's speculative decode without prefix caching: one 2-D slot table as source and destination."""
+    kw = mtp(batch, T)
+    kw["dst_state_batch_indices"] = kw["state_batch_indices"]
+    return kw
+
+
 def mtp_strided_table(batch=2, T=3):
     kw = mtp(batch, T)
     kw["state_batch_indices"] = torch.arange(2 * batch * T, dtype=I32).view(T, 2 * batch).t()[:batch]
@@ -158,6 +165,7 @@ FORMS = {
     "mtp": mtp,
     "mtp_i64_flat": lambda: mtp(1, 4, meta=I64, flat=True),
     "mtp_strided_table": mtp_strided_table,
+    "mtp_one_table": mtp_one_table,
     "vllm_final_write": vllm_mtp_adapter,
     "dense_intermediate": dense_intermediate,
     "dense_intermediate_out": lambda: dense_intermediate(out=True),
@@ -489,19 +497,20 @@ def test_an_absent_tensor_is_not_a_present_one(stub):
 
 
 @pytest.mark.parametrize("case", ["repeated_tensor", "inference_mode"])
-def test_a_refused_guard_falls_back_to_the_key(stub, case):
-    """Where the guard refuses what the key accepts (one tensor passed twice: never accepted; a change of
-    inference mode: accepted again after the guard is remade) every call still hits."""
+def test_a_refused_check_falls_back_to_the_key(stub, case):
+    """Where the form's check refuses what the key accepts (the form passed one table twice, this call two equal
+    ones: a repeat is checked as one object; a change of inference mode: the guard's dispatch keys) every call
+    still hits, and the check is made again from the refused call."""
     launches, normalised = stub
 
-    def make():
+    def make(i):
         kw = vllm_decode()
-        if case == "repeated_tensor":
+        if case == "repeated_tensor" and i < 3:
             kw["dst_state_batch_indices"] = kw["state_batch_indices"]
         return kw
 
     for i in range(5):
-        kw = make()
+        kw = make(i)
         expected = slow_plan(kw)
         if case == "inference_mode" and i >= 3:
             with torch.inference_mode():
@@ -510,5 +519,52 @@ def test_a_refused_guard_falls_back_to_the_key(stub, case):
             eager(kw)
         assert_same_launch(launches[-1], expected)
     assert len(normalised) == 1 and len(launches) == 5
-    guard = api.FAST._last[1]
-    assert (guard is None) == (case == "repeated_tensor")
+    check = api.FAST.latest[1]
+    assert check is not dispatch._refuse
+    if case == "repeated_tensor":  # made again from a call with two tables: accepts such calls
+        full = {**DEFAULTS, **make(4)}
+        assert check(tuple(full[n] for n in SSU.tensor_names))
+
+
+def test_one_table_as_source_and_destination_hits_without_its_key(stub, monkeypatch):
+    """vLLM without prefix caching passes one slot table as both: the form's check takes the repeat as one
+    object (the tensor guard refuses an object twice) and no key is built."""
+    launches, normalised = stub
+
+    def make():
+        kw = vllm_decode()
+        kw["dst_state_batch_indices"] = kw["state_batch_indices"]
+        return kw
+
+    for _ in range(2):
+        eager(make())
+    monkeypatch.setattr(dispatch, "fast_key", lambda *a: pytest.fail("the key was built"))
+    kw = make()
+    expected = slow_plan(kw)
+    eager(kw)
+    assert len(normalised) == 1
+    assert_same_launch(launches[-1], expected)
+
+
+def test_one_recipe_serves_one_table_and_two(stub):
+    """The packed kernel takes 2-D tables as 1-D views: one table passed as both is viewed once, two equal
+    tables each (the key does not tell them apart: both forms replay one recipe)."""
+    launches, normalised = stub
+    for i in range(6):
+        kw = mtp_one_table() if i % 3 else mtp()
+        expected = slow_plan(kw)
+        eager(kw)
+        assert_same_launch(launches[-1], expected)
+        src, dst = launches[-1][1][10:12]
+        assert (src is dst) == (i % 3 != 0)
+    assert len(normalised) == 1
+
+
+def test_switching_the_fast_path_off_forgets_the_latest_form(stub, monkeypatch):
+    """The op's entry replays the latest hit's form itself: switched off, no call is replayed any more."""
+    launches, normalised = stub
+    for _ in range(2):
+        eager(vllm_decode())
+    monkeypatch.setattr(api.FAST, "enabled", False)
+    eager(vllm_decode())
+    assert len(normalised) == 2 and len(launches) == 3

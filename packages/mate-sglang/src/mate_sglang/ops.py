@@ -145,12 +145,16 @@ def selective_state_update(
     x, B, C, z, run_out, copy_to = _ssu_io(x, B, C, z, out)
     if isinstance(A, torch.Tensor) and A.dtype != torch.float32:
         A = _f32_keep_broadcast(A)  # SGLang's kernel loads A as fp32: a bf16/fp16 A upcasts exactly
+    # positionally, in mate.mamba.selective_state_update's order (binding a dozen keywords costs ~0.6 us a call)
     adapter().runtime().selective_state_update(
-        state, canon(x), canon(dt), A, canon(B), canon(C), D, z=canon(z), dt_bias=dt_bias, dt_softplus=dt_softplus,
-        state_batch_indices=state_batch_indices, pad_slot_id=pad_slot_id, out=canon(run_out),
-        disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
-        intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-        retrieve_parent_token=retrieve_parent_token, rand_seed=rand_seed, philox_rounds=cache_philox_rounds or 10,
+        state, canon(x), canon(dt), A, canon(B), canon(C), D, canon(z), dt_bias, dt_softplus, state_batch_indices,
+        pad_slot_id,
+        None,  # state_scale
+        canon(run_out), disable_state_update, intermediate_states_buffer, intermediate_state_indices,
+        None,  # intermediate_state_scales
+        rand_seed, cache_philox_rounds or 10, cache_steps,
+        "auto", None, None, None, "auto",  # algorithm, dst table, cu_seqlens, num_accepted_tokens, backend
+        retrieve_parent_token=retrieve_parent_token,
     )  # fmt: skip
     if copy_to is not None:
         copy_to.copy_(run_out)

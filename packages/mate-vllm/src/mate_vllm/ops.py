@@ -55,10 +55,16 @@ def _fp32_keeping_broadcasts(t):
     return t[keep].float().expand(t.shape)
 
 
+def _dtype(t):
+    return getattr(t, "dtype", None)
+
+
 def _unserved_dtypes(x, B, C, z, out):
     """The dtype mixes vLLM's kernel computes (it loads every operand as fp32) that MATE does not serve: a
     ``NotImplementedError`` naming the form, instead of the runtime's ``ValueError`` for a foreign request."""
     xd = x.dtype
+    if _dtype(B) is xd and _dtype(C) is xd and _dtype(out) is xd and (z is None or _dtype(z) is xd):
+        return  # every operand in x's dtype (every decode call): served, nothing more to look at
     if xd not in _FLOAT:
         return  # not a float x: the runtime's ValueError says what is wrong
     for name, t in (("B", B), ("C", C)):
@@ -123,12 +129,17 @@ def selective_state_update(
         # vLLM masks only loaded table entries: implicit slots 0..b-1 are all live (slot 0 included), and a
         # destination table without a source table is never read. -1 is no slot, so nothing is masked.
         null_block_id, dst_state_batch_indices = -1, None
+    # positionally, in mate.mamba.selective_state_update's order (binding 13 keywords costs ~0.6 us a call)
     adapter().runtime().selective_state_update(
-        state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-        state_batch_indices=state_batch_indices, pad_slot_id=null_block_id, out=out,
-        dst_state_batch_indices=dst_state_batch_indices, cu_seqlens=cu_seqlens,
-        num_accepted_tokens=num_accepted_tokens, final_write_to_dst=num_accepted_tokens is None,
-        rand_seed=rand_seed, philox_rounds=cache_philox_rounds or 10,
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, null_block_id,
+        None,  # state_scale
+        out,
+        False, None, None, None,  # disable_state_update, intermediate_states_buffer, its indices, its scales
+        rand_seed, cache_philox_rounds or 10,
+        0, "auto",  # cache_steps, algorithm
+        dst_state_batch_indices, cu_seqlens, num_accepted_tokens,
+        "auto",  # backend
+        final_write_to_dst=num_accepted_tokens is None,
     )  # fmt: skip
     return None
 

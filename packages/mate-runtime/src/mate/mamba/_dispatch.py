@@ -17,9 +17,11 @@ left. The reference backend leaves none (it checks index data on every call), no
 ``MATE_CHECK_INPUTS=1``; such metadata is remembered as slow so it is not analysed twice.
 
 A call of the same form as the latest hit (a model's layers share one) is recognised without building its key: the
-form's scalars compare equal and ``torch.compile``'s own tensor guard (``TensorGuards``, C++: exact class, dispatch
-keys, dtype, device index, shape, strides, requires_grad of every tensor; about a third of the key's cost) accepts
-its tensors. The guard checks more than the key, never less, so a guard miss only falls back to the key.
+form's scalars compare equal and its form check accepts the tensors: the form's absent arguments are None, a tensor
+the form passed twice (vLLM's one slot table as source and destination) is again one object, and ``torch.compile``'s
+own tensor guard (``TensorGuards``, C++: exact class, dispatch keys, dtype, device index, shape, strides,
+requires_grad) accepts the others. The check is generated per form (no loop over the absent ones), and checks more
+than the key, never less, so a refusal only falls back to the key.
 """
 
 from __future__ import annotations
@@ -114,38 +116,50 @@ class FastPath:
 
     SLOW = "slow"  # a remembered key whose calls take the slow path (reference backend, no launcher)
 
+    NONE = (None, None, None)  # no latest hit (scalars never compare equal to None)
+
     def __init__(self, op: str, table, normalize, *, size: int = 1024):
         self.op, self.table, self.normalize = op, table, normalize
         self.size = size  # metadata keys remembered (oldest dropped first): batch sizes x call forms
-        self.enabled = True  # False: every call normalises (the behaviour before the fast path; benchmarks)
+        self._enabled = True
         self.cache: dict = {}
-        self._guards: dict = {}  # key -> the form's tensor guard (None: the key alone decides)
-        self._guarded = _guard_args(op, len(table.tensor_names))
-        self._last: tuple = (None, None, None, None)  # (scalars, guard, launcher, key) of the latest hit
+        self._checks: dict = {}  # key -> the form's check (_refuse: the key alone decides)
+        # (scalars, check, launcher) of the latest hit (the op's entry replays its form: OpTable.entry), its key
+        self.latest, self._latest_key = self.NONE, None
+
+    @property
+    def enabled(self) -> bool:
+        """False: every call normalises (the behaviour before the fast path; benchmarks)."""
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self._enabled = on
+        self.latest, self._latest_key = self.NONE, None
 
     def clear(self) -> None:
         """Forget every remembered call metadata (the next call of each form takes the slow path again)."""
         self.cache.clear()
-        self._guards.clear()
-        self._last = (None, None, None, None)
+        self._checks.clear()
+        self.latest, self._latest_key = self.NONE, None
 
     def __call__(self, tensors: tuple, scalars: tuple | None, args: tuple | None):
         key = None
         if scalars is not None:
-            if self.enabled:
-                last = self._last
-                if scalars == last[0] and last[1] is not None and last[1].check(*self._guarded(tensors)):
-                    return last[2](tensors)
+            if self._enabled:
+                latest = self.latest
+                if scalars == latest[0] and latest[1](tensors):  # (the op's entry tests this first)
+                    return latest[2](tensors)
                 key = fast_key(tensors, scalars)
                 if key is not None:
-                    if key == last[3]:
-                        if last[1] is not None:  # the guard refused what the key accepts
-                            self._last = (scalars, self._reguard(key, tensors), last[2], key)
-                        return last[2](tensors)
+                    if key == self._latest_key:
+                        if latest[1] is not _refuse:  # the check refused what the key accepts: made again
+                            self.latest = (scalars, self._recheck(key, tensors), latest[2])
+                        return latest[2](tensors)
                     launcher = self.cache.get(key)
                     if launcher is not None:
                         if launcher is not self.SLOW:
-                            self._last = (scalars, self._guards.get(key), launcher, key)
+                            self.latest, self._latest_key = (scalars, self._checks[key], launcher), key
                             return launcher(tensors)
                         key = None
             args = self.table.join(tensors, scalars)
@@ -156,26 +170,22 @@ class FastPath:
             if len(self.cache) >= self.size:
                 old = next(iter(self.cache), None)
                 self.cache.pop(old, None)
-                self._guards.pop(old, None)
+                self._checks.pop(old, None)
             self.cache[key] = self.SLOW if launcher is None else launcher
             if launcher is not None:
-                self._guards[key] = self._guard(tensors)
+                self._checks[key] = form_check(tensors)
         return result
 
-    def _guard(self, tensors: tuple):
-        """The tensor guard of a form from one call's tensors, or None where it refuses them (one tensor passed
-        in two places: TensorGuards never accepts a repeated object) or where torch has none."""
-        if _TensorGuards is None:
-            return None
-        guarded = self._guarded(tensors)
-        guard = _TensorGuards(*guarded, dynamic_dims_sizes=None, dynamic_dims_strides=None)
-        return guard if guard.check(*guarded) else None
-
-    def _reguard(self, key, tensors: tuple):
-        """A form's guard made again from a call it refused although the key is equal (the guard also checks
+    def _recheck(self, key, tensors: tuple):
+        """A form's check made again from a call it refused although the key is equal (the guard also checks
         requires_grad and the dispatch keys under the current TLS, e.g. ``inference_mode``)."""
-        guard = self._guards[key] = self._guard(tensors)
-        return guard
+        check = self._checks[key] = form_check(tensors)
+        return check
+
+
+def _refuse(tensors: tuple) -> bool:
+    """The check of a form torch cannot guard: refuses every call (the key decides)."""
+    return False
 
 
 try:  # torch.compile's guard of tensor metadata (torch/csrc/dynamo/guards.cpp)
@@ -184,21 +194,47 @@ except ImportError:  # the key alone
     _TensorGuards = None
 
 
-class _Absent(torch.Tensor):
-    """The class of the stand-ins for an absent (None) tensor in a guard's arguments: the guard checks each
-    argument's exact class, which no caller's tensor has."""
+def form_check(tensors: tuple):
+    """``check(tensors) -> bool``: whether a call's tensors have the form of these (a call that built its key):
+    None where these are None, one object where these repeat one, and the rest accepted by their tensor guard
+    (which takes only tensors, each object once). :func:`_refuse` where torch has no guard or it refuses these."""
+    if _TensorGuards is None:
+        return _refuse
+    first: dict = {}  # id -> the position of the object's first occurrence
+    absent, guarded, repeats = [], [], []
+    for i, t in enumerate(tensors):
+        if t is None:
+            absent.append(i)
+        elif id(t) in first:
+            repeats.append((i, first[id(t)]))
+        else:
+            first[id(t)] = i
+            guarded.append(i)
+    ts = [tensors[i] for i in guarded]
+    guard = _TensorGuards(*ts, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+    if not guard.check(*ts):
+        return _refuse
+    return _check_maker(len(tensors), tuple(absent), tuple(guarded), tuple(repeats))(guard.check)
 
 
-def _guard_args(op: str, n: int):
-    """``guarded(tensors)``: the keyed tensors with each None replaced by its position's own stand-in (a guard
-    takes only tensors and refuses one object in two places). Generated: a call pays no loop."""
-    names = {f"_a{i}": torch.Tensor._make_subclass(_Absent, torch.empty(0)) for i in range(n)}
-    items = ", ".join(f"_a{i} if t[{i}] is None else t[{i}]" for i in range(n))
-    src = f"def guarded(t):\n    return ({items},)\n"
-    filename = f"<mate.mamba._dispatch guarded {op}>"
+@functools.cache
+def _check_maker(n: int, absent: tuple, guarded: tuple, repeats: tuple):
+    """``make(guard) -> check`` of one arrangement of absent, guarded and repeated positions. Generated: the
+    check pays no loop (a loop over a model's twenty-odd arguments costs more than the guard)."""
+    terms = [f"_{i} is None" for i in absent] + [f"_{i} is _{j}" for i, j in repeats]
+    terms.append(f"guard({', '.join(f'_{i}' for i in guarded)})")
+    src = (
+        "def make(guard):\n"
+        "    def check(t):\n"
+        f"        {', '.join(f'_{i}' for i in range(n))}, = t\n"
+        f"        return {' and '.join(terms)}\n"
+        "    return check\n"
+    )
+    filename = f"<mate.mamba._dispatch form check {n} {absent} {repeats}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    names: dict = {}
     exec(compile(src, filename, "exec"), names)  # our own source, nothing from outside
-    return names["guarded"]
+    return names["make"]
 
 
 def fast_key(tensors: tuple, scalars: tuple, _tensor=torch.Tensor, _parameter=torch.nn.Parameter):
@@ -226,5 +262,5 @@ def fast_key(tensors: tuple, scalars: tuple, _tensor=torch.Tensor, _parameter=to
     return tuple(key)
 
 
-__all__ = ["BACKENDS", "FastPath", "backend", "device_of", "fast_key", "plan", "prewarm", "resolve_backend", "run",
-           "tilelang_installed"]  # fmt: skip
+__all__ = ["BACKENDS", "FastPath", "backend", "device_of", "fast_key", "form_check", "plan", "prewarm",
+           "resolve_backend", "run", "tilelang_installed"]  # fmt: skip

@@ -238,7 +238,8 @@ class OpTable:
         ``target(args)`` (every argument in table order), or with ``split`` ``target(tensors, scalars, args)``:
         the keyed tensors, then either the scalar options and None, when every scalar has exactly its row's
         class and every unimplemented row is None (the call can be keyed; :meth:`join` rebuilds ``args`` from
-        the two), or None and ``args``.
+        the two), or None and ``args``. A split entry's ``target`` is a :class:`mate.mamba._dispatch.FastPath`:
+        a keyable call of the form of its latest hit (``target.latest``) is replayed here, one call less.
 
         Generated once from the table as Python source (kept in ``linecache``, so tracebacks show it): the
         decode fast path runs it on every call, where building the same tuples by position from a packed
@@ -255,7 +256,12 @@ class OpTable:
             src = (
                 f"def {name}({params}):\n"
                 f"    if {' and '.join(terms)}:\n"
-                f"        return _target(({tensors},), ({scalars},), None)\n"
+                f"        t = ({tensors},)\n"
+                f"        s = ({scalars},)\n"
+                "        latest = _target.latest\n"
+                "        if s == latest[0] and latest[1](t):\n"
+                "            return latest[2](t)\n"
+                "        return _target(t, s, None)\n"
                 f"    return _target(({tensors},), None, {body})\n"
             )
         else:

@@ -7,17 +7,20 @@ left, the pointer-alignment part of the spec (vector accesses), is re-evaluated 
 
 Recipes call the tvm_ffi function behind a compiled kernel directly: TileLang's Python call wrapper (argument
 count check, output-slot loops, executable lookup; ~9 us per call on a 2-core CPU) does nothing for these
-kernels, which have no outputs to allocate.
+kernels, which have no outputs to allocate. The function converts every torch tensor argument on every call, so
+the dummies standing in for absent inputs are passed as tvm_ffi tensors made once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import linecache
 
 import torch
 from mate.mamba._contract.ssu import SSUCall
 from mate.mamba._tilelang.ssu_plan import arg_names, dummies, vec_of, vector_pointers, vector_strides
-from mate.mamba._tilelang.tl_internals import direct_callable
+from mate.mamba._tilelang.tl_internals import direct_callable, ffi_tensor, is_ffi_function
 
 RESULT = "<result>"  # the pseudo-argument a launch recipe allocates when the caller passed no ``out``
 
@@ -47,39 +50,11 @@ class LaunchRecipe:
     Built by :func:`make_recipe` from the slow path's own result (normalised call + plan) for one call: the
     launch arguments with every caller tensor replaced by "argument ``i`` as passed" or "argument ``i`` viewed
     with this (shape, stride, offset)", the output allocation when the caller passed no ``out``, and the
-    compiled kernels keyed by the one data-pointer-dependent part of the spec (vector accesses)."""
+    compiled kernels keyed by the one data-pointer-dependent part of the spec (vector accesses). ``launch`` is
+    generated from these (:func:`_launch_source`): a hit pays no loop over the arguments."""
 
     __slots__ = ("template", "idents", "views", "alloc", "result_index", "vterms", "checked", "base_spec", "kernels",
-                 "kernel", "device")  # fmt: skip
-
-    def _fill(self, tensors: tuple):
-        """``(result, vector-access flags, launch arguments)`` (flags and arguments None: nothing to launch)."""
-        alloc = self.alloc
-        if alloc is None:
-            result = tensors[self.result_index]
-        else:
-            result = torch.empty(alloc[0], dtype=alloc[1], device=alloc[2])
-        template = self.template
-        if template is None:
-            return result, None, None
-        ins = tensors + (result,)
-        args = list(template)
-        for pos, i in self.idents:
-            args[pos] = ins[i]
-        for pos, i, shape, stride, delta in self.views:
-            src = ins[i]
-            if shape is None:  # the whole (contiguous) tensor as 1-D: a 2-D slot table's base
-                args[pos] = src.view(-1)
-            else:
-                args[pos] = torch.as_strided(src, shape, stride, src.storage_offset() + delta)
-        st, b, c, ib = self.checked
-        vflags = vector_pointers(self.vterms, args[st], args[b], args[c], args[ib] if ib is not None else None)
-        return result, vflags, args
-
-    def build(self, tensors: tuple):
-        """``(result, spec, launch arguments)`` for new tensors (spec and arguments None: nothing to launch)."""
-        result, vflags, args = self._fill(tensors)
-        return result, None if vflags is None else self._spec(vflags), args
+                 "kernel", "device", "launch", "ffi")  # fmt: skip
 
     def _spec(self, vflags: tuple[bool, bool]):
         spec = self.base_spec
@@ -87,14 +62,79 @@ class LaunchRecipe:
             return spec
         return dataclasses.replace(spec, vector_state=vflags[0], vector_io=vflags[1])
 
-    def launch(self, tensors: tuple) -> torch.Tensor:
-        result, vflags, args = self._fill(tensors)
-        if vflags is not None:
-            kern = self.kernels.get(vflags)  # kernels by (vector state, vector B/C): the rest of the spec is fixed
-            if kern is None:  # a new pointer alignment: the kernel cache (and its capture check) decides
-                kern = self.kernels[vflags] = direct_callable(self.kernel(self._spec(vflags), self.device))
-            kern(*args)
-        return result
+    def new_kernel(self, vflags: tuple[bool, bool]):
+        """The kernel of a pointer alignment not launched yet (the kernel cache and its capture check decide)."""
+        kern = direct_callable(self.kernel(self._spec(vflags), self.device))
+        if self.ffi and not is_ffi_function(kern):
+            raise RuntimeError(f"the SSU kernel of {vflags} is not a tvm_ffi function like the recipe's first one")
+        self.kernels[vflags] = kern
+        return kern
+
+
+def _launch_source(rec: LaunchRecipe, n: int) -> tuple[str, dict]:
+    """The source of ``launch(tensors)`` of a recipe (``n`` keyed tensors) and the names it reads."""
+    names = {"_empty": torch.empty, "_as_strided": torch.as_strided, "_kernels": rec.kernels, "_new": rec.new_kernel}
+    body = [f"{', '.join(f'_{i}' for i in range(n))}, = t"]
+    if rec.alloc is None:
+        body.append(f"result = _{rec.result_index}")
+    else:
+        names["_shape"], names["_dtype"], names["_device"] = rec.alloc
+        body.append("result = _empty(_shape, dtype=_dtype, device=_device)")
+    if rec.template is None:
+        body.append("return result")
+        return _function("launch", body), names
+    ins = [f"_{i}" for i in range(n)] + ["result"]
+    args = []
+    for pos, v in enumerate(rec.template):
+        if type(v) is int:  # noqa: E721 (exactly an int: its repr is the value)
+            args.append(repr(v))
+        else:  # a dummy for an absent input: converted once for a tvm_ffi kernel
+            names[f"_c{pos}"] = ffi_tensor(v) if rec.ffi and isinstance(v, torch.Tensor) else v
+            args.append(f"_c{pos}")
+    for pos, i in rec.idents:
+        args[pos] = ins[i]
+    made = {}  # (shape, stride, delta) -> the views made so far with it, (source, name)
+    for pos, i, shape, stride, delta in rec.views:
+        src = ins[i]
+        if shape is None:  # the whole (contiguous) tensor as 1-D: a 2-D slot table's base
+            view = f"{src}.view(-1)"
+        else:
+            names[f"_s{pos}"] = (shape, stride)
+            view = f"_as_strided({src}, *_s{pos}, {src}.storage_offset() + {delta})"
+        for other, name in made.get((shape, stride, delta), ()):
+            # one table as source and destination (passed twice by vLLM, once by FlashInfer): one view (~1 us)
+            view = name if src == other else f"{name} if {src} is {other} else {view}"
+        made.setdefault((shape, stride, delta), []).append((src, f"_v{pos}"))
+        body.append(f"_v{pos} = {view}")
+        args[pos] = f"_v{pos}"
+    vs, vio, nb_state, nb_ibuf, nb_io = rec.vterms
+    st, b, c, ib = (None if i is None else args[i] for i in rec.checked)
+    state_terms = [f"{st}.data_ptr() % {nb_state}"] + ([f"{ib}.data_ptr() % {nb_ibuf}"] if ib is not None else [])
+    body.append(f"vs = not ({' or '.join(state_terms)})" if vs else "vs = False")
+    body.append(f"vio = not ({b}.data_ptr() % {nb_io} or {c}.data_ptr() % {nb_io})" if vio else "vio = False")
+    body += [
+        "kern = _kernels.get((vs, vio))",
+        "if kern is None:",
+        "    kern = _new((vs, vio))",
+        f"kern({', '.join(args)})",
+        "return result",
+    ]
+    return _function("launch", body), names
+
+
+def _function(name: str, body: list[str]) -> str:
+    return f"def {name}(t):\n" + "".join(f"    {line}\n" for line in body)
+
+
+def _compile(rec: LaunchRecipe, n: int):
+    """``rec.launch``, its recipe reachable as ``launch.recipe`` (tests, the host benchmark)."""
+    src, names = _launch_source(rec, n)
+    filename = f"<mate.mamba._tilelang.ssu_recipe launch {hashlib.sha1(src.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # one entry per distinct source
+    exec(compile(src, filename, "exec"), names)  # our own source, generated from the recipe
+    launch = names["launch"]
+    launch.recipe = rec
+    return launch
 
 
 def make_recipe(call: SSUCall, planned, sources: dict, kernel) -> LaunchRecipe | None:
@@ -125,7 +165,9 @@ def make_recipe(call: SSUCall, planned, sources: dict, kernel) -> LaunchRecipe |
     rec.template = rec.idents = rec.views = rec.base_spec = None
     rec.kernels = {}
     rec.vterms = rec.checked = None
+    rec.ffi = False
     if planned is None:
+        rec.launch = _compile(rec, len(order))
         return rec
     spec, args = planned
     stand_ins = dummies()
@@ -161,5 +203,7 @@ def make_recipe(call: SSUCall, planned, sources: dict, kernel) -> LaunchRecipe |
     if vector_pointers(rec.vterms, *checked) != vflags:
         return None  # the positions the recipe re-checks are not the tensors plan() checked
     rec.base_spec = spec
-    rec.kernels = {vflags: direct_callable(kernel(spec, rec.device))}
+    kern = direct_callable(kernel(spec, rec.device))
+    rec.kernels, rec.ffi = {vflags: kern}, is_ffi_function(kern)
+    rec.launch = _compile(rec, len(order))
     return rec

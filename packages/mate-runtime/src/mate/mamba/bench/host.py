@@ -4,10 +4,13 @@ A CPU-host proxy for the issue's eager-host-time target: the production call sha
 tensors (vLLM's strided page pool with page stride and storage offset, x/B/C row views of one conv buffer,
 the tied dt/A/D/dt_bias forms, z, out, int32 slot tables; the MTP packed call with ``cu_seqlens``,
 ``num_accepted_tokens`` and 2-D tables), the backend resolution is patched to pick the TileLang launcher and
-every kernel object is a no-op, so the whole eager path runs except the kernel call itself. With
-``--tilelang-wrapper`` the kernels are the real compiled TileLang kernel objects (sm_90a, needs nvcc) whose
-loaded module is a no-op: TileLang's Python call wrapper is then measured too, and only the tvm_ffi argument
-conversion and the launch are left out. Reported: the median (``--stat min``: the minimum) µs per call of
+every kernel object is a no-op, so the whole eager path runs except the kernel call itself. With ``--ffi`` the
+kernel is tvm_ffi's own no-op function (``testing.nop``, needs tvm_ffi: TileLang's environment): every launch
+argument is converted as the compiled kernel's entry converts it (a torch tensor to an ffi tensor), and only the
+kernel's host checks and the driver's launch are left out. With ``--tilelang-wrapper`` the kernels are the real
+compiled TileLang kernel objects (sm_90a, needs nvcc) whose loaded module is a no-op: TileLang's Python call
+wrapper is then measured too, and only the tvm_ffi argument conversion and the launch are left out. Reported:
+the median (``--stat min``: the minimum) µs per call of
 
 * ``normalise``: ``normalize_ssu`` alone (the validation every slow-path call pays);
 * ``plan``: the launcher's ``plan()`` on an already-normalised call;
@@ -18,7 +21,8 @@ conversion and the launch are left out. Reported: the median (``--stat min``: th
 The runtime does not import its adapters (they import it), so the vLLM adapter's own wrapper is not timed here:
 it adds its argument checks and one Python call with keywords to the ``mate.mamba`` figures.
 
-Run ``python -m mate.mamba.bench.host [--iters N] [--repeats R] [--stat median|min] [--tilelang-wrapper]``. Numbers
+Run ``python -m mate.mamba.bench.host [--iters N] [--repeats R] [--stat median|min] [--ffi | --tilelang-wrapper]
+[--breakdown]``. Numbers
 depend on the CPU: compare runs made on one machine (on a shared machine the minimum is the steadier figure).
 """
 
@@ -85,34 +89,39 @@ def _params():
     return A, D, dt_bias
 
 
-def vllm_decode(batch: int, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16) -> Call:
+def vllm_decode(batch: int, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16,
+                one_table: bool = False) -> Call:  # fmt: skip
+    """``one_table``: vLLM without prefix caching passes its one slot table as source and destination; with
+    it, two gathered tables."""
     state = _pool(slots, state_dtype)
     x, B, C, z, dt, out = _rows(batch, io)
     A, D, dt_bias = _params()
     src = torch.arange(1, batch + 1, dtype=torch.int32)
-    dst = torch.arange(1, batch + 1, dtype=torch.int32)
+    dst = src if one_table else torch.arange(1, batch + 1, dtype=torch.int32)
     kw = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
               state_batch_indices=src, dst_state_batch_indices=dst, pad_slot_id=NULL_BLOCK, out=out)  # fmt: skip
-    return Call(f"vLLM decode, batch {batch}", kw)
+    return Call(f"vLLM decode{', one table' if one_table else ''}, batch {batch}", kw)
 
 
-def vllm_mtp(batch: int, steps: int = 6, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16) -> Call:
+def vllm_mtp(batch: int, steps: int = 6, *, state_dtype=torch.bfloat16, io=torch.bfloat16, slots: int = 16,
+             one_table: bool = False) -> Call:  # fmt: skip
     state = _pool(max(slots, 2 * batch * steps + 1), state_dtype)
     rows = batch * steps
     x, B, C, z, dt, out = _rows(rows, io)
     A, D, dt_bias = _params()
     src = torch.arange(1, rows + 1, dtype=torch.int32).view(batch, steps)
-    dst = (src + rows).contiguous()
+    dst = src if one_table else (src + rows).contiguous()
     cu = torch.arange(0, rows + 1, steps, dtype=torch.int32)
     acc = torch.full((batch,), steps, dtype=torch.int32)
     kw = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
               state_batch_indices=src, dst_state_batch_indices=dst, pad_slot_id=NULL_BLOCK, out=out,
               cu_seqlens=cu, num_accepted_tokens=acc)  # fmt: skip
-    return Call(f"vLLM MTP {steps}, batch {batch}", kw)
+    return Call(f"vLLM MTP {steps}{', one table' if one_table else ''}, batch {batch}", kw)
 
 
 def production_calls() -> list[Call]:
-    return [vllm_decode(1), vllm_decode(8), vllm_mtp(1), vllm_mtp(8)]
+    return [vllm_decode(1), vllm_decode(8), vllm_mtp(1), vllm_mtp(8), vllm_decode(8, one_table=True),
+            vllm_mtp(8, one_table=True)]  # fmt: skip
 
 
 class _NoopModule:
@@ -129,13 +138,15 @@ class _NoopModule:
 
 
 @contextmanager
-def stubbed_launch(wrapper: bool = False):
+def stubbed_launch(wrapper: bool = False, ffi: bool = False):
     """Pick the TileLang launcher for CPU tensors and make every kernel launch a no-op.
 
-    ``wrapper=False``: every kernel is a plain no-op function (nothing compiles). ``wrapper=True``: every
-    kernel is the real compiled TileLang kernel object (compiled for sm_90a, needs nvcc) whose loaded module is
-    replaced by a no-op, so TileLang's Python call wrapper (slow path) or the direct tvm_ffi entry lookup
-    (fast path) is part of the measurement; only the tvm_ffi argument conversion and the launch are left out."""
+    By default every kernel is a plain no-op function (nothing compiles). ``ffi=True``: every kernel is
+    tvm_ffi's no-op function, which converts its arguments as a compiled kernel's entry does (``launched``
+    then counts the kernels handed out, not the calls). ``wrapper=True``: every kernel is the real compiled
+    TileLang kernel object (compiled for sm_90a, needs nvcc) whose loaded module is replaced by a no-op, so
+    TileLang's Python call wrapper (slow path) or the direct tvm_ffi entry lookup (fast path) is part of the
+    measurement; only the tvm_ffi argument conversion and the launch are left out."""
     from mate.mamba import ssu as api
     from mate.mamba._tilelang import ssu as tl_ssu
     from mate.mamba._tilelang.cache import CACHE
@@ -148,9 +159,14 @@ def stubbed_launch(wrapper: bool = False):
 
     saved = (dispatch.resolve_backend, tl_ssu.kernel, dict(tl_ssu._kernels))
 
+    ffi_nop = _ffi_nop() if ffi else None
+
     def fake_get(spec, device):
         kern = noop
-        if wrapper:
+        if ffi:
+            kern = ffi_nop
+            launched.append(spec)
+        elif wrapper:
             target = {"kind": "cuda", "arch": "sm_90a"}
             kern = CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
             patched.append((kern.adapter, kern.adapter.executable))
@@ -177,6 +193,13 @@ def stubbed_launch(wrapper: bool = False):
         for adapter, executable in patched:
             adapter.executable = executable
         api.clear_fast_path_cache()
+
+
+def _ffi_nop():
+    """tvm_ffi's registered no-op function (it converts every argument, then returns)."""
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func("testing.nop")
 
 
 @contextmanager
@@ -206,14 +229,14 @@ def median_us(fn: Callable[[], object], iters: int, repeats: int) -> float:
     return min(samples) if STAT == "min" else statistics.median(samples)
 
 
-def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = False) -> dict:
+def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = False, ffi: bool = False) -> dict:
     from mate.mamba import selective_state_update
     from mate.mamba._contract.ssu import normalize_ssu
     from mate.mamba._tilelang import ssu_plan
 
     pos, kw = call.positional(), call.keywords()
     res = {"call": call.label}
-    with stubbed_launch(wrapper) as launched:
+    with stubbed_launch(wrapper, ffi) as launched:
         res["normalise"] = median_us(lambda: normalize_ssu(*pos, **kw), iters, repeats)
         normalised = normalize_ssu(*pos, **kw)
         res["plan"] = median_us(lambda: ssu_plan.plan(normalised), iters, repeats)
@@ -225,28 +248,28 @@ def measure(call: Call, iters: int = 2000, repeats: int = 7, wrapper: bool = Fal
     return res
 
 
-def hit_breakdown(call: Call, iters: int = 2000, repeats: int = 7) -> dict:
-    """µs of the parts of a fast-path hit: the metadata key, the cache lookup, building the launch arguments
-    from the recipe, and the whole public call."""
+def hit_breakdown(call: Call, iters: int = 2000, repeats: int = 7, ffi: bool = False) -> dict:
+    """µs of the parts of a fast-path hit: the form's check, the recipe's launch (the stubbed kernel's call
+    included), the whole public call (the rest: passing the arguments on, the scalars' comparison), and, for
+    reference, the metadata key a call builds when the check refuses it."""
     from mate.mamba import selective_state_update
     from mate.mamba import ssu as api
 
     pos, kw = call.positional(), call.keywords()
     full = {**dict(zip(("state", "x", "dt", "A", "B", "C", "D"), pos, strict=True)), **kw}
     tensors = tuple(full.get(n) for n in SSU.tensor_names)
-    scalars = (full["dt_softplus"], full["pad_slot_id"], False, 10, 0, "auto", False, True, "auto")
-    with stubbed_launch():
-        selective_state_update(*pos, **kw)
-        key = dispatch.fast_key(tensors, scalars)
-        launcher = api.FAST.cache.get(key)
-        if launcher is None or launcher is api.FAST.SLOW:
-            raise RuntimeError(f"{call.label}: no launch recipe was remembered")
+    with stubbed_launch(ffi=ffi):
+        for _ in range(2):  # a miss, then a hit: the form is the latest
+            selective_state_update(*pos, **kw)
+        scalars, check, launch = api.FAST.latest
+        if launch is None or not check(tensors):
+            raise RuntimeError(f"{call.label}: the latest form's check refused its own call")
         return {
             "call": call.label,
-            "key": median_us(lambda: dispatch.fast_key(tensors, scalars), iters, repeats),
-            "lookup": median_us(lambda: api.FAST.cache.get(key), iters, repeats),
-            "recipe args": median_us(lambda: launcher.__self__.build(tensors), iters, repeats),
+            "check": median_us(lambda: check(tensors), iters, repeats),
+            "launch": median_us(lambda: launch(tensors), iters, repeats),
             "public call": median_us(lambda: selective_state_update(*pos, **kw), iters, repeats),
+            "key": median_us(lambda: dispatch.fast_key(tensors, scalars), iters, repeats),
         }
 
 
@@ -260,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         help="launch through the real compiled kernel objects (sm_90a, needs nvcc) with a no-op module, so "
         "TileLang's Python call wrapper is measured too",
     )
+    ap.add_argument(
+        "--ffi",
+        action="store_true",
+        help="launch tvm_ffi's no-op function (needs tvm_ffi), so the conversion of every launch argument is measured",
+    )
     ap.add_argument("--stat", choices=("median", "min"), default="median", help="statistic over the repeats")
     ap.add_argument("--breakdown", action="store_true", help="also time the parts of a fast-path hit")
     args = ap.parse_args(argv)
@@ -267,19 +295,27 @@ def main(argv: list[str] | None = None) -> int:
     STAT = args.stat
     torch.set_num_threads(1)
     cols = ("normalise", "plan", "mate.mamba slow", "mate.mamba")
-    how = "TileLang wrapper kept, module stubbed" if args.tilelang_wrapper else "kernel object stubbed"
+    if args.ffi and args.tilelang_wrapper:
+        ap.error("--ffi and --tilelang-wrapper stub the launch in two different places: pass one")
+    how = (
+        "TileLang wrapper kept, module stubbed"
+        if args.tilelang_wrapper
+        else "tvm_ffi's no-op function as the kernel"
+        if args.ffi
+        else "kernel object stubbed"
+    )
     print(f"CPU-host proxy ({how}); {STAT} µs per call (H {H}, P {P}, N {N}, G {G}, bf16)")
     print(f"| call | {' | '.join(cols)} |")
     print(f"|---|{'---:|' * len(cols)}")
     for call in production_calls():
-        r = measure(call, args.iters, args.repeats, args.tilelang_wrapper)
+        r = measure(call, args.iters, args.repeats, args.tilelang_wrapper, args.ffi)
         print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in cols) + " |", flush=True)
     print("slow: fast path off (every call normalises and plans); fast path: repeated calls replay a recipe")
     if args.breakdown:
-        parts = ("key", "lookup", "recipe args", "public call")
+        parts = ("check", "launch", "public call", "key")
         print(f"\nfast-path hit, {STAT} µs\n| call | {' | '.join(parts)} |\n|---|{'---:|' * len(parts)}")
         for call in production_calls():
-            r = hit_breakdown(call, args.iters, args.repeats)
+            r = hit_breakdown(call, args.iters, args.repeats, args.ffi)
             print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" for c in parts) + " |", flush=True)
     return 0
 
