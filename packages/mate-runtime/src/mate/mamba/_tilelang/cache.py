@@ -12,10 +12,13 @@ benchmark count them.
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -227,21 +230,30 @@ def format_phases(phases: dict) -> str:
 # ------------------------------------------------------------------------------------------- parallel compile
 
 
-def _compile_worker(spec, target, cache_root) -> tuple[float, str | None, str, dict]:
+def _init_worker() -> None:
+    import tilelang
+
+    # TileLang logs every compile at INFO (its import sets the level, so after the import)
+    logging.getLogger(tilelang.__name__).setLevel(logging.WARNING)
+
+
+def _compile_worker(spec, target, cache_root) -> tuple[float, str | None, str, dict, str | None]:
     """Make one spec ready in a worker process: loaded from MATE's disk cache (``cache_root``, the parent's, which
     a ``settings.override`` there does not pass through the environment) or compiled and stored there (and in
-    TileLang's). Returns (seconds, error or None, source, phases); errors come back as text (TVM errors do not
-    pickle)."""
+    TileLang's). Returns (seconds, error or None, source, phases, sha256 of the generated CUDA or None); errors come
+    back as text (TVM errors do not pickle), their traceback on the worker's stderr."""
     from mate.mamba._platform import settings
 
     t0 = time.perf_counter()
     try:
         with settings.override(MATE_CACHE_DIR=cache_root or "off"):
-            CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
+            kern = CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
     except Exception as exc:
-        return time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc)[-400:]}", "compile", {}
+        traceback.print_exc()
+        return time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc)[-400:]}", "compile", {}, None
     record = CACHE.log[-1] if CACHE.log else CompileRecord(spec, 0.0)
-    return time.perf_counter() - t0, None, record.source, dict(record.phases)
+    digest = hashlib.sha256(kern.get_kernel_source().encode()).hexdigest()
+    return time.perf_counter() - t0, None, record.source, dict(record.phases), digest
 
 
 def _cost_order(spec) -> int:
@@ -262,8 +274,10 @@ def compile_parallel(
 ) -> int:
     """Compile ``specs`` in ``jobs`` worker processes (default: one per core, at most one per spec). Each worker
     stores its kernels in MATE's disk cache (and TileLang's), so a later process's first use of a spec loads it
-    instead of compiling. ``results`` (a dict) receives spec -> (seconds, error, source, phases). Returns the
-    number that failed. ``name(spec)`` is how a progress line names a spec."""
+    instead of compiling. ``results`` (a dict) receives spec -> (seconds, error, source, phases, sha256 of the
+    generated CUDA). Returns the number that failed. ``name(spec)`` is how a progress line names a spec. Workers
+    are spawned, not forked (a fork of a process with TileLang loaded is not safe), and one that dies (a crash in
+    TileLang or nvcc) raises ``BrokenProcessPool`` here instead of hanging the caller."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -274,12 +288,12 @@ def compile_parallel(
     specs = sorted(dict.fromkeys(specs), key=_cost_order)
     jobs = max(1, min(len(specs), jobs or default_jobs()))
     failed, t0 = 0, time.perf_counter()
-    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker) as pool:
         futures = {pool.submit(_compile_worker, s, target, cache_root): s for s in specs}
         for i, f in enumerate(cf.as_completed(futures), 1):
-            seconds, err, source, phases = f.result()
+            seconds, err, source, phases, digest = f.result()
             if results is not None:
-                results[futures[f]] = (seconds, err, source, phases)
+                results[futures[f]] = (seconds, err, source, phases, digest)
             failed += err is not None
             what = f"FAILED {err}" if err else f"ok {seconds:.1f}s ({'loaded' if source == 'disk' else 'compiled'})"
             log(f"[{i}/{len(specs)}] {name(futures[f])} {what} ({time.perf_counter() - t0:.0f}s)")
