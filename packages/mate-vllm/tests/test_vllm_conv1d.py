@@ -12,6 +12,7 @@ import mate_vllm.plugin as plugin
 import pytest
 import torch
 from mate.mamba import causal_conv1d_fn, causal_conv1d_update
+from mate.mamba import settings as mate_settings
 from mate_vllm import ops
 
 pytestmark = pytest.mark.engine
@@ -28,7 +29,8 @@ IMPORTERS = (
 )
 for _name in IMPORTERS:
     importlib.import_module(_name)
-VLLM_FN, VLLM_UPDATE = cc.causal_conv1d_fn, cc.causal_conv1d_update
+# vLLM's own functions (the plugin, enabled in this process, may have routed the update at import: auto)
+VLLM_FN, VLLM_UPDATE = (ops.ENGINE_CONV1D.get(n, getattr(cc, n)) for n in ("causal_conv1d_fn", "causal_conv1d_update"))
 
 DIM, W, SLOTS = 48, 4, 9
 
@@ -40,9 +42,10 @@ def routed(monkeypatch):
             for name in ("causal_conv1d_fn", "causal_conv1d_update"):
                 if name in vars(m):
                     monkeypatch.setattr(m, name, getattr(m, name))
-    monkeypatch.setattr(ops, "ENGINE_CONV1D", {})
-    plugin._patch_conv1d(cc)
-    yield sys.modules
+    monkeypatch.setattr(ops, "ENGINE_CONV1D", dict(ops.ENGINE_CONV1D))  # (vLLM's own, where auto routed them)
+    with mate_settings.override(MATE_VLLM_CONV1D="1"):
+        plugin._patch_conv1d(cc)
+        yield sys.modules
 
 
 @pytest.mark.parametrize(

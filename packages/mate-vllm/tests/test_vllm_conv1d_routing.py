@@ -33,7 +33,8 @@ def cpu_update(x, conv_state, weight, bias=None, activation=None, conv_state_ind
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    """``ops.causal_conv1d`` and a mixer that imported both functions by name, as vLLM lays them out."""
+    """``ops.causal_conv1d`` and a mixer that imported both functions by name, as vLLM lays them out; both routed
+    (``MATE_VLLM_CONV1D=1``) while the test runs."""
     cc = types.ModuleType("vllm.model_executor.layers.mamba.ops.causal_conv1d")
     mixer = types.ModuleType("vllm.model_executor.layers.mamba.mamba_mixer2")
     for m in (cc, mixer):
@@ -41,7 +42,8 @@ def fake_vllm(monkeypatch):
         monkeypatch.setitem(sys.modules, m.__name__, m)
     monkeypatch.setattr(ops, "ENGINE_CONV1D", {})
     monkeypatch.setattr(ops, "_REFUSED", set())
-    return cc, mixer
+    with mate_settings.override(MATE_VLLM_CONV1D="1"):
+        yield cc, mixer
 
 
 def test_both_functions_are_routed_where_vllm_imported_them(fake_vllm):
@@ -66,7 +68,7 @@ def test_vllms_cpu_platform_functions_stay_vllms(fake_vllm):
 
 @pytest.mark.parametrize(
     "value, armed",
-    [pytest.param("0", False, id="default-off"), pytest.param("1", True, id="on")],
+    [pytest.param("0", False, id="off"), pytest.param("1", True, id="on"), pytest.param("auto", True, id="auto")],
 )
 def test_the_setting_arms_the_conv1d_hook(monkeypatch, value, armed):
     seen = []
@@ -129,3 +131,35 @@ def test_bad_input_is_mates_value_error_not_vllms_function(fake_vllm):
     x, states, w = conv_inputs()
     with pytest.raises(ValueError, match="weight"):
         mixer.causal_conv1d_update(x, states, w[:5])
+
+
+def test_the_default_is_auto():
+    assert plugin.adapter().setting(plugin.ENV_CONV1D) == plugin.CONV1D_AUTO
+
+
+def test_auto_routes_the_update_only_and_by_the_rule(fake_vllm):
+    """``auto``: only ``causal_conv1d_update`` is rebound; one-token calls of at least ``CONV1D_UPDATE_MIN_BATCH``
+    sequences are MATE's, smaller ones and speculative-decode calls vLLM's."""
+    cc, mixer = fake_vllm
+    with mate_settings.override(MATE_VLLM_CONV1D="auto"):
+        plugin._patch_conv1d(cc)
+    for m in (cc, mixer):
+        assert m.causal_conv1d_fn is vllm_fn and m.causal_conv1d_update is ops.causal_conv1d_update_auto
+    assert ops.ENGINE_CONV1D == {"causal_conv1d_update": vllm_update}
+    assert plugin.status()["conv1d"].endswith(f"(auto: MATE's for one token at batch >= {ops.CONV1D_UPDATE_MIN_BATCH}, "
+                                              "else vLLM's)")  # fmt: skip
+    n = ops.CONV1D_UPDATE_MIN_BATCH
+    torch.manual_seed(0)
+    w, states = torch.randn(16, 4), torch.randn(n + 2, 3, 16).transpose(-1, -2)
+    idx = torch.randperm(n + 2)[:n].to(torch.int32)
+    x = torch.randn(n, 16)
+    got_states, want_states = states.clone(), states.clone()
+    y = mixer.causal_conv1d_update(x.clone(), got_states, w, None, "silu", conv_state_indices=idx)
+    want = causal_conv1d_update(x.clone(), want_states, w, None, "silu", conv_state_indices=idx, backend="torch")
+    assert torch.equal(y, want) and torch.equal(got_states, want_states)
+    assert mixer.causal_conv1d_update(x[: n - 1], states, w, None, "silu", conv_state_indices=idx[: n - 1]) == (
+        "vllm update"
+    )
+    nat = torch.ones(n, dtype=torch.int32)
+    assert mixer.causal_conv1d_update(x, states, w, None, "silu", idx, nat) == "vllm update"
+    assert mixer.causal_conv1d_update(x=x, conv_state=states, weight=w, query_start_loc=idx) == "vllm update"

@@ -62,6 +62,10 @@ def test_the_plugin_loaded_through_vllms_entry_points_and_patched_every_path():
     assert reg == {"triton": "MateSSUBackend", "flashinfer": "MateSSUBackend", "cpu": "CPUSSUBackend"}
     assert mixer.mamba_chunk_scan_combined_varlen is ops.mamba_chunk_scan_combined_varlen
     assert mixer.selective_state_update is sd.selective_state_update  # the mixer decodes through the dispatch
+    # MATE_VLLM_CONV1D=auto (the default): the update by the measured rule, the prefill left to vLLM
+    assert mixer.causal_conv1d_update is ops.causal_conv1d_update_auto
+    assert mixer.causal_conv1d_fn is ops.ENGINE_CONV1D.get("causal_conv1d_fn", mixer.causal_conv1d_fn)
+    assert mixer.causal_conv1d_fn is not ops.causal_conv1d_fn
 
 
 def test_vllms_initializer_builds_mates_backend(backend):

@@ -13,6 +13,7 @@ ENV_REPLAYSSM_RULE = "MATE_VLLM_REPLAYSSM_RULE"
 REPLAYSSM_AUTO = "auto"
 ENV_NORM = "MATE_VLLM_NORM"
 ENV_CONV1D = "MATE_VLLM_CONV1D"
+CONV1D_AUTO = "auto"
 
 _adapter = None
 
@@ -22,6 +23,14 @@ def _replayssm(raw: str) -> str:
     from mate.mamba.settings import on_off
 
     return REPLAYSSM_AUTO if raw == REPLAYSSM_AUTO else "mate" if on_off(raw) else "flashinfer"
+
+
+def _conv1d(raw: str) -> str:
+    """``MATE_VLLM_CONV1D``: ``auto`` (the measured rule, :data:`mate_vllm.ops.CONV1D_UPDATE_MIN_BATCH`), ``all``
+    (1) or ``off`` (0)."""
+    from mate.mamba.settings import on_off
+
+    return CONV1D_AUTO if raw == CONV1D_AUTO else "all" if on_off(raw) else "off"
 
 
 def _path(raw: str) -> str | None:
@@ -72,12 +81,14 @@ def settings() -> tuple:
         ),
         Setting(
             ENV_CONV1D,
-            "0",
-            ON_OFF,
-            "1: vLLM's causal_conv1d_fn / causal_conv1d_update (ops/causal_conv1d.py and every module that imported "
-            "them: the Mamba1/Mamba2 mixers, ShortConv, the GDN/KDA layers) run MATE's. Off by default until MATE's "
-            "conv1d kernels are measured against vLLM's (docs/benchmarks/conv1d.md).",
-            on_off,
+            CONV1D_AUTO,
+            (CONV1D_AUTO, *ON_OFF),
+            "Which kernels serve vLLM's causal_conv1d_fn / causal_conv1d_update (ops/causal_conv1d.py and every module "
+            "that imported them: the Mamba1/Mamba2 mixers, ShortConv, the GDN/KDA layers): auto (default) MATE's "
+            "causal_conv1d_update for one-token calls of at least 64 sequences, where it was measured 2.0-2.6x "
+            "faster than vLLM's Triton kernel, vLLM's for the rest (H100, docs/benchmarks/conv1d.md); 1 MATE's "
+            "for every call; 0 vLLM's for every call.",
+            _conv1d,
         ),
     )
 

@@ -217,6 +217,45 @@ def causal_conv1d_update(
     return _or_vllms("causal_conv1d_update", lambda: adapter().runtime().causal_conv1d_update(*args), args)
 
 
+# MATE_VLLM_CONV1D=auto: MATE's causal_conv1d_update serves one-token calls (no num_accepted_tokens, no
+# query_start_loc) of at least this many sequences, vLLM's the rest. Measured against vLLM 0.33's Triton kernel,
+# graph-replayed, Nemotron-H 8B's conv dim 10240, width 4, bf16 (docs/benchmarks/conv1d.md, H100, 2026-12-07 at
+# 893c4dd): one token 0.82x at batch 1, 2.0x at 64, 2.57x at 1024; MTP 6 0.58x / 0.90x / 1.08x; the prefill 0.68x.
+CONV1D_UPDATE_MIN_BATCH = 64
+
+
+def serves_conv1d_update(x, num_accepted_tokens, query_start_loc) -> bool:
+    """Whether ``MATE_VLLM_CONV1D=auto`` gives a ``causal_conv1d_update`` call to MATE
+    (:data:`CONV1D_UPDATE_MIN_BATCH`); read from the arguments' shapes only (no device sync, so a captured graph
+    keeps its choice)."""
+    one_token = num_accepted_tokens is None and query_start_loc is None
+    return one_token and isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] >= CONV1D_UPDATE_MIN_BATCH
+
+
+def causal_conv1d_update_auto(
+    x,
+    conv_state,
+    weight,
+    bias=None,
+    activation=None,
+    conv_state_indices=None,
+    num_accepted_tokens=None,
+    query_start_loc=None,
+    max_query_len=-1,
+    null_block_id=NULL_BLOCK_ID,
+    validate_data=False,
+    out=None,
+):
+    """vLLM 0.33's ``causal_conv1d_update`` under ``MATE_VLLM_CONV1D=auto`` (its signature):
+    :func:`causal_conv1d_update` (MATE) for the calls :func:`serves_conv1d_update` names, vLLM's own function for
+    the rest."""
+    args = (x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens, query_start_loc,
+            max_query_len, null_block_id, validate_data, out)  # fmt: skip
+    if serves_conv1d_update(x, num_accepted_tokens, query_start_loc):
+        return causal_conv1d_update(*args)
+    return ENGINE_CONV1D["causal_conv1d_update"](*args)
+
+
 def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
     """vLLM 0.33's ReplaySSM decode kernel slot (``ssu_dispatch._flashinfer_replayssm_kernel``): called with
     FlashInfer 0.7.2's ``checkpointing_ssu`` arguments (vLLM passes the scratch trio and ``pad_slot_id`` 0, the

@@ -31,7 +31,9 @@ vLLM calls :func:`register` in every process it starts. It does nothing unless `
   ``.../ops/causal_conv1d.py`` (and every vLLM module that imported them by name) become
   :func:`mate_vllm.ops.causal_conv1d_fn` / :func:`~mate_vllm.ops.causal_conv1d_update` (the same signatures and
   results). A call form MATE refuses with ``NotImplementedError`` runs vLLM's own function, with one warning per
-  reason. Off by default until MATE's conv1d kernels are measured against vLLM's.
+  reason. With ``auto`` (the default) only ``causal_conv1d_update`` is rebound, to
+  :func:`~mate_vllm.ops.causal_conv1d_update_auto`: MATE's for one-token calls of at least
+  ``ops.CONV1D_UPDATE_MIN_BATCH`` sequences (where it was measured faster), vLLM's for the rest.
 
 The patches apply when the vLLM module is imported (immediately if it already is), so the plugin itself
 imports nothing from vLLM. Written against vLLM 0.33.0: another version gets a warning when ``vllm`` is imported,
@@ -46,6 +48,7 @@ import sys
 import warnings
 
 from ._adapter import (
+    CONV1D_AUTO,
     ENV_CONV1D,
     ENV_ENABLE,
     ENV_NORM,
@@ -333,33 +336,42 @@ CONV1D_UPDATE_PARAMS = (
 
 def _patch_conv1d(mod) -> None:
     """``causal_conv1d_fn`` / ``causal_conv1d_update`` in ``ops/causal_conv1d.py``, and in every vLLM module that
-    imported them by name (the Mamba1/Mamba2 mixers, ShortConv, the GDN/KDA layers, ...), become MATE's. On vLLM's
-    CPU platform the module binds its CPU functions (another signature), which stay vLLM's."""
+    imported them by name (the Mamba1/Mamba2 mixers, ShortConv, the GDN/KDA layers, ...), become MATE's
+    (``MATE_VLLM_CONV1D=1``), or only the update becomes the measured rule's (``auto``). On vLLM's CPU platform the
+    module binds its CPU functions (another signature), which stay vLLM's."""
     from . import ops
 
     a = adapter()
+    auto = a.setting(ENV_CONV1D) == CONV1D_AUTO
+    routes = {"causal_conv1d_update": ops.causal_conv1d_update_auto} if auto else {
+        "causal_conv1d_fn": ops.causal_conv1d_fn, "causal_conv1d_update": ops.causal_conv1d_update}  # fmt: skip
+    expected = {"causal_conv1d_fn": CONV1D_FN_PARAMS, "causal_conv1d_update": CONV1D_UPDATE_PARAMS}
     done = []
-    for name, expected in (("causal_conv1d_fn", CONV1D_FN_PARAMS), ("causal_conv1d_update", CONV1D_UPDATE_PARAMS)):
-        orig, mine = getattr(mod, name, None), getattr(ops, name)
-        if orig is mine:
+    ours = (ops.causal_conv1d_fn, ops.causal_conv1d_update, ops.causal_conv1d_update_auto)
+    for name, mine in routes.items():
+        bound = orig = getattr(mod, name, None)
+        if bound is mine:
             done.append(name)
             continue
+        if bound in ours:  # routed before in another mode: vLLM's own function is the one the ledger replaced
+            orig = next((o for attr, o, r in a.ledger.functions if attr == name and r is bound), None)
         try:
             params = tuple(inspect.signature(orig).parameters)
         except (TypeError, ValueError):
             params = ()
-        if params != expected:
-            a.warn(f"vLLM's {name} takes {params}, expected {expected}; it is not routed to MATE")
+        if params != expected[name]:
+            a.warn(f"vLLM's {name} takes {params}, expected {expected[name]}; it is not routed to MATE")
             continue
         ops.ENGINE_CONV1D[name] = orig
-        a.ledger.rebind(mod, name, orig, mine)
+        a.ledger.rebind(mod, name, bound, mine)
         done.append(name)
     users = sorted(
         m.__name__ for m in list(sys.modules.values())
         if (getattr(m, "__name__", "") or "").startswith("vllm.")
-        and any(getattr(m, n, None) is getattr(ops, n) for n in done)
+        and any(getattr(m, n, None) is routes[n] for n in done)
     )  # fmt: skip
-    a.state["conv1d"] = f"{done} routed in {users}" if done else "skipped: signatures differ"
+    rule = f" (auto: MATE's for one token at batch >= {ops.CONV1D_UPDATE_MIN_BATCH}, else vLLM's)" if auto else ""
+    a.state["conv1d"] = f"{done} routed in {users}{rule}" if done else "skipped: signatures differ"
 
 
 # ---------------------------------------------------------------------------------------------- entry
@@ -397,7 +409,7 @@ def register() -> None:
         if a.setting(ENV_NORM):
             a.when_imported(LAYERNORM_GATED, _patch_norm)
             a.when_imported(MAMBA_MIXER2, _watch_mixer2_norm)
-        if a.setting(ENV_CONV1D):
+        if a.setting(ENV_CONV1D) != "off":
             a.when_imported(CAUSAL_CONV1D, _patch_conv1d)
     except Exception as e:  # noqa: BLE001  (a plugin must never take vLLM down)
         a.warn(f"registration failed and was skipped: {e!r}")

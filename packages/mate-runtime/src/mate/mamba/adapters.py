@@ -127,8 +127,9 @@ class Patches:
             else:
                 setattr(obj, attr, prev)
         self.attributes.clear()
-        # also the modules that imported the replacement after it was patched (e.g. mid-import at patch time)
-        for attr, original, replacement in self.functions:
+        # also the modules that imported the replacement after it was patched (e.g. mid-import at patch time);
+        # the latest rebinding first, so a function rebound twice ends as the engine's own
+        for attr, original, replacement in reversed(self.functions):
             for m in list(sys.modules.values()):
                 name = getattr(m, "__name__", "") or ""
                 if name.startswith(self.prefix) and getattr(m, attr, None) is replacement:
