@@ -68,7 +68,9 @@ def storages(kw) -> set:
 # --------------------------------------------------------------------------------------------------- prefill
 
 
-def ssd_call(lens=(5, 300), chunk=128, pool=False, quant=False, z=False):
+def ssd_call(lens=(5, 300), chunk=128, pool=False, quant=False, z=False, vllm=False):
+    """``vllm``: the mixer's form (vLLM 0.33): parameters, out given, gathered initial states, the final states
+    into a strided page pool by slot."""
     meta = chunk_metadata(list(lens), chunk)
     T = sum(lens)
     buf = torch.randn(T, H * P + 2 * G * N).to(BF16)  # x/B/C as row views of one projection buffer
@@ -87,7 +89,18 @@ def ssd_call(lens=(5, 300), chunk=128, pool=False, quant=False, z=False):
         kw["final_state_indices"] = torch.tensor([3, 1], dtype=torch.int32)
         if quant:
             kw["final_states_scale"] = torch.ones(6, H, P)
+    if vllm:
+        for name in ("A", "D", "dt_bias"):
+            kw[name] = torch.nn.Parameter(kw[name], requires_grad=False)
+        kw["out"] = torch.empty(T, H * P, dtype=BF16).view(T, -1, P)
+        kw["initial_states"] = torch.zeros(len(lens), H, P, N)
+        kw["final_states_out"] = torch.zeros(6, H * P * N + 64)[:, 32 : 32 + H * P * N].view(6, H, P, N)
+        kw["final_state_indices"] = torch.tensor([3, 1], dtype=torch.int32)[: len(lens)]
     return kw
+
+
+def _with(kw, **changes):
+    return kw | changes
 
 
 SSD_FORMS = {
@@ -95,7 +108,12 @@ SSD_FORMS = {
     "pool-by-index": lambda: ssd_call(pool=True, z=True),
     "int8-pool": lambda: ssd_call(pool=True, quant=True),
     "one-long-split": lambda: ssd_call(lens=(4096,)),
+    "vllm-mixer": lambda: ssd_call(vllm=True),
+    # D as an expanded [H, P] (read through a view of it) and dt read through a staged copy
+    "expanded-D": lambda: _with(ssd_call(), D=torch.rand(H).unsqueeze(1).expand(H, P)),
+    "staged-dt": lambda: _with(ssd_call(), dt=torch.rand(H, 305).t()),
 }
+RECIPE_FORMS = [f for f in SSD_FORMS if f != "staged-dt"]  # the launch objects that stage nothing
 
 
 def run_ssd(kw):
@@ -131,6 +149,58 @@ def test_prefill_hit_equals_the_slow_path(stub, form):
     assert (got is None) == (want is None)
     if got is not None:
         assert got.shape == want.shape and got.dtype == want.dtype
+
+
+@pytest.mark.parametrize("form", list(SSD_FORMS))
+def test_prefill_hit_replays_a_recipe(stub, monkeypatch, form):
+    """A launch object that stages nothing is replayed by its recipe: no call rebuilt, and no torch operation but the
+    returned states' allocation (views of the caller's tensors only where a kernel reads one through a view).
+    One that stages a copy keeps the general launcher."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    run_ssd(SSD_FORMS[form]())
+    (launcher,) = ssd_api.FAST.cache.values()
+    assert hasattr(launcher, "launch_object") == (form in RECIPE_FORMS)
+    if form not in RECIPE_FORMS:
+        return
+    kw = SSD_FORMS[form]()
+    run_ssd(kw)  # the form becomes the latest
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    ops = []
+    monkeypatch.setattr(CallTemplate, "rebuild", lambda *a: pytest.fail("a recipe's hit rebuilt the call"))
+    with Ops():
+        got = run_ssd(kw)
+    want = (["aten.empty"] if "out" not in kw else []) + (["aten.empty"] if got is not None else [])
+    want += ["aten.as_strided"] if form == "expanded-D" else []  # (the kernels read D[:, 0])
+    assert sorted(ops) == sorted(want)
+
+
+def test_prefill_recipe_keeps_a_torch_tensor_in_every_tvm_ffi_call(stub, monkeypatch):
+    """tvm_ffi launches on the stream of the first torch tensor it converts: a recipe converts its constants (workspace,
+    dummies) to tvm_ffi tensors once, except in a kernel call that has no per-call tensor (the split design's
+    hand-over), whose constants stay torch tensors."""
+    from mate.mamba._tilelang import ssd_recipe
+
+    class Converted:
+        def __init__(self, t):
+            self.t = t
+
+    monkeypatch.setattr(ssd_recipe, "is_ffi_function", lambda fn: True)
+    monkeypatch.setattr(ssd_recipe, "ffi_tensor", Converted)
+    launches, _ = stub
+    for _ in range(2):
+        run_ssd(SSD_FORMS["one-long-split"]())
+    del launches[:]
+    run_ssd(SSD_FORMS["one-long-split"]())
+    assert [s.factory for s, _ in launches][2] == "ssd_combine_kernel"
+    for _, args in launches:
+        assert any(isinstance(a, torch.Tensor) for a in args)
+    assert sum(isinstance(a, Converted) for _, args in launches for a in args) > 0
 
 
 def test_split_run_bounds_are_filled_once(stub, monkeypatch):

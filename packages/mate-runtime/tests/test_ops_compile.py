@@ -220,6 +220,22 @@ def test_public_functions_forward_every_argument_in_table_order(monkeypatch, op,
     assert seen[0] == tuple(sentinels[p.name] for p in table)
 
 
+@pytest.mark.parametrize("compiling", [False, True])
+def test_the_prefill_adapter_forwards_every_argument_in_table_order(monkeypatch, compiling):
+    """``mamba_chunk_scan_combined_varlen`` (vLLM's names and order) reaches the same entry as the public function
+    with each argument in its table position; what vLLM's op does not take is its default."""
+    from mate.mamba.adapters import mamba_chunk_scan_combined_varlen
+
+    seen = []
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    monkeypatch.setattr(api_ssd, "trace_ssd" if compiling else "eager_ssd", lambda *a: seen.append(a))
+    vllm = list(inspect.signature(mamba_chunk_scan_combined_varlen).parameters)
+    sentinels = {name: object() for name in vllm}
+    mamba_chunk_scan_combined_varlen(**sentinels)
+    want = tuple(sentinels[p.name] if p.name in sentinels else p.default for p in SSD_PARAMS)
+    assert seen[0] == want and len(want) == len(SSD_PARAMS)
+
+
 def test_ops_are_registered_with_declared_mutations():
     schema = str(torch.ops.mate.selective_state_update.default._schema)
     assert "Tensor(a0!) state" in schema and "Tensor(a13!) out" in schema

@@ -304,11 +304,14 @@ class OpTable:
 def _keyable(name: str, cls, names: dict) -> str:
     """The source test that argument ``name`` of schema type ``cls`` can be keyed exactly (``names``: the globals
     the test reads): None for an unimplemented row, an exact class, None or an exact class for an optional one,
-    a tuple of Python numbers for a sequence of floats."""
+    a pair of Python numbers for a sequence of floats (the one such row, ``dt_limit``, is a (min, max) pair: another
+    value takes the normaliser, which rejects it)."""
     if cls is None:
         return f"{name} is None"
-    if typing.get_origin(cls) is Sequence:  # Sequence[float]
-        return f"({name}.__class__ is tuple and all(v.__class__ is float or v.__class__ is int for v in {name}))"
+    if typing.get_origin(cls) is Sequence:  # Sequence[float]; no generator (~0.4 us a call)
+        names["_number"] = (float, int)
+        return (f"({name}.__class__ is tuple and len({name}) == 2 and {name}[0].__class__ in _number and "
+                f"{name}[1].__class__ in _number)")  # fmt: skip
     optional = isinstance(cls, types.UnionType)
     (exact,) = [c for c in typing.get_args(cls) if c is not type(None)] if optional else (cls,)
     alias = f"_{exact.__name__}"

@@ -15,6 +15,7 @@ the adapters' start-up hooks (``.pth`` lines) import this module in every interp
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import os
 import sys
@@ -270,19 +271,31 @@ def mamba_chunk_scan_combined_varlen(
 
     The vLLM adapter serves it inside vLLM and the FlashInfer-shaped package beside MATE's own prefill name;
     adapters do not import each other, so the one copy is here, where both reach it."""
-    import torch  # (at the call: importing this module imports no torch)
-    from mate.mamba import ssd_combined_fwd_varlen
-
+    tensor, table_entry = _prefill_runtime()
     if out is None:
         raise ValueError("out: got None; expected a preallocated [tokens, heads, dim] tensor (written in place)")
-    if state_dtype is None and isinstance(C, torch.Tensor):
+    if state_dtype is None and isinstance(C, tensor):
         state_dtype = C.dtype  # vLLM: the states come back in C's dtype unless state_dtype says otherwise
-    return ssd_combined_fwd_varlen(
+    # mate.mamba.ssd_combined_fwd_varlen's parameters positionally (its options are keyword-only: binding them
+    # costs ~0.7 us a call)
+    return table_entry()(
         x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx, out, D, z, dt_bias,
-        dt_softplus=dt_softplus, dt_limit=dt_limit, initial_states=initial_states,
-        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype,
-        final_states_out=final_states_out, final_state_indices=final_state_indices,
+        dt_softplus, dt_limit, initial_states, return_intermediate_states, state_dtype,
+        None, None, None,  # checkpoint_token_indices, checkpoint_state_slots, checkpoint_states
+        final_states_out, final_state_indices,
+        None, None,  # initial_states_scale, final_states_scale
+        "auto",  # backend
     )  # fmt: skip
+
+
+@functools.cache
+def _prefill_runtime():
+    """``(torch.Tensor, mate.mamba.ssd.table_entry)``, imported on the first prefill (importing this module imports
+    no torch): a from-import on every call costs ~1.7 us on a 2-core CPU."""
+    import torch
+    from mate.mamba.ssd import table_entry
+
+    return torch.Tensor, table_entry
 
 
 __all__ = ["Adapter", "Patches", "cancel", "mamba_chunk_scan_combined_varlen", "when_imported"]

@@ -31,6 +31,7 @@ from mate.mamba._tilelang.ssd_plan import (
     states_spec,
     tiles,
 )  # fmt: skip
+from mate.mamba._tilelang.ssd_recipe import make_recipe
 from mate.mamba._tilelang.tl_internals import direct_callable
 from mate.mamba._tilelang.workspace import WORKSPACE
 from mate_kernels.abi import SCAN, SSD_SCAN_ARGS, args_of, launch_args
@@ -56,16 +57,23 @@ kernel, _kernels = kernel_lookup(PREWARM_HINT)  # kernel(spec, device), and its 
 def run(call: SSDCall, sources: dict | None = None):
     """Run one normalised call: ``(states or None, launcher)``. The launcher (None without ``sources``, with
     ``MATE_CHECK_INPUTS=1`` or for a call whose fields are not the caller's tensors or views of them) runs a call
-    of the same metadata from the caller's tensors: the call rebuilt without validation
-    (:class:`~mate.mamba._contract.template.CallTemplate`) and launched by the :class:`_Launch` this call
-    prepared (another one only where the caller's pointer alignment differs)."""
+    of the same metadata from the caller's tensors: the :class:`_Launch` this call prepared replayed by its
+    recipe (:mod:`.ssd_recipe`), or, for another pointer alignment or a launch that stages a copy, the call
+    rebuilt without validation (:class:`~mate.mamba._contract.template.CallTemplate`) and launched by the
+    :class:`_Launch` of its alignment."""
     checked = settings.get("MATE_CHECK_INPUTS")
     if checked and not is_capturing(call.x.device):
         check_index_data(call)  # reads the tables back (a sync): the debugging mode only
-    prepared: dict = {}  # pointer alignment -> _Launch
-    result = _launch(call, prepared)
-    return result, CallTemplate.launcher(call, None if checked else sources, lambda c: _launch(c, prepared),
-                                         fresh=("out",))  # fmt: skip
+    key = _pointers(call)
+    launch = _Launch(call)
+    prepared = {key: launch}  # pointer alignment -> _Launch
+    result = launch(call)
+    general = CallTemplate.launcher(call, None if checked else sources, lambda c: _launch(c, prepared),
+                                    fresh=("out",))  # fmt: skip
+    if general is None:
+        return result, None
+    recipe = make_recipe(call, launch, dict(zip(pointer_fields(call), key, strict=True)), sources, general)
+    return result, general if recipe is None else recipe
 
 
 def _launch(call: SSDCall, prepared: dict) -> torch.Tensor | None:
@@ -77,15 +85,20 @@ def _launch(call: SSDCall, prepared: dict) -> torch.Tensor | None:
     return launch(call)
 
 
+def pointer_fields(call: SSDCall) -> tuple[str, ...]:
+    """The fields whose 16-byte alignment a launch depends on beyond the call's metadata: the tensors the scan
+    reads or writes by TMA, and quantised pools (vector access)."""
+    fields = ("x", "B", "C", "out")
+    for name in ("initial_states", "final_states_out"):
+        t = getattr(call, name)
+        if t is not None and t.dtype in QUANT_STATE_DTYPES:
+            fields += (name,)
+    return fields
+
+
 def _pointers(call: SSDCall) -> tuple:
-    """What a launch depends on beyond the call's metadata: 16-byte alignment of the tensors the scan reads or
-    writes by TMA, and of quantised pools (vector access)."""
-    init, pool = call.initial_states, call.final_states_out
-    return (
-        call.x.data_ptr() % 16, call.B.data_ptr() % 16, call.C.data_ptr() % 16, call.out.data_ptr() % 16,
-        init is not None and init.dtype in QUANT_STATE_DTYPES and init.data_ptr() % 16,
-        pool is not None and pool.dtype in QUANT_STATE_DTYPES and pool.data_ptr() % 16,
-    )  # fmt: skip
+    """The key of a call's :class:`_Launch`: its :func:`pointer_fields`' addresses modulo 16."""
+    return tuple(getattr(call, name).data_ptr() % 16 for name in pointer_fields(call))
 
 
 class _Launch:
@@ -196,6 +209,7 @@ class _Launch:
             if self.runs_filled:
                 _fill_runs(self.runs, nchunks)
             self.run_states = WORKSPACE.get(skey, "run_states", (R, H, P, N), torch.float32, dev)
+            self.run_states_rows = self.run_states.view(R, H, P * N)  # as the hand-over reads them
             self.run_dec = WORKSPACE.get(skey, "run_dec", (R, H), torch.float32, dev)
 
     def _in(self, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -206,8 +220,11 @@ class _Launch:
         buf.copy_(t)
         return buf
 
-    def __call__(self, call: SSDCall) -> torch.Tensor | None:
-        p, k = self.p, self.kernels
+    def __call__(self, call: SSDCall, k: dict | None = None) -> torch.Tensor | None:
+        """Launch ``call``'s kernels (``k``: the kernels by name, default the compiled ones; a recipe's dry run
+        passes recorders)."""
+        p = self.p
+        k = self.kernels if k is None else k
         _in = self._in if self.staged else _as_is
         kind = self.states_kind
         if kind == "new":
@@ -245,7 +262,7 @@ class _Launch:
             "states_out": st, "dtA": self.dtA, "tmeta": self.tmeta, "flags": self.flags, "bounds": self.scan_bounds,
         }  # fmt: skip
         if p.design == "split":
-            self._split_scan(values)
+            self._split_scan(values, k)
         else:
             k["scan"](*launch_args(SCAN_ARGS[None], values))
         if out is not call.out:
@@ -260,19 +277,16 @@ class _Launch:
                 pool.copy_(q_pool)
         return None if self.use_fsi else states
 
-    def _split_scan(self, values: dict) -> None:
+    def _split_scan(self, values: dict, k: dict) -> None:
         """The split design (``mate_kernels.ssd_split``): the state pass and the hand-over over ``p.runs`` even
         runs of chunks, then the scan over the same runs, each entering with the true state. ``values``: the scan's
         launch values, its bounds replaced here by the runs'."""
-        p, k = self.p, self.kernels
-        R, nchunks = p.runs, self.nchunks
-        H, P, N = p.scan.heads, p.scan.dim, p.scan.dstate
         runs, run_states, run_dec = self.runs, self.run_states, self.run_dec
         if not self.runs_filled:
-            _fill_runs(runs, nchunks)
+            _fill_runs(runs, self.nchunks)
         k["states"](values["x"], values["B"], values["cu_chunk_seqlens"], runs, values["initial_states"],
                     values["dtA"], values["tmeta"], run_states, run_dec, values["flags"])  # fmt: skip
-        k["combine"](run_states.view(R, H, P * N), run_dec)
+        k["combine"](self.run_states_rows, run_dec)
         values["bounds"], values["run_states"] = runs, run_states
         k["scan"](*launch_args(SCAN_ARGS["split"], values))
 

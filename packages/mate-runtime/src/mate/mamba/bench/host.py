@@ -1,4 +1,5 @@
-"""``python -m mate.mamba.bench.host``: eager host time of ``selective_state_update`` up to the kernel launch, on CPU.
+"""``python -m mate.mamba.bench.host``: eager host time of ``selective_state_update`` and of the SSD prefill up to the
+kernel launches, on CPU.
 
 A CPU-host proxy for the issue's eager-host-time target: the production call shapes are built from real CPU
 tensors (vLLM's strided page pool with page stride and storage offset, x/B/C row views of one conv buffer,
@@ -21,6 +22,13 @@ the median (``--stat min``: the minimum) µs per call of
 The runtime does not import its adapters (they import it), so the vLLM adapter's own wrapper is not timed here:
 it adds its argument checks and one Python call with keywords to the ``mate.mamba`` figures.
 
+The SSD prefill (not with ``--tilelang-wrapper``) is timed the same way, the planner on an H100's SM count, at
+Nemotron-H 8B's shapes (TP1 at 1 x 8192 and 32 x 512: the serial design; TP2 at 1 x 8192: the split one) in two
+forms: vLLM 0.33's mixer call through ``mate.mamba.adapters.mamba_chunk_scan_combined_varlen`` (that one is in the
+runtime: its time is counted), and ``mate-mamba bench ssd``'s public call, whose new fp32 states cost more to
+allocate on a CPU than from a GPU's caching allocator. Columns: ``normalise``, ``plan``, the call with the fast
+path off (``slow``) and on (``hit``); ``--breakdown`` adds the parts of a hit.
+
 Run ``python -m mate.mamba.bench.host [--iters N] [--repeats R] [--stat median|min] [--ffi | --tilelang-wrapper]
 [--breakdown]``. Numbers
 depend on the CPU: compare runs made on one machine (on a shared machine the minimum is the steadier figure).
@@ -39,6 +47,7 @@ import torch
 from mate.mamba import _dispatch as dispatch
 from mate.mamba import settings
 from mate.mamba._ops import SSU
+from mate.mamba.bench import arglists
 
 H, P, N, G = 128, 64, 128, 8  # Nemotron-H 8B at TP1, the headline shape of the targets
 NULL_BLOCK = 0  # vLLM 0.33's sentinel
@@ -273,6 +282,196 @@ def hit_breakdown(call: Call, iters: int = 2000, repeats: int = 7, ffi: bool = F
         }
 
 
+# ------------------------------------------------------------------------------------------------ SSD prefill
+
+SSD_CELLS = (("nemotron-h-8b-tp1", "1x8192"), ("nemotron-h-8b-tp1", "32x512"), ("nemotron-h-8b-tp2", "1x8192"))
+H100 = (9, 132)  # the planner's hardware (compute capability major, SMs): the GPU runs' card, for its designs
+
+
+@dataclass
+class PrefillCall:
+    """One production-shaped prefill call: ``run()`` makes it as its caller does; ``kwargs`` are its arguments as
+    ``mate.mamba.ssd_combined_fwd_varlen``'s keywords."""
+
+    label: str
+    run: Callable[[], object]
+    kwargs: dict
+
+
+def _prefill_tensors(case, lens, io=torch.bfloat16):
+    """x / B / C as row views of the conv1d output (a [tokens, conv_dim] row-major result), dt a column slice of the
+    input projection, out a view of the mixer's preallocated output, A / D / dt_bias fp32 parameters, int32
+    chunk tables (``chunk_metadata``)."""
+    from mate.mamba.chunking import chunk_metadata
+
+    h, p, n, g = case.heads, case.dim, case.dstate, case.groups
+    T = sum(lens)
+    conv_out = torch.zeros(T, h * p + 2 * g * n, dtype=io)
+    x = conv_out[:, : h * p].view(T, h, p)
+    B = conv_out[:, h * p : h * p + g * n].view(T, g, n)
+    C = conv_out[:, h * p + g * n :].view(T, g, n)
+    dt = torch.zeros(T, 2 * g * n + h)[:, -h:]  # (the projection's other columns, shortened)
+    out = torch.empty(T, h * p, dtype=io).view(T, -1, p)
+
+    def param(v):
+        return torch.nn.Parameter(v, requires_grad=False)
+
+    A, D, dt_bias = param(-torch.rand(h)), param(torch.rand(h)), param(torch.rand(h))
+    m = chunk_metadata(list(lens), case.chunk_size)
+    return dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=case.chunk_size, cu_seqlens=m.cu_seqlens,
+                cu_chunk_seqlens=m.cu_chunk_seqlens, last_chunk_indices=m.last_chunk_indices, seq_idx=m.seq_idx,
+                out=out, D=D, dt_bias=dt_bias)  # fmt: skip
+
+
+def vllm_prefill(case_name: str, batch: str, state_dtype=torch.float32) -> PrefillCall:
+    """vLLM 0.33's mixer call (``mamba_mixer2.py``) through MATE's adapter: the final states written into the
+    strided page pool by slot, initial states gathered per call (``torch.where`` over the pool rows: a dense
+    tensor in the pool's dtype), keywords as the mixer passes them."""
+    from mate.mamba.adapters import mamba_chunk_scan_combined_varlen
+    from mate.mamba.bench.shapes import SSD_BATCHES, SSD_CASES
+
+    case, lens = SSD_CASES[case_name], SSD_BATCHES[batch]
+    t = _prefill_tensors(case, lens)
+    h, p, n, g = case.heads, case.dim, case.dstate, case.groups
+    slots = len(lens) + 1
+    conv = 3 * (h * p + 2 * g * n)
+    pool = torch.zeros(slots, conv + h * p * n + 64, dtype=state_dtype)[:, conv : conv + h * p * n].view(slots, h, p, n)
+    init = torch.zeros(len(lens), h, p, n, dtype=state_dtype)
+    fsi = torch.arange(1, len(lens) + 1, dtype=torch.int32)
+    kw = dict(t, initial_states=init, dt_softplus=True, dt_limit=(0.0, float("inf")), state_dtype=state_dtype,
+              final_states_out=pool, final_state_indices=fsi)  # fmt: skip
+    x, dt, A, B, C = (kw[k] for k in ("x", "dt", "A", "B", "C"))
+    rest = {k: v for k, v in kw.items() if k not in ("x", "dt", "A", "B", "C")}
+
+    def run():
+        return mamba_chunk_scan_combined_varlen(x, dt, A, B, C, **rest)
+
+    return PrefillCall(f"vLLM mixer, {case_name} {batch}", run, kw)
+
+
+def bench_prefill(case_name: str, batch: str) -> PrefillCall:
+    """``mate-mamba bench ssd``'s MATE call (its host-time column): the public function, fp32 initial states, the
+    final states returned (a new fp32 tensor per call)."""
+    from mate.mamba import ssd_combined_fwd_varlen
+    from mate.mamba.bench.shapes import SSD_BATCHES, SSD_CASES
+
+    case, lens = SSD_CASES[case_name], SSD_BATCHES[batch]
+    t = _prefill_tensors(case, lens)
+    init = torch.zeros(len(lens), case.heads, case.dim, case.dstate)
+    kw = dict(t, z=None, dt_softplus=True, initial_states=init, state_dtype=torch.float32,
+              return_intermediate_states=False, backend="tilelang")  # fmt: skip
+    names = ("x", "dt", "A", "B", "C", "chunk_size", "cu_seqlens", "cu_chunk_seqlens", "last_chunk_indices",
+             "seq_idx", "out", "D", "z", "dt_bias")  # fmt: skip
+    args = tuple(kw[k] for k in names)
+    rest = {k: v for k, v in kw.items() if k not in names}
+
+    def run():
+        return ssd_combined_fwd_varlen(*args, **rest)
+
+    return PrefillCall(f"bench ssd, {case_name} {batch}", run, kw)
+
+
+def prefill_calls() -> list[PrefillCall]:
+    return [make(c, b) for make in (vllm_prefill, bench_prefill) for c, b in SSD_CELLS]
+
+
+@contextmanager
+def stubbed_prefill(ffi: bool = False):
+    """:func:`stubbed_launch` for the prefill: the TileLang launcher picked for CPU tensors, every kernel a no-op
+    (``ffi``: tvm_ffi's no-op function), the planner on an H100's SM count."""
+    from mate.mamba import ssd as api
+    from mate.mamba._platform.device import Hardware
+    from mate.mamba._tilelang import ssd as tl_ssd
+
+    launched = []
+    saved = (dispatch.resolve_backend, tl_ssd.kernel, tl_ssd.hardware)
+    ffi_nop = _ffi_nop() if ffi else None
+
+    def noop(*args):
+        launched.append(len(args))
+
+    def fake_get(spec, device):
+        if ffi:
+            launched.append(spec)
+            return ffi_nop
+        return noop
+
+    def fake_resolve(requested, device):
+        if requested not in ("auto", "tilelang", "torch"):
+            return saved[0](requested, device)
+        return "torch" if requested == "torch" else "tilelang"
+
+    dispatch.resolve_backend = fake_resolve
+    tl_ssd.kernel = fake_get
+    tl_ssd.hardware = lambda device: Hardware("cuda", *H100)
+    api.FAST.clear()
+    try:
+        with settings.override(MATE_CHECK_INPUTS="0"):
+            yield launched
+    finally:
+        dispatch.resolve_backend, tl_ssd.kernel, tl_ssd.hardware = saved
+        api.FAST.clear()
+
+
+def measure_prefill(call: PrefillCall, iters: int = 2000, repeats: int = 7, ffi: bool = False) -> dict:
+    """Like :func:`measure` for a prefill call: ``normalise`` (``normalize_ssd``), ``plan``, the call with the fast
+    path off (``slow``) and on."""
+    from mate.mamba import ssd as api
+    from mate.mamba._contract.ssd import normalize_ssd
+    from mate.mamba._platform.device import Hardware
+    from mate.mamba._tilelang import ssd_plan
+
+    kw = {k: v for k, v in call.kwargs.items() if k != "backend"}
+    res = {"call": call.label}
+    with stubbed_prefill(ffi) as launched:
+        res["normalise"] = median_us(lambda: normalize_ssd(**kw), iters, repeats)
+        normalised = normalize_ssd(**kw)
+        res["plan"] = median_us(lambda: ssd_plan.plan(normalised, Hardware("cuda", *H100)), iters, repeats)
+        res["hit"] = median_us(call.run, iters, repeats)
+        if not launched:
+            raise RuntimeError("the stubbed kernel was never called: the measurement did not reach the launch")
+        saved = api.FAST.enabled
+        api.FAST.enabled = False
+        try:
+            res["slow"] = median_us(call.run, max(1, iters // 10), repeats)
+        finally:
+            api.FAST.enabled = saved
+    return res
+
+
+def prefill_breakdown(call: PrefillCall, iters: int = 2000, repeats: int = 7, ffi: bool = False) -> dict:
+    """µs of the parts of a prefill hit: the form's check, the launch (the recipe: the pointer check, the returned
+    tensors' allocation, the stubbed kernels' calls), the whole call as its caller makes it, and, for reference,
+    the metadata key and the call rebuilt from the tensors (what a hit did before the recipe)."""
+    from mate.mamba import ssd as api
+    from mate.mamba._contract.template import CallTemplate
+    from mate.mamba._ops import SSD
+
+    tensors = tuple(call.kwargs.get(n) for n in SSD.tensor_names)
+    with stubbed_prefill(ffi):
+        for _ in range(2):  # a miss, then a hit: the form is the latest
+            call.run()
+        scalars, check, launch = api.FAST.latest
+        if launch is None or not check(tensors):
+            raise RuntimeError(f"{call.label}: the latest form's check refused its own call")
+        launch_object = getattr(launch, "launch_object", None)
+        res = {
+            "call": call.label,
+            "check": median_us(lambda: check(tensors), iters, repeats),
+            "launch": median_us(lambda: launch(tensors), iters, repeats),
+            "call total": median_us(call.run, iters, repeats),
+            "key": median_us(lambda: dispatch.fast_key(tensors, scalars), iters, repeats),
+        }
+        if launch_object is not None:
+            from mate.mamba._contract.ssd import normalize_ssd
+
+            normalised = normalize_ssd(**{k: v for k, v in call.kwargs.items() if k != "backend"})
+            sources = dict(zip(SSD.tensor_names, tensors, strict=True))
+            template = CallTemplate.of(normalised, tuple(sources.values()), fresh=("out",))
+            res["rebuild"] = median_us(lambda: template.rebuild(tensors), iters, repeats)
+        return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mate.mamba.bench.host", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=2000, help="calls per timed repeat")
@@ -281,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tilelang-wrapper",
         action="store_true",
         help="launch through the real compiled kernel objects (sm_90a, needs nvcc) with a no-op module, so "
-        "TileLang's Python call wrapper is measured too",
+        "TileLang's Python call wrapper is measured too (the SSU only)",
     )
     ap.add_argument(
         "--ffi",
@@ -290,13 +489,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--stat", choices=("median", "min"), default="median", help="statistic over the repeats")
     ap.add_argument("--breakdown", action="store_true", help="also time the parts of a fast-path hit")
+    ap.add_argument(
+        "--ops",
+        type=lambda v: arglists.names(v, ("ssu", "ssd"), "ops"),
+        default=None,
+        metavar="LIST",
+        help="comma list of ssu, ssd: the ops timed (default both; with --tilelang-wrapper the SSU)",
+    )
     args = ap.parse_args(argv)
     global STAT
     STAT = args.stat
     torch.set_num_threads(1)
-    cols = ("normalise", "plan", "mate.mamba slow", "mate.mamba")
     if args.ffi and args.tilelang_wrapper:
         ap.error("--ffi and --tilelang-wrapper stub the launch in two different places: pass one")
+    if args.ops is None:
+        args.ops = ["ssu"] if args.tilelang_wrapper else ["ssu", "ssd"]
+    if args.tilelang_wrapper and "ssd" in args.ops:
+        ap.error("--tilelang-wrapper times the SSU only (the SSD kernels compile for minutes): pass --ops ssu")
     how = (
         "TileLang wrapper kept, module stubbed"
         if args.tilelang_wrapper
@@ -304,6 +513,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.ffi
         else "kernel object stubbed"
     )
+    if "ssu" in args.ops:
+        _ssu_tables(args, how)
+    if "ssd" in args.ops:
+        _ssd_tables(args, how)
+    return 0
+
+
+def _ssu_tables(args, how: str) -> None:
+    cols = ("normalise", "plan", "mate.mamba slow", "mate.mamba")
     print(f"CPU-host proxy ({how}); {STAT} µs per call (H {H}, P {P}, N {N}, G {G}, bf16)")
     print(f"| call | {' | '.join(cols)} |")
     print(f"|---|{'---:|' * len(cols)}")
@@ -317,7 +535,27 @@ def main(argv: list[str] | None = None) -> int:
         for call in production_calls():
             r = hit_breakdown(call, args.iters, args.repeats, args.ffi)
             print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" for c in parts) + " |", flush=True)
-    return 0
+
+
+def _ssd_tables(args, how: str) -> None:
+    cols = ("normalise", "plan", "slow", "hit")
+    print(f"\nSSD prefill ({how}); {STAT} µs per call, the planner on an H100 ({H100[1]} SMs)")
+    print(f"| call | {' | '.join(cols)} |\n|---|{'---:|' * len(cols)}")
+    for call in prefill_calls():
+        r = measure_prefill(call, args.iters, args.repeats, args.ffi)
+        print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |", flush=True)
+    print(
+        "vLLM mixer: through mate.mamba.adapters (final states into the page pool by slot); bench ssd: the "
+        "public call returning new fp32 states (on a CPU their allocation costs more than on a GPU's caching "
+        "allocator); slow: a tenth of --iters per repeat"
+    )
+    if args.breakdown:
+        parts = ("check", "launch", "call total", "key", "rebuild")
+        print(f"\nprefill hit, {STAT} µs\n| call | {' | '.join(parts)} |\n|---|{'---:|' * len(parts)}")
+        for call in prefill_calls():
+            r = prefill_breakdown(call, args.iters, args.repeats, args.ffi)
+            print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in parts) + " |",
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
