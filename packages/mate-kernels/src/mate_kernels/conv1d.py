@@ -5,38 +5,46 @@ pool's dtype, products rounded to ``prod_dtype``, an fp32 sum from the bias in t
 the pool's dtype first where ``round_via_state``.
 
 Both kernels give a thread ``vec`` consecutive channels: it keeps their ``W - 1`` previous inputs in registers and
-slides them token by token, so each input and output is touched once. Threads of a CTA hold consecutive channel
+slides them along the tokens, so each input and output is touched once. Threads of a CTA hold consecutive channel
 groups: the loads and stores of a token are coalesced when the tensors are channel-contiguous (vLLM's layout).
-With ``vec == 1`` every stride is a runtime value (one compiled kernel for any pool view). With ``vec > 1`` (16
-bytes of the widest dtype) x, out and the pool have channel stride 1 and every other stride a multiple of ``vec``,
-the weight is a dense ``[D, W]`` and the bias dense, all 16-byte aligned and ``D % vec == 0`` (the planner's
-conditions): each token's x, out and pool column, and a thread's weights, move in 16-byte vectors. Every index is
-guarded, so no value of the tables makes a kernel read or write outside its tensors.
+With ``vec == 1`` every stride is a runtime value (one compiled kernel for any pool view). With ``vec > 1`` (8 or
+16 bytes of the widest dtype, :func:`vector_width`) x, out and the pool have channel stride 1 and every other
+stride a multiple of ``vec``, the weight is a dense ``[D, W]`` and the bias dense, all 16-byte aligned and
+``D % vec == 0`` (the planner's conditions): each token's x, out and pool column, and a thread's weights, move in
+vectors. Every index is guarded or clamped, so no value of the tables makes a kernel read or write outside its
+tensors.
 
-``conv1d_update_kernel``: grid (channel blocks, sequences). A sequence on the null block (or a slot outside the
-pool) does nothing; otherwise its slot's history is read, the slot's columns rewritten in ascending order (each
-from a later column or a new token: nothing is read after it is overwritten), then the outputs computed.
+``conv1d_update_kernel``: grid (channel blocks, sequences). A thread issues every load of its sequence before
+any math: the tables (slot, query start, accepted count), then the history (the ``W - 1`` pool columns at the
+accepted offset), its weights and bias and the sequence's first ``group`` tokens, at indices clamped into the
+tensors, so a sequence waits two memory round trips (tables, then the rest). The rewritten pool columns are the
+history's and the tokens' registers (vLLM's columns all lie inside them), stored with the outputs; a sequence on
+the null block (or a slot outside the pool) stores nothing. Tokens past the first ``group`` run one at a time.
 
 ``conv1d_fn_kernel``: grid (token blocks of ``block_t``, channel blocks). A CTA finds the sequences its tokens
 belong to by binary search over ``query_start_loc`` and runs each one's tokens; a sequence's first ``W - 1``
 tokens (whose window reaches into the initial state) are run by the CTA holding its first token, also beyond its
 block, and that CTA alone reads the slot's initial state and writes the final one: no CTA reads a state another
 writes. Tokens of skipped sequences and past the last one are written as zeros. A thread takes its tokens
-:data:`GROUP` at a time (their loads in flight together) and keeps the window in the products' dtype, tap-major,
-so that one tap over its channels is one vector multiply: packed bf16x2 / f16x2 where the products are 16-bit
-(the product of two 16-bit values is exact in fp32, so rounding it once is the contract's rounding), each product
-widened to fp32 by one bit operation, the sum in fp32 as before.
+:data:`GROUP` at a time (their loads in flight together).
+
+Both keep the window in the products' dtype, tap-major, so that one tap over a thread's channels is one vector
+multiply: packed bf16x2 / f16x2 where the products are 16-bit (the product of two 16-bit values is exact in fp32,
+so rounding it once is the contract's rounding), each product widened to fp32 by one bit operation, the sum in
+fp32.
 """
 
 # no ``from __future__ import annotations``: TileLang evaluates the prim_func annotations (closure variables)
 
 MAX_WIDTH = 6
 
-# the tuning space: threads per CTA, channels per thread (1: the scalar form; else 16 bytes of the widest dtype)
-# and, for the prefill, tokens per CTA; the planner's table
-THREADS = (128, 256)
+# the tuning space: threads per CTA, channels per thread (1: the scalar form; else 8 or 16 bytes of the widest
+# dtype), for the prefill tokens per CTA and for the update a sequence's tokens a thread loads together; the
+# planner's table
+THREADS = (32, 64, 128, 256)
 VEC = (1, 2, 4, 8)
 BLOCK_T = (32, 64, 128)
+UPDATE_GROUPS = (1, 2, 4, 8)
 GROUP = 4  # the prefill's tokens per step of a thread (their loads in flight together)
 # the prefill's __launch_bounds__ up to width 4: registers capped at 64 per thread, 8 CTAs of 128 threads per SM
 # (its loop takes no more instructions and spills nothing there; uncapped, ptxas spends 155 registers on overlapping
@@ -51,40 +59,6 @@ def _check(width: int, threads: int, vec: int) -> None:
         raise ValueError(f"threads: expected one of {THREADS}, got {threads!r}")
     if vec not in VEC:
         raise ValueError(f"vec: expected one of {VEC}, got {vec!r}")
-
-
-def _tap_sum(T, *, W: int, prod_dtype: str):
-    """The macro ``acc[v] += sum_j round(win[v, j] * wv[v, j], prod_dtype)``, in tap order (fp32 registers; a
-    channel's window and weights at ``v * W``)."""
-
-    @T.macro
-    def tap_sum(win, wv, acc, v):
-        for j in T.unroll(W):
-            acc[v] = acc[v] + T.cast(T.cast(win[v * W + j] * wv[v * W + j], prod_dtype), "float32")
-
-    return tap_sum
-
-
-def _load_params(T, *, V: int, W: int, has_bias: bool):
-    """The macro loading channels ``[c, c + V)``'s weights into ``rw`` (and, widened, ``wv``: channel ``v``'s taps at
-    ``v * W``) and their bias into ``rb``; the vector form reads a dense weight as one run of ``V * W`` values."""
-
-    @T.macro
-    def load_params(weight, bias, rw, wv, rb, c, D):
-        if V == 1:
-            for j in T.unroll(W):
-                rw[j] = weight[c, j]
-        else:
-            wflat = T.view(weight, shape=(D * W,))
-            for e in T.vectorized(V * W):
-                rw[e] = wflat[c * W + e]
-        for e in T.unroll(V * W):
-            wv[e] = T.cast(rw[e], "float32")
-        if has_bias:
-            for v in T.vectorized(V):
-                rb[v] = bias[c + v]
-
-    return load_params
 
 
 def _silu(T, a):
@@ -123,22 +97,39 @@ def _weights(T, V: int, W: int, D, dtype: str, w0, w1):
 def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype: str, bias_dtype: str,
                          slot_dtype: str, acc_dtype: str, qsl_dtype: str, has_bias: bool, silu: bool, varlen: bool,
                          spec_decode: bool, has_slots: bool, has_null: bool, round_via_state: bool, threads: int = 128,
-                         vec: int = 1):  # fmt: skip
+                         vec: int = 1, group: int = 1):  # fmt: skip
     """The decode update. Arguments, positionally: ``x [rows, D, T]`` and ``out`` (x's dtype), ``weight [D, W]``,
     ``bias [nb]`` (a dummy without one), ``state [S, D, K]``, ``slots [ns]``, ``accepted [na]``, ``qsl [nq]``
-    (their dtypes; dummies where absent), then ``batch``, ``seqlen`` (T, or max_query_len packed), ``state_len``
-    (vLLM's rewritten columns) and ``null_id`` (int64)."""
+    (their dtypes; dummies where absent), then ``batch``, ``seqlen`` (T, or max_query_len packed) and ``null_id``
+    (int64). ``group``: a sequence's tokens a thread loads before computing them (:data:`UPDATE_GROUPS`)."""
     _check(width, threads, vec)
+    if group not in UPDATE_GROUPS:
+        raise ValueError(f"group: expected one of {UPDATE_GROUPS}, got {group!r}")
     import tilelang.language as T
 
-    W, TH, V = width, threads, vec
+    W, TH, V, G = width, threads, vec, group
     f32, i64 = "float32", "int64"
-    tap_sum = _tap_sum(T, W=W, prod_dtype=state_dtype if state_dtype == weight_dtype else f32)
-    load_params = _load_params(T, V=V, W=W, has_bias=has_bias)
+    pd = state_dtype if state_dtype == weight_dtype else f32  # the products' dtype (the contract's)
+    load_taps = _load_taps(T, V=V, W=W, weight_dtype=weight_dtype, pd=pd)
+    store_s = _store_vector(T, V=V, dtype=state_dtype)
+    store_x = _store_vector(T, V=V, dtype=x_dtype)
+    token_out = _token_out(T, V=V, W=W, pd=pd, silu=silu, state_dtype=state_dtype, x_dtype=x_dtype,
+                           via_state=round_via_state)  # fmt: skip
     rows, D, Tn, S, K = T.dynamic("rows, D, Tn, S, K")
     nb, ns, na, nq = T.dynamic("nb, ns, na, nq")
     x0, x1, x2, o0, o1, o2, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, x2, o0, o1, o2, w0, w1, s0, s1, s2", i64)
     bs, ss, as_, qs = T.dynamic("bs, ss, as_, qs", i64)
+
+    @T.macro
+    def store_column(sa, win, rs, slot, c, k, col):  # window slot k (pool-dtype values) into pool column col
+        for v in T.unroll(V):
+            rs[v] = T.cast(win[k * V + v], state_dtype)
+        store_s(sa, rs, (slot,), c, col)
+
+    @T.macro
+    def load_token(xa, win, row, c, t, i):  # token t into window slot i (x rounded to the pool's dtype first)
+        for v in T.vectorized(V):
+            win[i * V + v] = T.cast(T.cast(xa[row, c + v, t], state_dtype), pd)
 
     @T.prim_func
     def conv1d_update(
@@ -152,24 +143,29 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
         qsl: T.StridedTensor((nq,), (qs,), qsl_dtype),
         batch: T.int32,
         seqlen: T.int32,
-        state_len: T.int32,
         null_id: T.int64,
     ):
         xa, oa, sa = _aligned(T, V, x, 1), _aligned(T, V, out, 1), _aligned(T, V, state, 1)
         with T.Kernel(T.ceildiv(D, TH * V), batch, threads=TH) as (bx, b):
             tx = T.get_thread_binding()
-            win = T.alloc_local((V * W,), f32)
-            wv = T.alloc_local((V * W,), f32)
+            win = T.alloc_local(((W - 1 + G) * V,), pd)  # the history, then the group's tokens: token i at i * V
+            wk = T.alloc_local((W * V,), pd)  # tap j at j * V
+            rbw = T.alloc_local((V,), bias_dtype)
+            rb = T.alloc_local((V,), f32)
             acc = T.alloc_local((V,), f32)
-            rx = T.alloc_local((V,), x_dtype)  # one token's x / out in x's dtype
-            rs = T.alloc_local((V,), state_dtype)  # one pool column
-            rw = T.alloc_local((V * W,), weight_dtype)
-            rb = T.alloc_local((V,), bias_dtype)
+            prod = T.alloc_local((V,), pd)
+            rx = T.alloc_local((V,), x_dtype)
+            rs = T.alloc_local((V,), state_dtype)
             slot = T.alloc_var(i64)
             start = T.alloc_var(i64)
             n = T.alloc_var(i64)
             off = T.alloc_var(i64)
             c = (bx * TH + tx) * V
+            # the tables; then the history, the parameters and the first G tokens at indices clamped into their
+            # tensors (the planner launches only with S, Tn >= 1, and D >= V), all before the first branch: a load
+            # is not moved above one, and one whose uses all lie behind a branch is moved below it, so the first
+            # token is computed unconditionally and only the stores are guarded
+            cc = T.min(bx * TH + tx, T.floordiv(D, V) - 1) * V
             slot = T.cast(slots[b], i64) if has_slots else T.cast(b, i64)
             row = 0 if varlen else b
             if varlen:  # the query's tokens, clamped into x and to max_query_len
@@ -178,45 +174,56 @@ def conv1d_update_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_d
             else:
                 start = 0
                 n = T.cast(seqlen, i64)
+            off = 0
+            if spec_decode:  # the accepted window, kept inside the pool's columns
+                off = T.min(T.max(T.cast(accepted[b], i64) - 1, 0), T.cast(K - (W - 1), i64))
             live = c + V <= D and slot >= 0 and slot < T.cast(S, i64) and n > 0
             if has_null:
                 live = live and slot != null_id
-            if live:
-                cols = T.cast(state_len, i64) - (T.cast(seqlen, i64) - n)  # vLLM's shortened rewrite
-                shift = 1 if spec_decode else n
-                off = 0
-                if spec_decode:  # the accepted window, kept inside the pool's columns
-                    off = T.min(T.max(T.cast(accepted[b], i64) - 1, 0), T.cast(K - (W - 1), i64))
-                for j in T.unroll(W - 1):
-                    for v in T.vectorized(V):
-                        rs[v] = sa[slot, c + v, off + j]
+            sc = T.min(T.max(slot, 0), T.cast(S - 1, i64))
+            for k in T.unroll(W - 1):
+                for v in T.vectorized(V):
+                    win[k * V + v] = T.cast(sa[sc, cc + v, off + k], pd)
+            load_taps(weight, wk, cc, D)
+            for v in T.unroll(V):
+                rbw[v] = T.cast(0, bias_dtype)
+            if has_bias:
+                for v in T.vectorized(V):
+                    rbw[v] = bias[cc + v]
+            tn = T.max(T.min(n, G) - 1, 0)  # the first G tokens (clamped: the first is loaded for any n)
+            for u in T.unroll(G):
+                if u <= tn:
+                    load_token(xa, win, row, cc, T.min(start + u, T.cast(Tn - 1, i64)), W - 1 + u)
+            for v in T.unroll(V):
+                rb[v] = T.cast(rbw[v], f32)
+            # vLLM's rewrite: columns [0, cols), cols shortened by the query's shortfall; column i < cols - n takes
+            # history column i + shift (inside the history: the spec decode's shift is 1), the others the tokens
+            cols = T.cast(W - 1 - seqlen, i64) + n + (T.cast(seqlen - 1, i64) if spec_decode else 0)
+            shift = 1 if spec_decode else n
+            for k in T.unroll(W - 1):
+                if live and k >= shift and k - shift < cols - n and k - shift < K:
+                    store_column(sa, win, rs, slot, c, k, k - shift)
+            for u in T.unroll(G):
+                if u == 0 or u < n:
+                    if live and cols - n + u >= 0 and cols - n + u < K:
+                        store_column(sa, win, rs, slot, c, W - 1 + u, cols - n + u)
+                    token_out(win, wk, rb, acc, prod, rx, u)
+                    if live:
+                        store_x(oa, rx, (row,), c, start + u)
+            # a query longer than G: the rest one token at a time
+            for k in T.unroll(W - 1):
+                for v in T.unroll(V):
+                    win[k * V + v] = win[(k + G) * V + v]
+            for i in T.serial(T.if_then_else(live, T.max(n - G, 0), 0)):
+                t = G + i
+                load_token(xa, win, row, c, start + t, W - 1)
+                if cols - n + t >= 0 and cols - n + t < K:
+                    store_column(sa, win, rs, slot, c, W - 1, cols - n + t)
+                token_out(win, wk, rb, acc, prod, rx, 0)
+                store_x(oa, rx, (row,), c, start + t)
+                for k in T.unroll(W - 1):
                     for v in T.unroll(V):
-                        win[v * W + j] = T.cast(rs[v], f32)
-                for i in T.serial(T.min(cols, T.cast(K, i64))):
-                    if i + n < cols:
-                        for v in T.vectorized(V):
-                            rs[v] = sa[slot, c + v, T.min(off + i + shift, T.cast(K - 1, i64))]
-                    else:
-                        for v in T.vectorized(V):
-                            rx[v] = xa[row, c + v, start + i - (cols - n)]
-                        for v in T.unroll(V):
-                            rs[v] = T.cast(rx[v], state_dtype)
-                    for v in T.vectorized(V):
-                        sa[slot, c + v, i] = rs[v]
-                load_params(weight, bias, rw, wv, rb, c, D)
-                for t in T.serial(n):
-                    for v in T.vectorized(V):
-                        rx[v] = xa[row, c + v, start + t]
-                    for v in T.unroll(V):
-                        win[v * W + W - 1] = T.cast(T.cast(rx[v], state_dtype), f32)
-                        acc[v] = T.cast(rb[v], f32) if has_bias else T.float32(0.0)
-                        tap_sum(win, wv, acc, v)
-                        rx[v] = _finish(T, acc[v], silu=silu, state_dtype=state_dtype, out_dtype=x_dtype,
-                                        via_state=round_via_state)  # fmt: skip
-                        for j in T.unroll(W - 1):
-                            win[v * W + j] = win[v * W + j + 1]
-                    for v in T.vectorized(V):
-                        oa[row, c + v, start + t] = rx[v]
+                        win[k * V + v] = win[(k + 1) * V + v]
 
     return conv1d_update
 
@@ -242,17 +249,19 @@ def _add_widened(T, *, V: int, dtype: str):
 
 def _load_taps(T, *, V: int, W: int, weight_dtype: str, pd: str):
     """The macro loading channels ``[c, c + V)``'s weights tap-major into ``wk`` (tap ``j`` at ``j * V``), in the
-    products' dtype. Where both are 16-bit the vector form reads its dense ``V * W`` weights as 16-byte vectors and
-    pairs them into 32-bit words with byte permutes, once: the loop's packed multiplies then take whole words."""
+    products' dtype. The vector form reads its dense ``V * W`` weights as 16-byte vectors; where both dtypes are
+    16-bit it pairs them into 32-bit words with byte permutes, once: the loop's packed multiplies then take whole
+    words."""
     packed = pd == weight_dtype and pd in ("bfloat16", "float16") and V > 1
 
     @T.macro
     def load_taps(weight, wk, c, D):
-        if packed:
+        if V > 1:
             rw = T.alloc_local((V * W,), weight_dtype)
             wflat = T.view(weight, shape=(D * W,))
             for e in T.vectorized(V * W):
                 rw[e] = wflat[c * W + e]
+        if packed:
             src = T.view(rw, shape=(V * W // 2,), dtype="uint32")
             dst = T.view(wk, shape=(V * W // 2,), dtype="uint32")
             for j in T.unroll(W):
@@ -262,31 +271,60 @@ def _load_taps(T, *, V: int, W: int, weight_dtype: str, pd: str):
                     sel = T.if_then_else(a % 2 == 1, 0x32, 0x10) + T.if_then_else(b % 2 == 1, 0x7600, 0x5400)
                     dst[j * V // 2 + h] = T.call_extern("uint32", "__byte_perm", src[a // 2], src[b // 2],
                                                         T.cast(sel, "uint32"))  # fmt: skip
-        else:
+        elif V > 1:
             for j in T.unroll(W):
                 for v in T.unroll(V):
-                    wk[j * V + v] = T.cast(weight[c + v, j], pd)
+                    wk[j * V + v] = T.cast(rw[v * W + j], pd)
+        else:
+            for j in T.unroll(W):
+                wk[j] = T.cast(weight[c, j], pd)
 
     return load_taps
 
 
 def _store_vector(T, *, V: int, dtype: str):
-    """The macro ``dst[c:c + V, t] = buf``: the vector form's through TileLang's explicit 8- / 16-byte global store
-    (a plain vector copy out of a local may reach the device as 4-byte stores)."""
+    """The macro ``dst[*pre, c:c + V, t] = buf`` (``pre``: a tuple of leading indices): the vector form's through
+    TileLang's explicit 8- / 16-byte global store (a plain vector copy out of a local may reach the device as 4-byte
+    stores)."""
     nbytes = V * _BYTES[dtype]
     words = nbytes // 4
 
     @T.macro
-    def store_vector(dst, buf, c, t):
+    def store_vector(dst, buf, pre, c, t):
         if V > 1 and nbytes == 16:
-            T.stg128(dst[c, t], T.view(buf, shape=(1,), dtype=f"uint32x{words}")[0])
+            T.stg128(dst[(*pre, c, t)], T.view(buf, shape=(1,), dtype=f"uint32x{words}")[0])
         elif V > 1 and nbytes == 8:
-            T.stg64(dst[c, t], T.view(buf, shape=(1,), dtype=f"uint32x{words}")[0])
+            T.stg64(dst[(*pre, c, t)], T.view(buf, shape=(1,), dtype=f"uint32x{words}")[0])
         else:
             for v in T.vectorized(V):
-                dst[c + v, t] = buf[v]
+                dst[(*pre, c + v, t)] = buf[v]
 
     return store_vector
+
+
+def _token_out(T, *, V: int, W: int, pd: str, silu: bool, state_dtype: str, x_dtype: str, via_state: bool):
+    """The macro computing one token's output over a thread's ``V`` channels into ``rx`` (x's dtype) from window
+    slots ``[u, u + W)`` (tap-major, the products' dtype ``pd``)."""
+    add_widened = _add_widened(T, V=V, dtype=pd)
+
+    @T.macro
+    def token_out(win, wk, rb, acc, prod, rx, u):
+        for v in T.unroll(V):
+            acc[v] = rb[v]
+        for j in T.unroll(W):
+            for v in T.vectorized(V):
+                prod[v] = win[(u + j) * V + v] * wk[j * V + v]
+            add_widened(acc, prod)
+        for v in T.unroll(V):
+            acc[v] = _silu(T, acc[v]) if silu else acc[v]
+        if via_state:
+            for v in T.vectorized(V):
+                rx[v] = T.cast(T.cast(acc[v], state_dtype), x_dtype)
+        else:
+            for v in T.vectorized(V):
+                rx[v] = T.cast(acc[v], x_dtype)
+
+    return token_out
 
 
 def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype: str, bias_dtype: str,
@@ -303,28 +341,14 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
     W, TH, BT, V, G = width, threads, block_t, vec, GROUP
     f32, i64 = "float32", "int64"
     pd = state_dtype if state_dtype == weight_dtype else f32  # the products' dtype (the contract's)
-    add_widened = _add_widened(T, V=V, dtype=pd)
     load_taps = _load_taps(T, V=V, W=W, weight_dtype=weight_dtype, pd=pd)
     store_x = _store_vector(T, V=V, dtype=x_dtype)
+    token_out = _token_out(T, V=V, W=W, pd=pd, silu=silu, state_dtype=state_dtype, x_dtype=x_dtype, via_state=True)
 
     @T.macro
     def load_token(xa, win, c, t, i):  # token t into the window's slot i (x rounded to the pool's dtype first)
         for v in T.vectorized(V):
             win[i * V + v] = T.cast(T.cast(xa[c + v, t], state_dtype), pd)
-
-    @T.macro
-    def token_out(win, wk, rb, acc, prod, rx, oa, c, t, u):  # token t's output from window slots [u, u + W)
-        for v in T.unroll(V):
-            acc[v] = rb[v]
-        for j in T.unroll(W):
-            for v in T.vectorized(V):
-                prod[v] = win[(u + j) * V + v] * wk[j * V + v]
-            add_widened(acc, prod)
-        for v in T.unroll(V):
-            acc[v] = _silu(T, acc[v]) if silu else acc[v]
-        for v in T.vectorized(V):
-            rx[v] = T.cast(T.cast(acc[v], state_dtype), x_dtype)
-        store_x(oa, rx, c, t)
 
     D, tokens, S, K, nq, nb, ns, ni = T.dynamic("D, tokens, S, K, nq, nb, ns, ni")
     x0, x1, o0, o1, w0, w1, s0, s1, s2 = T.dynamic("x0, x1, o0, o1, w0, w1, s0, s1, s2", i64)
@@ -376,7 +400,7 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                     rx[v] = T.cast(0, x_dtype)
                 z0 = T.max(start_of(qsl, batch), t0)
                 for t in T.serial(T.max(t1 - z0, 0)):  # tokens past the last sequence
-                    store_x(oa, rx, c, z0 + t)
+                    store_x(oa, rx, (), c, z0 + t)
                 # first / last: the last sequence starting at or before t0 / t1 - 1 (a non-empty one holds it)
                 # binary-search steps: the batch's bit length (32 unrolled steps cost ~500 instructions a CTA)
                 steps = 32 - T.call_extern("int32", "__clz", nq - 1)
@@ -431,14 +455,16 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                             for u in T.unroll(G):  # the loads first: G in flight
                                 load_token(xa, win, c, t + u, W - 1 + u)
                             for u in T.unroll(G):
-                                token_out(win, wk, rb, acc, prod, rx, oa, c, t + u, u)
+                                token_out(win, wk, rb, acc, prod, rx, u)
+                                store_x(oa, rx, (), c, t + u)
                             for k in T.unroll(W - 1):
                                 for v in T.vectorized(V):
                                     win[k * V + v] = win[(k + G) * V + v]
                         for r in T.serial(n % G):  # the last tokens one by one
                             t = t_lo + n // G * G + r
                             load_token(xa, win, c, t, W - 1)
-                            token_out(win, wk, rb, acc, prod, rx, oa, c, t, 0)
+                            token_out(win, wk, rb, acc, prod, rx, 0)
+                            store_x(oa, rx, (), c, t)
                             for k in T.unroll(W - 1):
                                 for v in T.vectorized(V):
                                     win[k * V + v] = win[(k + 1) * V + v]
@@ -446,7 +472,7 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
                         for v in T.unroll(V):
                             rx[v] = T.cast(0, x_dtype)
                         for ti in T.serial(n):
-                            store_x(oa, rx, c, t_lo + ti)
+                            store_x(oa, rx, (), c, t_lo + ti)
                     if live and s >= t0 and e > s:  # the final state, by the CTA of the first token
                         n_seq = e - s
                         for i in T.unroll(W - 1):
@@ -468,11 +494,14 @@ def conv1d_fn_kernel(*, width: int, x_dtype: str, state_dtype: str, weight_dtype
     return conv1d_fn
 
 
-def vector_width(*dtypes: str) -> int:
-    """Channels per thread of the vector form: 16 bytes of the widest of ``dtypes``."""
-    return 16 // max(_BYTES[d] for d in dtypes)
+def vector_width(*dtypes: str, nbytes: int = 16) -> int:
+    """Channels per thread of the vector form: ``nbytes`` (8 or 16) of the widest of ``dtypes``."""
+    if nbytes not in (8, 16):
+        raise ValueError(f"nbytes: expected 8 or 16, got {nbytes!r}")
+    return max(1, nbytes // max(_BYTES[d] for d in dtypes))
 
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
-__all__ = ["BLOCK_T", "MAX_WIDTH", "THREADS", "VEC", "conv1d_fn_kernel", "conv1d_update_kernel", "vector_width"]
+__all__ = ["BLOCK_T", "MAX_WIDTH", "THREADS", "UPDATE_GROUPS", "VEC", "conv1d_fn_kernel", "conv1d_update_kernel",
+           "vector_width"]  # fmt: skip

@@ -167,6 +167,7 @@ inline uint __pack_half2(half_t x, half_t y) { return (uint)x.v | ((uint)y.v << 
 inline uint __pack_half2(bfloat16_t x, bfloat16_t y) { return (uint)x.v | ((uint)y.v << 16); }
 
 typedef half2 __half2;
+typedef __nv_bfloat162 nv_bfloat162;  // cuda_bf16.h's alias (a vectorised bf16 <-> fp16 cast names it)
 inline __nv_bfloat162 __float22bfloat162_rn(float2 v) { return __nv_bfloat162{bfloat16_t(v.x), bfloat16_t(v.y)}; }
 inline half2 __float22half2_rn(float2 v) { return half2{half_t(v.x), half_t(v.y)}; }
 // TileLang's packed x2 arithmetic (tl_templates/cuda/common.h): a pair of 16-bit floats is a ``uint1`` in the

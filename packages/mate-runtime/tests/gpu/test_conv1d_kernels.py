@@ -29,6 +29,7 @@ class Case:
     mtp: bool = False
     out: bool = False  # the update: into a caller's out instead of x
     dim: int = 200  # not a multiple of the threads per CTA: the last channel block is partial
+    tokens: int = 4  # the update's tokens per sequence (the longest query) but in the one-token form
 
 
 CASES = [
@@ -75,6 +76,10 @@ CASES = [
     pytest.param(Case(form="dense3", mtp=True, layout="token-contiguous", silu=False), id="update-mtp-dense-vec"),
     pytest.param(Case(form="one", layout="token-contiguous", dim=100), id="update-vec-dim-not-multiple"),
     pytest.param(Case(form="one", layout="misaligned"), id="update-misaligned-pool"),
+    # more tokens than the history: the first ones' pool columns fall before the pool (not written)
+    pytest.param(Case(form="dense3", width=2, layout="token-contiguous", dim=136), id="update-4-tokens-w2-vec"),
+    # a query longer than the tokens a thread loads at once (the rest run one at a time)
+    pytest.param(Case(form="varlen", mtp=True, layout="token-contiguous", tokens=11, dim=136), id="update-mtp-11-vec"),
     pytest.param(Case(layout="misaligned", width=2), id="fn-misaligned-pool"),
 ]
 
@@ -110,7 +115,7 @@ def build(c: Case, seed: int, dev):
         args = dict(x=x, weight=w, bias=bias, conv_states=pool, query_start_loc=torch.tensor(q, dtype=c.qsl,
                     device=dev), cache_indices=idx, has_initial_state=has, activation=act)  # fmt: skip
         return causal_conv1d_fn, args, ("conv_states",)
-    T = 4 if c.form != "one" else 1
+    T = c.tokens if c.form != "one" else 1
     idx = torch.tensor([4, 0, 7, 2, 9, 11], dtype=c.index, device=dev)
     batch = idx.shape[0]
     K = W - 1 + (T - 1 if c.mtp else 0) + 1

@@ -15,7 +15,7 @@ from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
-from mate.mamba._tilelang.conv1d_plan import TUNING, args_fn, args_update, pointers, spec_fn, spec_update
+from mate.mamba._tilelang.conv1d_plan import TUNING, args_fn, args_update, pointers, spec_fn, spec_update, update_group
 from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
 from mate_kernels.conv1d import vector_width
 
@@ -98,11 +98,13 @@ def serving_specs(*, dim, width, io_dtype, state_dtype, weight_dtype, index_dtyp
             specs.append(Conv1dUpdateSpec(
                 **common, slot_dtype=idx, acc_dtype=idx if spec_decode else "int32",
                 qsl_dtype=idx if varlen else "int32", varlen=varlen, spec_decode=spec_decode, has_slots=True,
-                has_null=True, round_via_state=via, threads=TUNING["threads"],
+                has_null=True, round_via_state=via, threads=TUNING["update_threads"],
+                group=update_group(varlen, spec_decode),
             ))  # fmt: skip
     # each in the vector form (vLLM's layout at aligned pointers) and the scalar one (any other call)
-    vec = vector_width(*{n[io_dtype], n[state_dtype], n[weight_dtype]})
-    return specs + [dataclasses.replace(s, vec=vec) for s in specs]
+    dts = {n[io_dtype], n[state_dtype], n[weight_dtype]}
+    vec = {Conv1dFnSpec: vector_width(*dts), Conv1dUpdateSpec: vector_width(*dts, nbytes=TUNING["update_vec_bytes"])}
+    return specs + [dataclasses.replace(s, vec=vec[type(s)]) for s in specs]
 
 
 def prewarm(device, **config) -> None:
@@ -133,7 +135,7 @@ def compile_grid() -> list:
         specs.append(Conv1dUpdateSpec(
             width=width, x_dtype=io, state_dtype=pool, weight_dtype=io, bias_dtype=io, slot_dtype="int32",
             acc_dtype="int32", qsl_dtype="int32", has_bias=True, silu=True, varlen=False, spec_decode=False,
-            has_slots=False, has_null=False, round_via_state=via, threads=TUNING["threads"],
+            has_slots=False, has_null=False, round_via_state=via, threads=TUNING["update_threads"],
         ))  # fmt: skip
     return specs
 

@@ -7,11 +7,12 @@ arguments per call (:func:`args_update` / :func:`args_fn`).
 The spec also depends on the pointers' 16-byte alignment (:func:`pointers`: the vector form needs it), which a
 fast-path launcher re-checks per call.
 
-The tuning is data (:data:`TUNING`): threads per CTA and the prefill's tokens per CTA; a thread's channels are
-16 bytes of the widest dtype where the layout allows (:func:`vector_width`), else one. The prefill's token blocks
-trade the CTAs' count against the per-CTA start (weights, the sequence search, the window): 32 tokens make 2560
-CTAs at 1 x 8192 and dim 10240, 2.4 rounds of the 8 CTAs an SM holds at the kernel's 64 registers (64 tokens: 1.2
-rounds, the second mostly empty). Not yet measured against 64 and 128 (docs/benchmarks/conv1d.md).
+The tuning is data (:data:`TUNING`): threads per CTA, the prefill's tokens per CTA and the update's tokens per
+step; a thread's channels are 16 bytes (the update: TUNING's) of the widest dtype where the layout allows
+(:func:`vector_width`), else one. The prefill's token blocks trade the CTAs' count against the per-CTA start
+(weights, the sequence search, the window): 32 tokens make 2560 CTAs at 1 x 8192 and dim 10240, 2.4 rounds of the
+8 CTAs an SM holds at the kernel's 64 registers (64 tokens: 1.2 rounds, the second mostly empty). Not yet measured
+against 64 and 128 (docs/benchmarks/conv1d.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,20 @@ from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._tilelang.specs import Conv1dFnSpec, Conv1dUpdateSpec
 from mate_kernels.conv1d import vector_width as _vec_of
 
-TUNING = {"threads": 128, "block_t": 32}
+TUNING = {
+    "threads": 128,  # the prefill's
+    "block_t": 32,
+    # the update: 64 threads a CTA (512 channels in the vector form) spread batch 1 at dim 10240 over 20 SMs, halving
+    # each SM's share of the loads and of the MTP math; at large batches the registers, not the CTAs, bound an SM's
+    # threads either way. Not yet measured against 128 (docs/benchmarks/conv1d.md)
+    "update_threads": 64,
+    # the update's bytes per access of a thread (its channels: these bytes of the widest dtype); 8 halves a thread's
+    # math (not yet measured)
+    "update_vec_bytes": 16,
+    # the MTP forms (num_accepted_tokens, query_start_loc) load up to 8 tokens of a sequence before computing them:
+    # vLLM's drafts are 1 + k tokens, k <= 7; the one-token form 1 (later tokens run one at a time)
+    "mtp_group": 8,
+}
 
 _NAMES = {**DTYPE_NAMES, torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -60,11 +74,14 @@ def _vec_ok(v: int, dim: int, dense: tuple, strided: tuple, others: tuple = ()) 
 
 
 def vector_width(call) -> int:
-    """Channels per thread for this call: 16 bytes of the widest dtype where the layout allows, else 1."""
+    """Channels per thread for this call: 16 bytes (the update: :data:`TUNING`'s) of the widest dtype where the
+    layout allows, else 1."""
     w = call.weight
     bias = () if call.bias is None else (call.bias,)
-    v = _vec_of(*(_name(t.dtype) for t in (call.x, call.state, w, *bias)))
-    axis = 1 if isinstance(call, Conv1dUpdateCall) else 0
+    update = isinstance(call, Conv1dUpdateCall)
+    v = _vec_of(*(_name(t.dtype) for t in (call.x, call.state, w, *bias)),
+                nbytes=TUNING["update_vec_bytes"] if update else 16)  # fmt: skip
+    axis = 1 if update else 0
     tensors = (call.x, call.out, call.state, w, *bias)
     ok = _vec_ok(v, call.x.shape[axis], ((call.x, axis), (call.out, axis), (call.state, 1)), tensors, (w, *bias))
     return v if ok else 1
@@ -79,8 +96,10 @@ def pointers(call) -> tuple:
 
 
 def spec_update(call: Conv1dUpdateCall) -> Conv1dUpdateSpec | None:
-    """The decode update's kernel, or None for a call without sequences (nothing to launch)."""
-    if call.batch == 0:
+    """The decode update's kernel, or None for a call without sequences, tokens or pool slots (nothing to launch:
+    without slots every sequence is on the null block). The kernel reads at indices clamped into x and the pool,
+    so it needs both non-empty."""
+    if call.batch == 0 or call.x.shape[2] == 0 or call.state.shape[0] == 0:
         return None
     bias = call.bias if call.bias is not None else call.weight
     return Conv1dUpdateSpec(
@@ -89,9 +108,16 @@ def spec_update(call: Conv1dUpdateCall) -> Conv1dUpdateSpec | None:
         acc_dtype=_index_dtype(call.num_accepted_tokens), qsl_dtype=_index_dtype(call.query_start_loc),
         has_bias=call.bias is not None, silu=call.silu, varlen=call.query_start_loc is not None,
         spec_decode=call.num_accepted_tokens is not None, has_slots=call.slots is not None,
-        has_null=call.null_block_id is not None, round_via_state=call.round_via_state, threads=TUNING["threads"],
-        vec=vector_width(call),
+        has_null=call.null_block_id is not None, round_via_state=call.round_via_state,
+        threads=TUNING["update_threads"], vec=vector_width(call),
+        group=update_group(call.query_start_loc is not None, call.num_accepted_tokens is not None),
     )  # fmt: skip
+
+
+def update_group(varlen: bool, spec_decode: bool) -> int:
+    """The update's tokens per step by call form (not by ``seqlen``, so prewarm knows the kernel): the MTP forms'
+    :data:`TUNING` value, else 1."""
+    return TUNING["mtp_group"] if varlen or spec_decode else 1
 
 
 def args_update(call: Conv1dUpdateCall) -> tuple:
@@ -102,8 +128,7 @@ def args_update(call: Conv1dUpdateCall) -> tuple:
     null = call.null_block_id if call.null_block_id is not None else 0
     return (call.x, call.out, call.weight, bias, call.state, idx if call.slots is None else call.slots,
             idx if call.num_accepted_tokens is None else call.num_accepted_tokens,
-            idx if call.query_start_loc is None else call.query_start_loc, call.batch, call.seqlen, call.state_len,
-            null)  # fmt: skip
+            idx if call.query_start_loc is None else call.query_start_loc, call.batch, call.seqlen, null)  # fmt: skip
 
 
 def plan_update(call: Conv1dUpdateCall):
@@ -154,4 +179,4 @@ def grid_fn(spec: Conv1dFnSpec, call: Conv1dFnCall) -> tuple[int, int, int]:
 
 
 __all__ = ["TUNING", "args_fn", "args_update", "grid_fn", "grid_update", "plan_fn", "plan_update", "pointers",
-           "spec_fn", "spec_update", "vector_width"]  # fmt: skip
+           "spec_fn", "spec_update", "update_group", "vector_width"]  # fmt: skip

@@ -372,6 +372,7 @@ class Conv1dUpdateSpec(KernelSpec):
     round_via_state: bool
     threads: int
     vec: int = 1  # channels per thread: 1 the scalar form, else 16-byte vector accesses
+    group: int = 1  # a sequence's tokens a thread loads before computing them
 
     def pass_configs(self) -> dict:
         return _conv1d_pass_configs(self.vec)
