@@ -10,7 +10,7 @@ every head of a group. Here one CTA per (sequence, ``heads_per_cta`` heads of on
   heads (``dt + dt_bias``, softplus where asked) and each head's dt' ring;
 - **dot products** ``cb[t, j] = B_j . C_t`` for every new token ``t`` and every token ``j`` from ``first`` up to it
   (``first``: 0, or the live count on a flush, whose new tokens start from the folded state), each over ``DL``
-  lanes, the lane groups over ``j``;
+  lanes, a lane group per token ``j`` against every new token's C;
 - **prefix sums** ``cum`` of ``A dt'`` over the step's tokens (live oldest first, then the new ones): one warp
   scan per head;
 - **each head's record** (:func:`.ssu_ring.table_layout`): ``coef[t, j] = exp(cum_t - cum_j) dt'_j cb[t, j]``, the
@@ -165,7 +165,7 @@ def replay_table_kernel(
             rb = T.alloc_local((NVD * IOV,), io_dtype)
             bv = T.alloc_local((NVD * IOV,), f32)
             cv = T.alloc_local((NVD * IOV,), f32)
-            dot = T.alloc_local((1,), f32)
+            dot = T.alloc_local((TN,), f32)
             sc = T.alloc_local((1,), f32)
             carry = T.alloc_local((1,), f32)
             dq = T.alloc_local((1,), f32)
@@ -234,23 +234,29 @@ def replay_table_kernel(
                         dts[hh, ri] = dq[0]
                 T.sync_threads()
                 first = T.if_then_else(pk + tb > window, pk, 0)  # a flush: the new tokens start from the fold
-                # cb[t, j] = B_j . C_t for the tokens j from first up to t, a dot product per lane group (the last
-                # one of a round repeated by the groups past it: every lane takes part in the shuffles)
-                for t in T.serial(tb):
-                    lane_vals(cv, rb, Cn, t, lane)
-                    for jj in T.serial((pk + t + DG - first) // DG):
-                        j = T.min(first + jj * DG + grp, pk + t)
-                        if j < pk:
-                            lane_vals(bv, rb, Bs, wrap(rs + j, L), lane)
-                        else:
-                            lane_vals(bv, rb, Bn, j - pk, lane)
-                        dot[0] = T.float32(0)
-                        for k in T.unroll(NVD * IOV):
-                            dot[0] = dot[0] + bv[k] * cv[k]
-                        for d in T.unroll(LOG_DL):
-                            dot[0] = dot[0] + T.shfl_xor(dot[0], DL >> (d + 1))
-                        if lane == 0:
-                            cb[t, j] = dot[0]
+                # cb[t, j] = B_j . C_t for the tokens j from first up to t: a lane group per token j, against every
+                # new token's C at once (independent sums, so their reductions overlap: a round per DG tokens j, not
+                # per (t, j)); the last j of a round repeated by the groups past it, so every lane takes part in
+                # the shuffles (a guard on t < tb is the CTA's own)
+                for jj in T.serial((pk + tb - first + DG - 1) // DG):
+                    j = T.min(first + jj * DG + grp, pk + tb - 1)
+                    if j < pk:
+                        lane_vals(bv, rb, Bs, wrap(rs + j, L), lane)
+                    else:
+                        lane_vals(bv, rb, Bn, j - pk, lane)
+                    for t in T.unroll(TN):
+                        if t < tb:
+                            lane_vals(cv, rb, Cn, t, lane)
+                            dot[t] = T.float32(0)
+                            for k in T.unroll(NVD * IOV):
+                                dot[t] = dot[t] + bv[k] * cv[k]
+                    for d in T.unroll(LOG_DL):
+                        for t in T.unroll(TN):
+                            if t < tb:
+                                dot[t] = dot[t] + T.shfl_xor(dot[t], DL >> (d + 1))
+                    for t in T.unroll(TN):
+                        if T.And(t < tb, T.And(lane == 0, j <= pk + t)):
+                            cb[t, j] = dot[t]
                 # each head's prefix sums of A dt' over the step's tokens, and dt' by position: one warp per head
                 # (every warp scans, a warp past the CTA's heads scans its last one again and stores nothing)
                 for k in T.unroll(HI):
