@@ -235,6 +235,9 @@ CASES = [
     # 32-position chunks, live tokens up to 38)
     pytest.param(Case(state=BF16, L=17, slots=14), id="ring17-bf16"),
     pytest.param(Case(T=2, L=40, slots=14), id="ring40-mtp2-fp32"),
+    # 24 heads per group: the table design's two CTAs of 12 heads per group (the group's dot products in each, B
+    # appended by the first), packed rows of 0-3 tokens
+    pytest.param(Case(state=BF16, H=48, G=2, T=3, L=9, packed=True, batch=6, slots=10), id="ratio24-packed-mtp3"),
 ]
 
 
