@@ -196,7 +196,9 @@ def replay_specs() -> list:
     specs = []
     for c in _cases(t):
         pool, kw = t.build(c, 0, dev="cpu")
-        specs += plan_replay_state_update(*pool.values(), **kw)
+        for design in replay_plan.DESIGNS:  # (the test runs each case through both designs)
+            with replay_plan.forcing(design):
+                specs += plan_replay_state_update(*pool.values(), **kw)
     for cfg in serving_configs():
         specs += replay_plan.serving_specs(**cfg)
     return list(dict.fromkeys(specs))

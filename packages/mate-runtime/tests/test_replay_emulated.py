@@ -1,9 +1,11 @@
-"""The TileLang ReplaySSM kernel's generated CUDA, run on the CPU (``tests/emulate``), against the reference backend.
+"""The TileLang ReplaySSM kernels' generated CUDA, run on the CPU (``tests/emulate``), against the reference backend.
 
 The same cases and checks as the GPU test ``tests/gpu/test_replay_kernels.py`` (every state format, one-token /
-MTP / packed varlen, flushes and not, pads, strided pools, mixed table dtypes), with the kernel the planner picks
-for each call executed from the exact source its compiled kernel has; and a trace of calls with the host's ring
-bookkeeping between them, through ring wrap-arounds and flushes. Needs TileLang (no nvcc) and g++.
+MTP / packed varlen, flushes and not, pads, strided pools, mixed table dtypes), each through both designs (the
+fused kernel, and the table design's table and rows kernels: the planner's choice forced either way), with the
+kernels the planner picks for each call executed from the exact source their compiled kernels have, one after
+another over their launch grids; and a trace of calls with the host's ring bookkeeping between them, through ring
+wrap-arounds and flushes. Needs TileLang (no nvcc) and g++.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "emulate"), str(HERE / "gpu")]
 
-from cuda_emulator import launch_spec, unavailable  # noqa: E402
+from cuda_emulator import Emulated, unavailable  # noqa: E402
 from mate.mamba import advance_replay_ring, replay_state_update  # noqa: E402
 from mate.mamba._contract.replay import check_replay_data, normalize_replay  # noqa: E402
 from mate.mamba._tilelang import replay_plan  # noqa: E402
@@ -29,24 +31,44 @@ if (why := unavailable()) is not None:
     pytest.skip(why, allow_module_level=True)
 
 
+_built: dict = {}  # spec -> Emulated, once per process
+
+
+@pytest.fixture(params=replay_plan.DESIGNS)
+def table(request):
+    """Whether the test's calls run the table design: every call of the test forced into the fixture's design."""
+    with replay_plan.forcing(request.param):
+        yield request.param == "table"
+
+
+def launch(call) -> list:
+    """The planner's kernels for a normalised call, run on the CPU one after another over their launch grids; their
+    specs."""
+    planned = replay_plan.plan(call) or ()
+    for spec, args in planned:
+        em = _built.get(spec)
+        if em is None:
+            em = _built[spec] = Emulated(spec.build(), spec.pass_configs())
+        grid, threads = replay_plan.grid(spec, call)
+        em(*args, grid=grid, threads=threads)
+    return [spec for spec, _ in planned]
+
+
 def emulated_kernel(pool, kw) -> None:
-    """``replay_state_update`` on the TileLang backend, its kernel run on the CPU: the planner's spec and
-    arguments for the call, the launch grid ``(P blocks, heads, sequences)``."""
+    """``replay_state_update`` on the TileLang backend, its kernels run on the CPU."""
     call = normalize_replay(*pool.values(), **kw)
     check_replay_data(call)
-    planned = replay_plan.plan(call)
-    if planned is not None:
-        launch_spec(*planned, dim=call.state.shape[2], heads=call.state.shape[1], rows=call.nseq)
+    launch(call)
 
 
 @pytest.mark.parametrize("c", CASES)
-def test_emulated_kernel_matches_reference(c):
+def test_emulated_kernel_matches_reference(c, table):
     if c.batch * c.H > 1024:  # the same form at a size the CPU runs in seconds (16 heads per group kept)
         c = replace(c, batch=8, H=32, G=2, slots=12)
     check(c, kernel=emulated_kernel, dev="cpu")
 
 
-def test_emulated_trace_with_ring_bookkeeping():
+def test_emulated_trace_with_ring_bookkeeping(table):
     """12 calls of 2 tokens on 6 of 8 slots, ring 5 (window 3): the kernel and the reference side by side from one
     pool, the trackers advanced between calls with random accepted counts; every output and, at the end, every
     checkpoint and ring agree."""
@@ -76,7 +98,7 @@ def test_emulated_trace_with_ring_bookkeeping():
     torch.testing.assert_close(mine["dt_cache"], ref["dt_cache"], rtol=1e-6, atol=1e-6)
 
 
-def test_emulated_tables_out_of_range_stay_inside_the_tensors():
+def test_emulated_tables_out_of_range_stay_inside_the_tensors(table):
     """Slots outside the pool (above and below; not the sentinel), a ``ring_start`` far outside the ring and live
     counts below 0 and above the window, with the debugging check off (the reference refuses such tables): the
     pool is a view between guard slots, which stay bit-identical, the rows of the bad sequences stay unwritten,
@@ -98,7 +120,7 @@ def test_emulated_tables_out_of_range_stay_inside_the_tensors():
     k1 = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     k1["state_batch_indices"] = slots
     call = normalize_replay(*mine.values(), **k1)
-    launch_spec(*replay_plan.plan(call), dim=c.P, heads=c.H, rows=call.nseq)
+    assert len(launch(call)) == (2 if table else 1)
     assert torch.equal(big[:2], guard[:2]) and torch.equal(big[2 + S :], guard[2 + S :]), "a guard slot was written"
     assert torch.isnan(k1["out"][[1, 4]]).all(), "a sequence on a slot outside the pool wrote its output"
     # the good sequences (slots 0 and 2 untouched tables; slot 3's negative count read as 0) as the reference

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 ONE_TOKEN, PACKED = "one_token", "packed"
 REPLAY, MATERIALIZE, MATERIALIZE_LAYERS, SCAN = "replay", "materialize", "materialize_layers", "scan"
+REPLAY_TABLE, REPLAY_ROWS = "replay_table", "replay_rows"
 VARIANTS = (None, "scaled", "sr", "scaled+sr", "split")
 
 
@@ -103,6 +104,53 @@ REPLAY_ARGS = _one_kernel(
     Arg("out"),
     Arg("slots", dtype_field="slot_dtype"),
     Arg("cu"),
+    Arg("nseq", "int32"),
+    Arg("ntok", "int32"),
+    Arg("window", "int32"),
+    Arg("pad", "int64"),
+    Arg("flags", "int32"),
+    Arg("state_scale", variant="scaled"),
+    Arg("rand_seed", variant="sr"),
+)
+
+# The two kernels of ReplaySSM's table design (mate_kernels.ssu_replay_table, then ssu_replay.replay_rows_kernel):
+# the table kernel, one CTA per (sequence, group), writes each head's token table into ``table`` (and appends B
+# and dt' to the rings); the rows kernel reads it and does the state rows' work (and appends x).
+REPLAY_TABLE_ARGS = _one_kernel(
+    REPLAY_TABLE,
+    Arg("B_cache", dtype_field="io_dtype"),
+    Arg("dt_cache"),
+    Arg("ring_start"),
+    Arg("pnat"),
+    Arg("dt", dtype_field="dt_dtype"),
+    Arg("A"),
+    Arg("B"),
+    Arg("C"),
+    Arg("dt_bias"),
+    Arg("slots", dtype_field="slot_dtype"),
+    Arg("cu"),
+    Arg("table"),
+    Arg("nseq", "int32"),
+    Arg("ntok", "int32"),
+    Arg("window", "int32"),
+    Arg("pad", "int64"),
+    Arg("flags", "int32"),
+)
+REPLAY_ROWS_ARGS = _one_kernel(
+    REPLAY_ROWS,
+    Arg("state", dtype_field="state_dtype"),
+    Arg("x_cache"),
+    Arg("B_cache"),
+    Arg("ring_start"),
+    Arg("pnat"),
+    Arg("x", dtype_field="io_dtype"),
+    Arg("C"),
+    Arg("D"),
+    Arg("z"),
+    Arg("out"),
+    Arg("slots", dtype_field="slot_dtype"),
+    Arg("cu"),
+    Arg("table"),
     Arg("nseq", "int32"),
     Arg("ntok", "int32"),
     Arg("window", "int32"),
@@ -242,6 +290,7 @@ def prim_func(T, name: str, family: tuple[Arg, ...], kernel: str, variant: str |
     return T.prim_func(scope[name])
 
 
-__all__ = ["Arg", "ArgList", "SSU_ARGS", "REPLAY_ARGS", "MATERIALIZE_ARGS", "MATERIALIZE_LAYERS_ARGS",
-           "SSD_SCAN_ARGS", "ONE_TOKEN", "PACKED", "REPLAY", "MATERIALIZE", "MATERIALIZE_LAYERS", "SCAN", "VARIANTS",
+__all__ = ["Arg", "ArgList", "SSU_ARGS", "REPLAY_ARGS", "REPLAY_TABLE_ARGS", "REPLAY_ROWS_ARGS", "MATERIALIZE_ARGS",
+           "MATERIALIZE_LAYERS_ARGS", "SSD_SCAN_ARGS", "ONE_TOKEN", "PACKED", "REPLAY", "REPLAY_TABLE", "REPLAY_ROWS",
+           "MATERIALIZE", "MATERIALIZE_LAYERS", "SCAN", "VARIANTS",
            "args_of", "launch_args", "prim_func"]  # fmt: skip

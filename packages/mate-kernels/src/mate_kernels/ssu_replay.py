@@ -44,7 +44,7 @@ of at most ``ring_rows`` rows and at most ``new_rows`` tokens per sequence).
 
 from types import SimpleNamespace
 
-from .abi import REPLAY, REPLAY_ARGS, prim_func
+from .abi import REPLAY, REPLAY_ARGS, REPLAY_ROWS, REPLAY_ROWS_ARGS, prim_func
 from .ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, SSUTiling, choose_tiling
 
 
@@ -81,10 +81,54 @@ def replay_kernel(
     what they mean for :func:`.ssu.ssu_kernel`; ``vector_io``: the rings' rows in 16-byte pieces (their outer
     strides and bases on the 16-byte grid).
     """
+    return _replay(dim=dim, dstate=dstate, heads_per_group=heads_per_group, state_dtype=state_dtype,
+                   io_dtype=io_dtype, dt_dtype=dt_dtype, slot_dtype=slot_dtype, ring_rows=ring_rows, new_rows=new_rows,
+                   tiling=tiling, min_blocks=min_blocks, philox_rounds=philox_rounds, vector_state=vector_state,
+                   vector_io=vector_io)  # fmt: skip
+
+
+def replay_rows_kernel(
+    *,
+    dim: int,
+    dstate: int,
+    heads_per_group: int,
+    state_dtype: str,
+    io_dtype: str,
+    slot_dtype: str = "int32",
+    ring_rows: int = 32,
+    new_rows: int = 1,
+    tiling: SSUTiling | None = None,
+    min_blocks: int = 0,
+    philox_rounds: int = 0,
+    vector_state: bool = True,
+    vector_io: bool = True,
+    pdl: bool = False,
+):
+    """Return the ``T.prim_func`` of the rows kernel of the table design: :func:`replay_kernel`'s work with each
+    head's token table read from the workspace that :func:`.ssu_replay_table.replay_table_kernel` wrote (its
+    record: :func:`.ssu_ring.table_layout`) instead of computed by every CTA. It stages no new B row and no dt',
+    the B ring only on a flush, and appends only x (the table kernel appends B and dt'). Grid ``(P / block_p, H,
+    sequences)``, as the fused kernel's.
+
+    Arguments (:data:`.abi.REPLAY_ROWS_ARGS`): ``state``, ``x_cache``, ``B_cache``, ``ring_start``, ``pnat``,
+    ``x``, ``C``, ``D``, ``z``, ``out``, ``slots``, ``cu`` as for :func:`replay_kernel`, ``table [TS, H, rec]`` fp32,
+    ``nseq, ntok, window, pad, flags``, then the variant's ``state_scale`` / ``rand_seed``. ``pdl``: launched as
+    a programmatic dependent of the table kernel (CUDA sm_90+): the state and ring loads are issued before it waits
+    for the table."""
+    return _replay(dim=dim, dstate=dstate, heads_per_group=heads_per_group, state_dtype=state_dtype,
+                   io_dtype=io_dtype, dt_dtype="float32", slot_dtype=slot_dtype, ring_rows=ring_rows,
+                   new_rows=new_rows, tiling=tiling, min_blocks=min_blocks, philox_rounds=philox_rounds,
+                   vector_state=vector_state, vector_io=vector_io, rows=True, pdl=pdl)  # fmt: skip
+
+
+def _replay(*, dim, dstate, heads_per_group, state_dtype, io_dtype, dt_dtype, slot_dtype, ring_rows, new_rows, tiling,
+            min_blocks, philox_rounds, vector_state, vector_io, rows=False, pdl=False):  # fmt: skip
+    """The fused kernel, or with ``rows`` the table design's rows kernel (one body: what differs is chosen here,
+    at build time)."""
     import tilelang.language as T
 
     from .ssu_parts import row_ops
-    from .ssu_ring import checkpoint_ops, checkpoint_variant, ring_ops
+    from .ssu_ring import checkpoint_ops, checkpoint_variant, ring_ops, table_layout
 
     variant = checkpoint_variant(state_dtype, philox_rounds)
     P, N, ratio = int(dim), int(dstate), int(heads_per_group)
@@ -105,8 +149,10 @@ def replay_kernel(
     D_ITERS, NB_ITERS, NX_ITERS, ND_ITERS = rops.D_ITERS, rops.NB_ITERS, rops.NX_ITERS, rops.ND_ITERS
     lane_row, put, wrap = rops.lane_row, rops.put, rops.wrap
     NCH = -(-CH // 32)  # 32-position chunks of the prefix scan
+    lay = table_layout(CH, TN)
+    REC = lay.rec
 
-    S, H, G, L, XB, XT, HD, HB, LS, LC = T.dynamic("S, H, G, L, XB, XT, HD, HB, LS, LC")
+    S, H, G, L, XB, XT, HD, HB, LS, LC, TS = T.dynamic("S, H, G, L, XB, XT, HD, HB, LS, LC, TS")
     ZB, ZT, HZ, PZ = T.dynamic("ZB, ZT, HZ, PZ")
     s_s0, s_s1, q_s0, q_s1 = T.dynamic("s_s0, s_s1, q_s0, q_s1", i64)
     xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2 = T.dynamic("xc0, xc1, xc2, bc0, bc1, bc2, dc0, dc1, dc2", i64)
@@ -135,6 +181,7 @@ def replay_kernel(
         cu=T.Tensor((LC,), "int32"),
         state_scale=T.StridedTensor((S, H, P), (q_s0, q_s1, 1), f32),
         rand_seed=T.Tensor((1,), i64),
+        table=T.Tensor((TS, H, REC), f32),
     )
 
     def softplus(d):
@@ -160,8 +207,8 @@ def replay_kernel(
             out[xb, t0 + t, h, p] = T.cast(y, io_dtype)
 
     @T.macro
-    def body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
-             nseq, ntok, window, pad, flags, scale, seed_t):  # fmt: skip
+    def common(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
+               table, nseq, ntok, window, pad, flags, scale, seed_t):  # fmt: skip
         pool = aligned(state, vector_state)
         ring_b = aligned(B_cache, vector_io, IOB)  # (the rings' outer strides on the 16-byte grid: vector_io)
         ring_x = aligned(x_cache, vector_io, IOB)
@@ -180,18 +227,23 @@ def replay_kernel(
             # tokens' at once, the ring's and the state's together once the slot is (one round trip after).
             Bs = T.alloc_shared((CH, N), io_dtype)
             Xs = T.alloc_shared((CH, BP), io_dtype)
-            dts = T.alloc_shared((CH,), f32)
-            Bn = T.alloc_shared((TN, N), io_dtype)
+            if not rows:
+                dts = T.alloc_shared((CH,), f32)
+                Bn = T.alloc_shared((TN, N), io_dtype)
             Cn = T.alloc_shared((TN, N), io_dtype)
             Xn = T.alloc_shared((TN, BP), io_dtype)
-            dtn = T.alloc_shared((TN,), f32)
+            if not rows:
+                dtn = T.alloc_shared((TN,), f32)
             # (static shared buffers: each its own buffer, so writing one inside a loop that reads the dynamic
             # buffer does not make TileLang fence every iteration)
-            cum = T.alloc_shared((CH,), f32, scope="shared")
-            dtp = T.alloc_shared((CH,), f32, scope="shared")
-            cb = T.alloc_shared((TN, CH), f32, scope="shared")
-            coef = T.alloc_shared((TN, CH), f32, scope="shared")
-            fold = T.alloc_shared((CH,), f32, scope="shared")
+            if rows:
+                rec = T.alloc_shared((REC,), f32, scope="shared")  # the head's record of the table
+            else:
+                cum = T.alloc_shared((CH,), f32, scope="shared")
+                dtp = T.alloc_shared((CH,), f32, scope="shared")
+                cb = T.alloc_shared((TN, CH), f32, scope="shared")
+                coef = T.alloc_shared((TN, CH), f32, scope="shared")
+                fold = T.alloc_shared((CH,), f32, scope="shared")
             s = T.alloc_local((NS,), f32)
             raw = T.alloc_local((NS,), state_dtype)
             buf = T.alloc_local((VEC,), state_dtype)
@@ -220,16 +272,18 @@ def replay_kernel(
             tb = T.if_then_else(hc != 0, T.min(T.max(cu[(b + 1) * hc] - t0, 0), T.min(ntok, XT - t0)), ntok)
             tb = T.min(tb, T.min(TN, L))  # (tb <= T <= TN, T <= L <= CH for every call the planner launches)
             xb = b * (1 - hc)
-            a = A[h]
+            if not rows:
+                a = A[h]
             # the new tokens (B and C in 16-byte pieces over the threads; x rows past P clamped onto row P - 1)
             for it in T.unroll(NB_ITERS):
                 idx = it * TH + tx
                 ti = idx // NCB
                 n0 = (idx % NCB) * IOV
                 if ti < tb:
-                    for i in T.unroll(IOV):
-                        stg[i] = B[xb, t0 + ti, g, n0 + i]
-                    put(Bn, ti, n0, stg, IOV)
+                    if not rows:
+                        for i in T.unroll(IOV):
+                            stg[i] = B[xb, t0 + ti, g, n0 + i]
+                        put(Bn, ti, n0, stg, IOV)
                     for i in T.unroll(IOV):
                         stg[i] = C[xb, t0 + ti, g, n0 + i]
                     put(Cn, ti, n0, stg, IOV)
@@ -241,11 +295,12 @@ def replay_kernel(
                     for i in T.unroll(XV):
                         stg[i] = x[xb, t0 + ti, h, T.min(pb * BP + j0 + i, P - 1)]
                     put(Xn, ti, j0, stg, XV)
-            for it in T.unroll(ND_ITERS):
-                ti = it * TH + tx
-                if ti < tb:
-                    dq[0] = dt_of(dt, dt_bias, xb, t0 + ti, h, flags)
-                    dtn[ti] = dq[0]
+            if not rows:
+                for it in T.unroll(ND_ITERS):
+                    ti = it * TH + tx
+                    if ti < tb:
+                        dq[0] = dt_of(dt, dt_bias, xb, t0 + ti, h, flags)
+                        dtn[ti] = dq[0]
             if live_slot and tb > 0:
                 rs = T.alloc_var("int32")
                 pk = T.alloc_var("int32")
@@ -254,74 +309,94 @@ def replay_kernel(
                 fetch_state(raw, pool, slot, h, pb, tx)
                 if quant:
                     q.fetch_scales(qs, scale, slot, h, pb, tx)
-                # the whole ring by physical row (a row past the live ones is staged and never read)
-                rops.stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, slot, g, h, pb, tx, L)
-                T.sync_threads()
                 first = T.alloc_var("int32")
-                first = T.if_then_else(pk + tb > window, pk, 0)  # a flush: the new tokens start from the fold
-                # the prefix sums of A dt' over the step's token sequence (live oldest first, then the new ones),
-                # a scan over every warp's lanes (warp 0's stored), and dt' by position
-                cv[0] = T.float32(0)
-                for c in T.unroll(NCH):
-                    pos = c * 32 + wl
-                    inl = pos < pk
-                    dtq = T.if_then_else(inl, dts[wrap(rs + T.min(pos, CH - 1), L)],
-                                         dtn[T.min(T.max(pos - pk, 0), TN - 1)])  # fmt: skip
-                    sc[0] = T.if_then_else(pos < pk + tb, a * dtq, T.float32(0))
-                    for d in T.unroll(5):
-                        up = T.shfl_up(sc[0], 1 << d)
-                        sc[0] = sc[0] + T.if_then_else(wl >= (1 << d), up, T.float32(0))
-                    sc[0] = sc[0] + cv[0]
-                    if tx < 32 and pos < CH:
-                        cum[pos] = sc[0]
-                        dtp[pos] = dtq
-                    cv[0] = T.shfl_sync(sc[0], 31)
-                # the table cb[t, j] = B_j . C_t, token j >= first up to the new token t: each dot over one row
-                # group's lanes, the row groups over the tokens j (then scaled by all threads at once, not by one
-                # lane per dot inside the loop)
-                for t in T.serial(tb):
-                    lane_row(cv, rb, Cn, t, lane)
-                    for jj in T.serial((pk + t + RG - first) // RG):
-                        j = T.min(first + jj * RG + rg, pk + t)
-                        if j < pk:
-                            lane_row(bv, rb, Bs, wrap(rs + j, L), lane)
-                        else:
-                            lane_row(bv, rb, Bn, j - pk, lane)
-                        dot[0] = T.float32(0)
-                        for k in T.unroll(NV * VEC):
-                            dot[0] = dot[0] + bv[k] * cv[k]
-                        for d in T.unroll(LOG_LN):
-                            dot[0] = dot[0] + T.shfl_xor(dot[0], LN >> (d + 1))
-                        if lane == 0:
-                            cb[t, j] = dot[0]
-                T.sync_threads()
-                # the weights coef[t, j] = exp(cum[k + t] - cum[j]) dt'_j cb[t, j], and the flush's
-                # h_flushed = exp(cum[k - 1]) h0 + sum_j fold[j] x_j B_j^T over the live tokens
-                for it in T.unroll(-(-TN * CH // TH)):
-                    e = it * TH + tx
-                    t = e // CH
-                    j = e % CH
-                    if t < tb and j >= first and j <= pk + t:
-                        coef[t, j] = T.exp(cum[pk + t] - cum[j]) * dtp[j] * cb[t, j]
-                for it in T.unroll(D_ITERS):
-                    j = it * TH + tx
-                    if j < pk:
-                        fold[j] = T.exp(cum[pk - 1] - cum[j]) * dtp[j]
-                if quant:
-                    q.dequantize(s, raw, qs, True)
+                if rows:
+                    first = T.if_then_else(pk + tb > window, pk, 0)  # a flush: the new tokens start from the fold
+                    # the whole ring by physical row: x, and B where the live tokens are folded
+                    rops.stage_ring_x(Xs, stg, ring_x, slot, h, pb, tx, L)
+                    if first > 0:
+                        rops.stage_ring_b(Bs, stg, ring_b, slot, g, tx, L)
+                    if pdl:
+                        T.pdl_sync()  # the table kernel's writes are visible from here
+                    for it in T.unroll(-(-REC // (4 * TH))):
+                        k = (it * TH + tx) * 4
+                        if k < REC:
+                            for i in T.vectorized(4):
+                                rec[k + i] = table[b, h, k + i]
+                    if quant:
+                        q.dequantize(s, raw, qs, True)
+                    else:
+                        convert_state(s, raw, True)
+                    T.sync_threads()
                 else:
-                    convert_state(s, raw, True)
-                T.sync_threads()
+                    # the whole ring by physical row (a row past the live ones is staged and never read)
+                    rops.stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, slot, g, h, pb, tx, L)
+                    T.sync_threads()
+                    first = T.if_then_else(pk + tb > window, pk, 0)  # a flush: the new tokens start from the fold
+                if not rows:
+                    # the prefix sums of A dt' over the step's token sequence (live oldest first, then the new ones),
+                    # a scan over every warp's lanes (warp 0's stored), and dt' by position
+                    cv[0] = T.float32(0)
+                    for c in T.unroll(NCH):
+                        pos = c * 32 + wl
+                        inl = pos < pk
+                        dtq = T.if_then_else(inl, dts[wrap(rs + T.min(pos, CH - 1), L)],
+                                             dtn[T.min(T.max(pos - pk, 0), TN - 1)])  # fmt: skip
+                        sc[0] = T.if_then_else(pos < pk + tb, a * dtq, T.float32(0))
+                        for d in T.unroll(5):
+                            up = T.shfl_up(sc[0], 1 << d)
+                            sc[0] = sc[0] + T.if_then_else(wl >= (1 << d), up, T.float32(0))
+                        sc[0] = sc[0] + cv[0]
+                        if tx < 32 and pos < CH:
+                            cum[pos] = sc[0]
+                            dtp[pos] = dtq
+                        cv[0] = T.shfl_sync(sc[0], 31)
+                    # the table cb[t, j] = B_j . C_t, token j >= first up to the new token t: each dot over one row
+                    # group's lanes, the row groups over the tokens j (then scaled by all threads at once, not by one
+                    # lane per dot inside the loop)
+                    for t in T.serial(tb):
+                        lane_row(cv, rb, Cn, t, lane)
+                        for jj in T.serial((pk + t + RG - first) // RG):
+                            j = T.min(first + jj * RG + rg, pk + t)
+                            if j < pk:
+                                lane_row(bv, rb, Bs, wrap(rs + j, L), lane)
+                            else:
+                                lane_row(bv, rb, Bn, j - pk, lane)
+                            dot[0] = T.float32(0)
+                            for k in T.unroll(NV * VEC):
+                                dot[0] = dot[0] + bv[k] * cv[k]
+                            for d in T.unroll(LOG_LN):
+                                dot[0] = dot[0] + T.shfl_xor(dot[0], LN >> (d + 1))
+                            if lane == 0:
+                                cb[t, j] = dot[0]
+                    T.sync_threads()
+                    # the weights coef[t, j] = exp(cum[k + t] - cum[j]) dt'_j cb[t, j], and the flush's
+                    # h_flushed = exp(cum[k - 1]) h0 + sum_j fold[j] x_j B_j^T over the live tokens
+                    for it in T.unroll(-(-TN * CH // TH)):
+                        e = it * TH + tx
+                        t = e // CH
+                        j = e % CH
+                        if t < tb and j >= first and j <= pk + t:
+                            coef[t, j] = T.exp(cum[pk + t] - cum[j]) * dtp[j] * cb[t, j]
+                    for it in T.unroll(D_ITERS):
+                        j = it * TH + tx
+                        if j < pk:
+                            fold[j] = T.exp(cum[pk - 1] - cum[j]) * dtp[j]
+                    if quant:
+                        q.dequantize(s, raw, qs, True)
+                    else:
+                        convert_state(s, raw, True)
+                    T.sync_threads()
                 if first > 0:
                     # a flush: the live tokens folded into the checkpoint, written back
-                    w = T.exp(cum[pk - 1])
+                    w = rec[lay.fdecay] if rows else T.exp(cum[pk - 1])
                     for k in T.unroll(NS):
                         s[k] = s[k] * w
                     for j in T.serial(pk):
                         row = wrap(rs + j, L)
                         lane_row(bv, rb, Bs, row, lane)
                         for r in T.unroll(R):
-                            xr = fold[j] * T.cast(Xs[row, r * RP + rg], f32)
+                            xr = (rec[lay.fold + j] if rows else fold[j]) * T.cast(Xs[row, r * RP + rg], f32)
                             for k in T.unroll(NV * VEC):
                                 s[r * NV * VEC + k] = s[r * NV * VEC + k] + xr * bv[k]
                     ck.store(s, buf, pool, scale, qs if quant else None, slot, h, pb, tx,
@@ -333,7 +408,10 @@ def replay_kernel(
                     # y_t = decay_t (h0 . C_t) + sum_j coef[t, j] x_j: the state's part per lane, the tokens' over
                     # the lanes (token first + lane, + LN, ...), then one reduction over the row's lanes
                     lane_row(cv, rb, Cn, t, lane)
-                    w = T.exp(cum[pk + t] - T.if_then_else(first > 0, cum[T.max(first - 1, 0)], T.float32(0)))
+                    if rows:
+                        w = rec[lay.decay + t]
+                    else:
+                        w = T.exp(cum[pk + t] - T.if_then_else(first > 0, cum[T.max(first - 1, 0)], T.float32(0)))
                     for r in T.unroll(R):
                         dot[0] = T.float32(0)
                         for k in T.unroll(NV * VEC):
@@ -342,7 +420,7 @@ def replay_kernel(
                     for jj in T.serial((pk + t + LN - first) // LN):
                         j = first + jj * LN + lane
                         if j <= pk + t:
-                            cf = coef[t, j]
+                            cf = rec[t * CH + j] if rows else coef[t, j]
                             if j < pk:
                                 row = wrap(rs + j, L)
                                 for r in T.unroll(R):
@@ -359,7 +437,8 @@ def replay_kernel(
                         for r in T.unroll(R):
                             write_row(out, z, Xn, acc[r], r, pb, rg, xb, t0, t, h, dv, hz)
                 # the new tokens into the ring after the live ones (rows no CTA reads as live in this call): x by
-                # each CTA for its rows, B by block 0 of the group's first head, dt' by block 0 of each head
+                # each CTA for its rows, B by block 0 of the group's first head, dt' by block 0 of each head (the
+                # rows kernel: x; the table kernel appended B and dt')
                 for it in T.unroll(NX_ITERS):
                     idx = it * TH + tx
                     ti = idx // NCX
@@ -368,30 +447,47 @@ def replay_kernel(
                         for i in T.unroll(XV):
                             if pb * BP + j0 + i < P:
                                 ring_x[slot, h, wrap(rs + pk + ti, L), pb * BP + j0 + i] = Xn[ti, j0 + i]
-                if pb == 0:
-                    if h % ratio == 0:
-                        for it in T.unroll(NB_ITERS):
-                            idx = it * TH + tx
-                            ti = idx // NCB
-                            n0 = (idx % NCB) * IOV
-                            if ti < tb:
-                                for i in T.unroll(IOV):
-                                    stg[i] = Bn[ti, n0 + i]
-                                if vector_io:
-                                    for i in T.vectorized(IOV):
-                                        ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
-                                else:
+                if not rows:
+                    if pb == 0:
+                        if h % ratio == 0:
+                            for it in T.unroll(NB_ITERS):
+                                idx = it * TH + tx
+                                ti = idx // NCB
+                                n0 = (idx % NCB) * IOV
+                                if ti < tb:
                                     for i in T.unroll(IOV):
-                                        ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
-                    for it in T.unroll(ND_ITERS):
-                        ti = it * TH + tx
-                        if ti < tb:
-                            dt_cache[slot, h, wrap(rs + pk + ti, L)] = dtn[ti]
+                                        stg[i] = Bn[ti, n0 + i]
+                                    if vector_io:
+                                        for i in T.vectorized(IOV):
+                                            ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
+                                    else:
+                                        for i in T.unroll(IOV):
+                                            ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
+                        for it in T.unroll(ND_ITERS):
+                            ti = it * TH + tx
+                            if ti < tb:
+                                dt_cache[slot, h, wrap(rs + pk + ti, L)] = dtn[ti]
+
+    suffix = "_" + variant.replace("+", "_") if variant else ""
+    if rows:
+
+        @T.macro
+        def rows_body(state, x_cache, B_cache, ring_start, pnat, x, C, D, z, out, slots, cu, table, nseq, ntok, window,
+                      pad, flags, scale, seed_t):  # fmt: skip
+            common(state, x_cache, B_cache, None, ring_start, pnat, x, None, None, None, C, D, z, None, out, slots, cu,
+                   table, nseq, ntok, window, pad, flags, scale, seed_t)  # fmt: skip
+
+        return prim_func(T, "ssu_replay_rows" + suffix, REPLAY_ROWS_ARGS, REPLAY_ROWS, variant, ty, rows_body)
+
+    @T.macro
+    def body(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu,
+             nseq, ntok, window, pad, flags, scale, seed_t):  # fmt: skip
+        common(state, x_cache, B_cache, dt_cache, ring_start, pnat, x, dt, A, B, C, D, z, dt_bias, out, slots, cu, None,
+               nseq, ntok, window, pad, flags, scale, seed_t)  # fmt: skip
 
     # the scaled kernel is the same body with the scales as one more argument, the stochastically rounding one
     # with the seed (a scaled one rounding stochastically with both)
-    return prim_func(T, "ssu_replay" + ("_" + variant.replace("+", "_") if variant else ""), REPLAY_ARGS, REPLAY,
-                     variant, ty, body)  # fmt: skip
+    return prim_func(T, "ssu_replay" + suffix, REPLAY_ARGS, REPLAY, variant, ty, body)
 
 
-__all__ = ["replay_kernel"]
+__all__ = ["replay_kernel", "replay_rows_kernel"]

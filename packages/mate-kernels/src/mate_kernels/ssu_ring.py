@@ -49,6 +49,18 @@ def checkpoint_ops(T, ops, *, state_dtype: str, philox_rounds: int):
     return SimpleNamespace(quant=quant, q=q, store=store)
 
 
+def table_layout(ring_rows: int, new_rows: int) -> SimpleNamespace:
+    """A head's record in the table design's workspace (fp32 ``[sequences, H, rec]``, written by
+    :mod:`.ssu_replay_table`, read by :func:`.ssu_replay.replay_rows_kernel`), offsets in fp32 values: ``coef``
+    (``coef[t, j]`` at ``t * ring_rows + j``: token ``j``'s weight in new token ``t``'s y), ``fold`` (a flush's
+    weights of the live tokens, ``ring_rows``), ``decay`` (the state's decay at each new token, ``new_rows``) and
+    ``fdecay`` (a flush's decay of the checkpoint); ``rec``, the record's length, a multiple of 4 (16-byte loads)."""
+    fold = new_rows * ring_rows
+    decay = fold + ring_rows
+    fdecay = decay + new_rows
+    return SimpleNamespace(coef=0, fold=fold, decay=decay, fdecay=fdecay, rec=-(-(fdecay + 1) // 4) * 4)
+
+
 def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector_io: bool = True):
     """The staging sizes and macros of one build (``ops``: its :func:`.ssu_parts.row_ops`). ``ring_rows`` /
     ``new_rows``: the staged ring rows and new tokens (powers of two); ``vector_io``: the rings' rows in 16-byte
@@ -97,10 +109,9 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
             dst[q, j0 + i] = stg[i]
 
     @T.macro
-    def stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, slot, g, h, pb, tx, L):
-        """The slot's whole ring by physical row: B of group ``g``, x of this block's rows of head ``h`` (rows past
-        P clamped onto row P - 1) and dt'; a staged row past the ring's ``L`` rows is not loaded. ``stg``: io
-        registers of a piece, ``dq``: one fp32 register."""
+    def stage_ring_b(Bs, stg, ring_b, slot, g, tx, L):
+        """The slot's whole B ring of group ``g`` by physical row (a staged row past the ring's ``L`` rows is not
+        loaded); ``stg``: io registers of a piece."""
         for it in T.unroll(-(-CH * NCB // TH)):
             idx = it * TH + tx
             ri = idx // NCB
@@ -113,6 +124,11 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
                     for i in T.unroll(IOV):
                         stg[i] = ring_b[slot, g, ri, n0 + i]
                 put(Bs, ri, n0, stg, IOV)
+
+    @T.macro
+    def stage_ring_x(Xs, stg, ring_x, slot, h, pb, tx, L):
+        """x of this block's rows of head ``h`` for the whole ring by physical row (rows past P clamped onto row
+        P - 1)."""
         for it in T.unroll(-(-CH * NCX // TH)):
             idx = it * TH + tx
             ri = idx // NCX
@@ -125,6 +141,14 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
                     for i in T.vectorized(XV):
                         stg[i] = ring_x[slot, h, ri, pb * BP + j0 + i]
                 put(Xs, ri, j0, stg, XV)
+
+    @T.macro
+    def stage_ring(Bs, Xs, dts, stg, dq, ring_b, ring_x, dt_cache, slot, g, h, pb, tx, L):
+        """The slot's whole ring by physical row: B of group ``g``, x of this block's rows of head ``h`` (rows past
+        P clamped onto row P - 1) and dt'; a staged row past the ring's ``L`` rows is not loaded. ``stg``: io
+        registers of a piece, ``dq``: one fp32 register."""
+        stage_ring_b(Bs, stg, ring_b, slot, g, tx, L)
+        stage_ring_x(Xs, stg, ring_x, slot, h, pb, tx, L)
         for it in T.unroll(-(-CH // TH)):
             ri = it * TH + tx
             if ri < L:
@@ -134,8 +158,9 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
     return SimpleNamespace(
         CH=CH, TN=TN, IOB=IOB, IOV=IOV, XV=XV, LV=LV, NCB=NCB, NCX=NCX, D_ITERS=-(-CH // TH),
         NB_ITERS=-(-TN * NCB // TH), NX_ITERS=-(-TN * NCX // TH), ND_ITERS=-(-TN // TH),
-        lane_row=lane_row, put=put, wrap=wrap, stage_ring=stage_ring,
+        lane_row=lane_row, put=put, wrap=wrap, stage_ring=stage_ring, stage_ring_b=stage_ring_b,
+        stage_ring_x=stage_ring_x,
     )  # fmt: skip
 
 
-__all__ = ["checkpoint_ops", "checkpoint_variant", "ring_ops"]
+__all__ = ["checkpoint_ops", "checkpoint_variant", "ring_ops", "table_layout"]

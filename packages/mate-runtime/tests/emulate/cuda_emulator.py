@@ -97,7 +97,20 @@ _SCALARS = {"int": ctypes.c_int32, "int64_t": ctypes.c_int64, "uint": ctypes.c_u
 
 
 def _is_var(sym) -> bool:
-    return not hasattr(sym, "value")  # an IntImm has a value; a shape or stride symbol is a Var
+    return hasattr(sym, "name") and not hasattr(sym, "value")  # a shape or stride symbol (an IntImm has a value)
+
+
+def _evaluate(expr, values: dict) -> int | None:
+    """An extent or stride written in other symbols (a dense tensor's stride ``rec * H``), with ``values``'
+    symbols put in; None while one of them is unbound."""
+    from tilelang import tvm
+
+    free = []
+    tvm.tirx.stmt_functor.post_order_visit(expr, lambda n: free.append(n) if isinstance(n, tvm.tirx.Var) else None)
+    if any(v.name not in values for v in free):
+        return None
+    bound = tvm.tirx.stmt_functor.substitute(expr, {v: tvm.tirx.const(values[v.name], v.dtype) for v in free})
+    return int(tvm.arith.Analyzer().simplify(bound))
 
 
 class Emulated:
@@ -128,7 +141,7 @@ class Emulated:
         if len(args) != len(f.params):
             raise TypeError(f"{len(f.params)} arguments expected, got {len(args)}")
         values, pointers, keep = {}, {}, []
-        ranges = []
+        ranges, derived = [], []
         for p, a in zip(f.params, args, strict=True):
             buf = f.buffer_map.get(p)
             if buf is None:
@@ -142,13 +155,17 @@ class Emulated:
             extent = sum((s - 1) * st for s, st in zip(a.shape, a.stride(), strict=True)) + 1
             ranges += [lo, lo + extent * a.element_size()]
             for dim, (sym, val) in enumerate(zip(buf.shape, a.shape, strict=True)):
-                self._bind(values, sym, val, p.name, f"shape[{dim}]")
+                self._bind(values, sym, val, p.name, f"shape[{dim}]", derived)
             for dim, (sym, val) in enumerate(zip(buf.strides, a.stride(), strict=True)):
                 if a.shape[dim] == 1:  # a size-1 dim's stride is free: it only binds a symbol nothing else has
                     if _is_var(sym):
                         values.setdefault(sym.name, int(val))
                     continue
-                self._bind(values, sym, val, p.name, f"stride({dim})")
+                self._bind(values, sym, val, p.name, f"stride({dim})", derived)
+        for sym, val, name, what in derived:  # once every symbol is bound
+            want = _evaluate(sym, values)
+            if want != int(val):
+                raise ValueError(f"{name}.{what} = {val}, the kernel expects {sym} = {want}")
         slots = (ctypes.c_void_p * len(self.kparams))()
         for i, (name, ctype, ptr) in enumerate(self.kparams):
             if ptr:
@@ -162,8 +179,10 @@ class Emulated:
         assert bad == 0, f"{bad} vector accesses into tensors at misaligned addresses"
 
     @staticmethod
-    def _bind(values, sym, val, name, what):
-        if _is_var(sym):
+    def _bind(values, sym, val, name, what, derived):
+        if not _is_var(sym) and not hasattr(sym, "value"):
+            derived.append((sym, val, name, what))
+        elif _is_var(sym):
             old = values.setdefault(sym.name, int(val))
             if old != int(val):
                 raise ValueError(f"{name}.{what} = {val}, but {sym.name} = {old} from an earlier argument")

@@ -1,5 +1,5 @@
 // The CUDA constructs of MATE's decode kernels (the SSU / ReplaySSM kernels: registers, shared memory and
-// __syncthreads, warp shuffles, cp.async as a synchronous copy; the fused decode step's atomics and fences; no tensor cores, no bulk copies), for running TileLang's generated CUDA
+// __syncthreads, warp shuffles, cp.async as a synchronous copy; the fused decode step's atomics and fences; programmatic dependent launch; no tensor cores, no bulk copies), for running TileLang's generated CUDA
 // source as C++ on the CPU (tests/emulate/cuda_emulator.py). A CTA's threads are std::threads; a warp shuffle is an
 // exchange through a CTA-wide buffer between two barriers, which is exact when every thread of the CTA reaches the
 // same shuffles (the kernels' shuffles are all outside lane-dependent branches); __syncthreads is the CTA's
@@ -313,6 +313,11 @@ inline void store_global_64(void* p, uint2 v) { *vec<uint2>((uint2*)p) = v; }
 template <int N>
 void cp_async_wait() {}
 }  // namespace tl
+
+// programmatic dependent launch: the kernels of a launch sequence run one after another here, so a dependent
+// kernel's wait and its primary's trigger have nothing to order
+inline void cudaTriggerProgrammaticLaunchCompletion() {}
+inline void cudaGridDependencySynchronize() {}
 
 // TileLang's scalar atomics (tl_templates/cuda/atomic.h's names; the memory order is the device's business: every
 // one is sequentially consistent here) and __threadfence. The CTAs run one after another, which is one valid

@@ -1,4 +1,6 @@
-"""The TileLang ReplaySSM kernel (``replay_state_update`` on the TileLang backend) against the reference backend.
+"""The TileLang ReplaySSM kernels (``replay_state_update`` on the TileLang backend) against the reference backend,
+each test through both designs (the fused kernel, and the table design's table and rows kernels: the planner's
+choice forced either way).
 
 Each case builds one random pool (checkpoints, rings with random ``ring_start`` and live counts from 0 to the
 window, so some sequences flush and some do not) and runs one call on both backends from identical copies.
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.gpu
 
 from mate.mamba import advance_replay_ring, replay_state_update, selective_state_update  # noqa: E402
 from mate.mamba._contract.dtypes import STATE_FORMATS  # noqa: E402
+from mate.mamba._tilelang import replay_plan  # noqa: E402
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 I16, I8, F8 = torch.int16, torch.int8, torch.float8_e4m3fn
@@ -232,15 +235,25 @@ CASES = [
     # 32-position chunks, live tokens up to 38)
     pytest.param(Case(state=BF16, L=17, slots=14), id="ring17-bf16"),
     pytest.param(Case(T=2, L=40, slots=14), id="ring40-mtp2-fp32"),
+    # 24 heads per group: the table design's two CTAs of 12 heads per group (the group's dot products in each, B
+    # appended by the first), packed rows of 0-3 tokens
+    pytest.param(Case(state=BF16, H=48, G=2, T=3, L=9, packed=True, batch=6, slots=10), id="ratio24-packed-mtp3"),
 ]
 
 
+@pytest.fixture(params=replay_plan.DESIGNS)
+def table(request):
+    """Whether the test's calls run the table design: every call of the test forced into the fixture's design."""
+    with replay_plan.forcing(request.param):
+        yield request.param == "table"
+
+
 @pytest.mark.parametrize("c", CASES)
-def test_replay_kernel_matches_reference(c):
+def test_replay_kernel_matches_reference(c, table):
     check(c)
 
 
-def test_trace_equals_stored_state_kernel():
+def test_trace_equals_stored_state_kernel(table):
     """60 one-token steps of 16 of 24 slots, ring 6 (window 5), H 16 / G 2: the replay kernel's outputs equal MATE's
     stored-state SSU kernel's on an fp32 pool, flushes included."""
     torch.manual_seed(0)
@@ -276,7 +289,7 @@ def test_trace_equals_stored_state_kernel():
     assert flushes > 100
 
 
-def test_graph_replay_equals_eager():
+def test_graph_replay_equals_eager(table):
     c = Case(state=BF16, T=2, L=6)
     pool, kw = build(c, 3)
     pe, ke = run(pool, kw, "tilelang")

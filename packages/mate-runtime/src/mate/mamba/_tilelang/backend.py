@@ -47,9 +47,10 @@ def run(op: str, call, sources: dict | None = None):
 
 
 def plan(op: str, call) -> tuple:
-    """The kernel specs a normalised call launches, in launch order (the SSU and ReplaySSM: one, or none for a call
-    with nothing to run; the SSD: the dt pre-pass, then the scan, with the split design's state pass and hand-over
-    between them, and a quantised pool's conversions)."""
+    """The kernel specs a normalised call launches, in launch order (the SSU: one, or none for a call with nothing
+    to run; the ReplaySSM: the fused kernel, or the table design's table and rows kernels; the SSD: the dt pre-pass,
+    then the scan, with the split design's state pass and hand-over between them, and a quantised pool's
+    conversions)."""
     if op == "ssd":
         return ssd_plan.plan(call, hardware(call.x.device)).specs()
     if op == "norm":
@@ -65,7 +66,10 @@ def plan(op: str, call) -> tuple:
         return () if planned is None else (planned[0],)
     if op == "decode_step":
         return decode_step_plan.plan(call)
-    planned = ssu_plan.plan(call) if op == "ssu" else replay_plan.plan(call)
+    if op == "replay":
+        planned = replay_plan.plan(call)
+        return () if planned is None else tuple(spec for spec, _ in planned)
+    planned = ssu_plan.plan(call)
     return () if planned is None else (planned[0],)
 
 

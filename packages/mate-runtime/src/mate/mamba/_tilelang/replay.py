@@ -1,9 +1,10 @@
 """TileLang launchers for ``replay_state_update`` (ReplaySSM decode) and ``materialize_replayed_state``: one
 normalised call -> one kernel launch.
 
-:mod:`.replay_plan` decides the kernel and its arguments; this module compiles it on first use through the kernel
-cache and launches it on the current stream, with no host<->device synchronisation (with ``MATE_CHECK_INPUTS=1``
-the tables are read back and checked first, outside graph capture).
+:mod:`.replay_plan` decides the kernels (the fused one, or the table design's two) and their arguments; this module
+compiles them on first use through the kernel cache and launches them on the current stream, with no
+host<->device synchronisation (with ``MATE_CHECK_INPUTS=1`` the tables are read back and checked first, outside
+graph capture).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mate.mamba._contract.replay import (
 )
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
-from mate.mamba._platform.device import is_capturing, tilelang_target
+from mate.mamba._platform.device import hardware, is_capturing, tilelang_target
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
 from mate.mamba._tilelang.replay_plan import (
     materialize_layers_spec_for,
@@ -28,8 +29,18 @@ from mate.mamba._tilelang.replay_plan import (
     plan_materialize_layers,
     serving_specs,
     spec_for,
+    staged_rows,
+    table_pdl,
+    table_specs_for,
+    table_workspace,
 )
-from mate.mamba._tilelang.specs import MaterializeLayersSpec, MaterializeSpec, ReplaySpec
+from mate.mamba._tilelang.specs import (
+    MaterializeLayersSpec,
+    MaterializeSpec,
+    ReplayRowsSpec,
+    ReplaySpec,
+    ReplayTableSpec,
+)
 
 PREWARM_HINT = (
     "mate.mamba.prewarm_replay_state_update(state_dtype=..., io_dtype=..., heads=..., dim=..., dstate=..., "
@@ -53,8 +64,8 @@ def run(call: ReplayCall, sources: dict | None = None):
 def _launch(call: ReplayCall) -> torch.Tensor:
     planned = plan(call)
     if planned is not None:
-        spec, args = planned
-        kernel(spec, call.state.device)(*args)
+        for spec, args in planned:
+            kernel(spec, call.state.device)(*args)
     return call.out
 
 
@@ -79,17 +90,18 @@ def prewarm(device, *, state_dtype, io_dtype, heads, dim, dstate, groups, slot_d
             tokens=1, jobs=1):  # fmt: skip
     specs = serving_specs(state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
                           groups=groups, slot_dtype=slot_dtype, philox_rounds=philox_rounds, window=window,
-                          tokens=tokens)  # fmt: skip
+                          tokens=tokens, pdl=table_pdl(hardware(device)))  # fmt: skip
     compile_missing(specs, target=tilelang_target(device), jobs=jobs)
     for spec in specs:
         kernel(spec, device)
+    table_workspace(device, heads, *staged_rows(window + tokens, tokens))  # (nothing allocated under capture)
 
 
-def compile_grid() -> list[ReplaySpec | MaterializeSpec | MaterializeLayersSpec]:
+def compile_grid() -> list[ReplaySpec | ReplayTableSpec | ReplayRowsSpec | MaterializeSpec | MaterializeLayersSpec]:
     """Every state format at the Nemotron-H shape (P 64, N 128, 16 heads per group, bf16 io, one token per step
     on vLLM's default ring of 16 + 1 rows), MTP 6 on a ring of 16 + 6, fp16 / int8 / fp8 with stochastic
     rounding, bf16 dt with int64 slots, and P 80 / N 256 untied groups with an fp16 state on a ring of 64 rows;
-    the multi-layer materialisation at a few of these (below)."""
+    the table design's kernels at a few of these; the multi-layer materialisation at a few of these (below)."""
     f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
     formats = (f32, bf16, f16, torch.int16, torch.int8, torch.float8_e4m3fn)
 
@@ -110,6 +122,21 @@ def compile_grid() -> list[ReplaySpec | MaterializeSpec | MaterializeLayersSpec]
     specs += [decode(bf16, rows=mtp), decode(f32, rows=mtp), decode(f16, rounds=10), decode(bf16, dt=bf16, slot=i64),
               decode(f16, rows=(64, 4), dim=80, dstate=256, ratio=1, io=f16, dt=f16)]  # fmt: skip
     specs += [decode(sdt, rounds=10) for sdt in (torch.int8, torch.float8_e4m3fn)]
+
+    def table(state, *, rows=(32, 1), dim=64, dstate=128, ratio=16, io=bf16, dt=f32, slot=i32, rounds=0, pdl=True):
+        dtypes = {"state_dtype": state, "io_dtype": io, "dt_dtype": dt, "slot_dtype": slot}
+        return list(table_specs_for(dim=dim, dstate=dstate, heads_per_group=ratio, dtypes=dtypes, vector_state=True,
+                                    vector_io=True, ring_rows=rows[0], new_rows=rows[1], philox_rounds=rounds,
+                                    pdl=pdl))  # fmt: skip
+
+    # the table design: bf16 and fp32 one-token and MTP 6 at the Nemotron-H shape, int8 and fp16 with stochastic
+    # rounding, bf16 dt with int64 slots, P 80 / N 256 untied groups on a ring of 64 rows, and a build without PDL
+    designed = []
+    for sdt in (bf16, f32):
+        designed += table(sdt) + table(sdt, rows=mtp)
+    designed += table(torch.int8) + table(f16, rounds=10) + table(bf16, dt=bf16, slot=i64)
+    designed += table(f16, rows=(64, 4), dim=80, dstate=256, ratio=1, io=f16, dt=f16) + table(bf16, pdl=False)
+    specs += dict.fromkeys(designed)  # (the table kernel does not depend on the state format)
     # the materialisation kernel: every state format at the Nemotron-H shape, int64 tables (with rings off the
     # 16-byte grid), P 80 / N 256 fp16, fp16 / int8 / fp8 with stochastic rounding
     specs += [materialize(sdt) for sdt in formats]

@@ -2,13 +2,19 @@
 :class:`~mate.mamba._tilelang.specs.ReplaySpec` and its launch arguments; a
 :class:`~mate.mamba._contract.replay.MaterializeCall` -> one :class:`~mate.mamba._tilelang.specs.MaterializeSpec`.
 
-One kernel serves every call form (one-token, MTP, packed varlen; with or without a flush): optional inputs
-travel as a bitmask plus small dummies, as for the SSU kernels (:mod:`.ssu_plan`). The tuning is data
-(:data:`TUNING`): per state format, the 16-byte state chunks a thread holds and the register cap.
+Two designs serve every call form (one-token, MTP, packed varlen; with or without a flush; every state format):
+the fused kernel (``mate_kernels.ssu_replay.replay_kernel``: each CTA computes its head's token table before its
+state rows' work) and the table design (``mate_kernels.ssu_replay_table``, then ``ssu_replay.replay_rows_kernel``:
+the table once per sequence and group into a workspace, then CTAs that only do the state rows' work, more of them).
+:func:`uses_table` picks one (:data:`TABLE_MAX_SEQUENCES`). Optional inputs travel as a bitmask plus small dummies,
+as for the SSU kernels (:mod:`.ssu_plan`). The tuning is data (:data:`TUNING`, :data:`ROWS_TUNING`): per state
+format, the 16-byte state chunks a thread holds and the register cap.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -16,8 +22,16 @@ import torch
 from mate.mamba._contract.dtypes import DTYPE_NAMES, QUANT_STATE_DTYPES
 from mate.mamba._contract.errors import unsupported
 from mate.mamba._contract.replay import MaterializeCall, MaterializeLayersCall, ReplayCall
-from mate.mamba._tilelang.specs import MaterializeLayersSpec, MaterializeSpec, ReplaySpec
+from mate.mamba._platform.device import Hardware, hardware
+from mate.mamba._tilelang.specs import (
+    MaterializeLayersSpec,
+    MaterializeSpec,
+    ReplayRowsSpec,
+    ReplaySpec,
+    ReplayTableSpec,
+)
 from mate.mamba._tilelang.ssu_plan import MAX_SEQUENCES, dtypes_of, dummy
+from mate.mamba._tilelang.workspace import WORKSPACE
 from mate_kernels.abi import (
     MATERIALIZE,
     MATERIALIZE_ARGS,
@@ -25,11 +39,15 @@ from mate_kernels.abi import (
     MATERIALIZE_LAYERS_ARGS,
     REPLAY,
     REPLAY_ARGS,
+    REPLAY_ROWS,
+    REPLAY_ROWS_ARGS,
+    REPLAY_TABLE,
+    REPLAY_TABLE_ARGS,
     args_of,
     launch_args,
 )
 from mate_kernels.ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, choose_tiling
-from mate_kernels.ssu_ring import checkpoint_variant
+from mate_kernels.ssu_ring import checkpoint_variant, table_layout
 
 
 @dataclass(frozen=True)
@@ -52,12 +70,80 @@ TUNING = {
 }
 
 
-def tuning(state_dt: torch.dtype, rounds: int) -> Tuning:
+# The table design where the fused kernel's per-CTA table work (staging the group's B rows, the B . C dot products,
+# the prefix scan, the table: ~1300 serial instructions per warp before the state work) is the critical path: small
+# batches, where the CTAs are few and each SM runs about one. Not yet timed on a GPU: batch 1-8 are the cells the
+# fused kernel loses most (FlashInfer's split, 0.45-0.60x MATE's time at batch 1 / 8, H200 2026-12-07); at 64 and
+# above the fused kernel's CTAs fill the GPU and the table's round trip through L2 is not known to pay.
+TABLE_MAX_SEQUENCES = 8
+TABLE_HEADS_PER_CTA = 16  # heads of a group per table CTA at most (the dot products are computed once per CTA)
+TABLE_WARPS = 8  # the table CTA's warps: 16 dot products and 8 head scans at a time
+# state format -> the rows kernel's tuning: 2 chunks per thread (a quarter head of P 64 per CTA at a 2-byte state),
+# 4x the fused kernel's CTAs at batch 1 (its registers hold no table work). Not measured
+ROWS_TUNING = {
+    "fp32": Tuning(per_thread=2, min_blocks=0),
+    "2-byte": Tuning(per_thread=2, min_blocks=0),
+    "scaled": Tuning(per_thread=2, min_blocks=0),
+    "scaled-sr": Tuning(per_thread=2, min_blocks=0),
+    "fp16-sr": Tuning(per_thread=2, min_blocks=0),
+}
+
+
+def _format(state_dt: torch.dtype, rounds: int) -> str:
     if state_dt in QUANT_STATE_DTYPES:
-        return TUNING["scaled-sr" if rounds else "scaled"]
+        return "scaled-sr" if rounds else "scaled"
     if rounds:
-        return TUNING["fp16-sr"]
-    return TUNING["fp32" if state_dt == torch.float32 else "2-byte"]
+        return "fp16-sr"
+    return "fp32" if state_dt == torch.float32 else "2-byte"
+
+
+def tuning(state_dt: torch.dtype, rounds: int, rows: bool = False) -> Tuning:
+    """The tuning of the fused kernel, or with ``rows`` of the table design's rows kernel."""
+    return (ROWS_TUNING if rows else TUNING)[_format(state_dt, rounds)]
+
+
+DESIGNS = ("fused", "table")
+_forced: contextvars.ContextVar = contextvars.ContextVar("mate_replay_design", default=None)
+
+
+@contextlib.contextmanager
+def forcing(design: str):
+    """Plan every ReplaySSM call in this context with ``design`` (one of :data:`DESIGNS`) instead of
+    :func:`uses_table`'s choice: for tests of each design and benchmarks that show both."""
+    if design not in DESIGNS:
+        raise ValueError(f"design must be one of {', '.join(DESIGNS)}; got {design!r}")
+    token = _forced.set(design)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def uses_table(nseq: int) -> bool:
+    """Whether a call of ``nseq`` sequences runs the table design (:data:`TABLE_MAX_SEQUENCES`, or :func:`forcing`)."""
+    forced = _forced.get()
+    return nseq <= TABLE_MAX_SEQUENCES if forced is None else forced == "table"
+
+
+def table_heads_per_cta(heads_per_group: int) -> int:
+    """The largest divisor of ``heads_per_group`` up to :data:`TABLE_HEADS_PER_CTA`."""
+    return max(d for d in range(1, min(heads_per_group, TABLE_HEADS_PER_CTA) + 1) if heads_per_group % d == 0)
+
+
+def table_workspace(device, heads: int, ring_rows: int, new_rows: int, nseq: int = 0) -> torch.Tensor:
+    """The table design's workspace, fp32 ``[max(TABLE_MAX_SEQUENCES, nseq), heads, rec]``
+    (:func:`mate_kernels.ssu_ring.table_layout`): allocated at the rule's largest batch on the first call (or by
+    ``prewarm``), so no later call allocates, under graph capture neither (a call :func:`forcing` the design on
+    more sequences grows it). Calls with the same record share it (one stream runs them in order: the table kernel
+    of a call starts once the previous call's rows kernel is done)."""
+    rec = table_layout(ring_rows, new_rows).rec
+    rows = max(TABLE_MAX_SEQUENCES, nseq)
+    return WORKSPACE.get(("replay-table", heads, rec), "table", (rows, heads, rec), torch.float32, device)
+
+
+def table_pdl(hw: Hardware) -> bool:
+    """Programmatic dependent launch between the table design's kernels: CUDA sm_90 and newer."""
+    return hw.kind == "cuda" and hw.major >= 9
 
 
 _SPECS: dict = {}
@@ -101,6 +187,43 @@ def spec_for(*, dim: int, dstate: int, heads_per_group: int, dtypes: dict, vecto
     return spec
 
 
+def table_specs_for(*, dim: int, dstate: int, heads_per_group: int, dtypes: dict, vector_state: bool, vector_io: bool,
+                    ring_rows: int, new_rows: int, philox_rounds: int = 0,
+                    pdl: bool = True) -> tuple[ReplayTableSpec, ReplayRowsSpec]:  # fmt: skip
+    """The specs of the table design's two kernels (arguments as for :func:`spec_for`; ``dtypes`` also names
+    ``dt_dtype``, which only the table kernel reads); ``pdl``: :func:`table_pdl`."""
+    static = ("table", dim, dstate, heads_per_group, tuple(sorted(dtypes.items(), key=_FIELD)), vector_state,
+              vector_io, ring_rows, new_rows, philox_rounds, pdl)  # fmt: skip
+    specs = _SPECS.get(static)
+    if specs is None:
+        state_dt = dtypes["state_dtype"]
+        t = tuning(state_dt, philox_rounds, rows=True)
+        names = {field: DTYPE_NAMES[dt] for field, dt in dtypes.items()}
+        table = ReplayTableSpec(
+            dstate=dstate, heads_per_group=heads_per_group, io_dtype=names["io_dtype"], dt_dtype=names["dt_dtype"],
+            slot_dtype=names["slot_dtype"], ring_rows=ring_rows, new_rows=new_rows,
+            heads_per_cta=table_heads_per_cta(heads_per_group), warps=TABLE_WARPS, vector_io=vector_io, pdl=pdl,
+        )  # fmt: skip
+        rows = ReplayRowsSpec(
+            dim=dim, dstate=dstate, heads_per_group=heads_per_group, state_dtype=names["state_dtype"],
+            io_dtype=names["io_dtype"], slot_dtype=names["slot_dtype"], ring_rows=ring_rows, new_rows=new_rows,
+            tiling=choose_tiling(dim, dstate, names["state_dtype"], t.per_thread), min_blocks=t.min_blocks,
+            philox_rounds=philox_rounds, vector_state=vector_state, vector_io=vector_io, pdl=pdl,
+        )  # fmt: skip
+        specs = _SPECS[static] = (table, rows)
+    return specs
+
+
+def grid(spec, call: ReplayCall) -> tuple[tuple[int, int, int], int]:
+    """(launch grid, threads per CTA) of one of a call's kernels: ``(groups * heads_per_group / heads_per_cta,
+    sequences, 1)`` for the table kernel, ``(P / block_p, heads, sequences)`` for the others."""
+    if isinstance(spec, ReplayTableSpec):
+        groups = call.B.shape[2]
+        return (groups * spec.heads_per_group // spec.heads_per_cta, call.nseq, 1), 32 * spec.warps
+    t = spec.tiling
+    return (-(-call.state.shape[2] // t.block_p), call.state.shape[1], call.nseq), t.threads
+
+
 def _dense_rows(name: str, t: torch.Tensor, what: str) -> None:
     if t.stride(-1) != 1:
         unsupported(f"{name} with a strided last dim in the TileLang ReplaySSM kernel", f"pass {what}")
@@ -131,7 +254,8 @@ def _vector_rings(bc: torch.Tensor, xc: torch.Tensor) -> bool:
 
 
 def plan(call: ReplayCall):
-    """(spec, launch arguments) of a call, or None when there is nothing to launch."""
+    """The (spec, launch arguments) pairs of a call in launch order (the fused kernel, or the table design's two
+    kernels: :func:`uses_table`), or None when there is nothing to launch."""
     state = call.state
     S, H, P, N = state.shape
     dev = state.device
@@ -190,12 +314,18 @@ def plan(call: ReplayCall):
         "pad": call.pad_slot_id, "flags": flags,
     }  # fmt: skip
     _rounding_values(values, call.state_scale, call.rand_seed, rounds)
-    args = args_of(REPLAY_ARGS, REPLAY, checkpoint_variant(DTYPE_NAMES[state.dtype], rounds))
-    spec = spec_for(
-        dim=P, dstate=N, heads_per_group=H // B.shape[2], dtypes=dtypes_of(args, values), vector_state=vstate,
-        vector_io=_vector_rings(bc, xc), ring_rows=ring_rows, new_rows=new_rows, philox_rounds=rounds,
-    )  # fmt: skip
-    return spec, launch_args(args, values)
+    variant = checkpoint_variant(DTYPE_NAMES[state.dtype], rounds)
+    shape = dict(dim=P, dstate=N, heads_per_group=H // B.shape[2], vector_state=vstate, vector_io=_vector_rings(bc, xc),
+                 ring_rows=ring_rows, new_rows=new_rows, philox_rounds=rounds)  # fmt: skip
+    if not uses_table(nseq):
+        args = args_of(REPLAY_ARGS, REPLAY, variant)
+        return ((spec_for(**shape, dtypes=dtypes_of(args, values)), launch_args(args, values)),)
+    values["table"] = table_workspace(dev, H, ring_rows, new_rows, nseq)
+    targs = args_of(REPLAY_TABLE_ARGS, REPLAY_TABLE)
+    rargs = args_of(REPLAY_ROWS_ARGS, REPLAY_ROWS, variant)
+    table, rows = table_specs_for(**shape, dtypes={**dtypes_of(rargs, values), **dtypes_of(targs, values)},
+                                  pdl=table_pdl(hardware(dev)))  # fmt: skip
+    return (table, launch_args(targs, values)), (rows, launch_args(rargs, values))
 
 
 def materialize_spec_for(*, dim: int, dstate: int, heads_per_group: int, dtypes: dict, ring_rows: int,
@@ -296,23 +426,29 @@ def plan_materialize_layers(call: MaterializeLayersCall):
 
 
 def serving_specs(*, state_dtype, io_dtype, heads, dim, dstate, groups, slot_dtype, philox_rounds=0, window=16,
-                  tokens=1) -> list:  # fmt: skip
-    """The specs one serving configuration calls: the decode step with dt fp32 and in the io dtype, and the
-    materialisation with ``slot_dtype`` tables (rounding to nearest, and stochastically with ``philox_rounds`` >
-    0), on aligned pools and rings of a ``window`` plus ``tokens`` rows
-    (vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative tokens per step)."""
+                  tokens=1, pdl=True) -> list:  # fmt: skip
+    """The specs one serving configuration calls: the decode step's fused kernel and the table design's two (small
+    batches: :func:`uses_table`) with dt fp32 and in the io dtype, and the materialisation with ``slot_dtype``
+    tables (rounding to nearest, and stochastically with ``philox_rounds`` > 0), on aligned pools and rings of a
+    ``window`` plus ``tokens`` rows (vLLM 0.33: ``--replayssm-buffer-len``, 16 by default, and 1 + the speculative
+    tokens per step). ``pdl``: the table design's kernels for a device that launches them as programmatic
+    dependents (:func:`table_pdl`)."""
     ring_rows, new_rows = staged_rows(window + tokens, tokens)
     shape = {"dim": dim, "dstate": dstate, "heads_per_group": heads // groups, "ring_rows": ring_rows,
              "vector_state": True, "vector_io": True}  # fmt: skip
-    specs = [spec_for(**shape, dtypes={"state_dtype": state_dtype, "io_dtype": io_dtype, "dt_dtype": dt_dt,
-                                       "slot_dtype": slot_dtype}, new_rows=new_rows, philox_rounds=philox_rounds)
-             for dt_dt in dict.fromkeys((torch.float32, io_dtype))]  # fmt: skip
+    specs = []
+    for dt_dt in dict.fromkeys((torch.float32, io_dtype)):
+        dtypes = {"state_dtype": state_dtype, "io_dtype": io_dtype, "dt_dtype": dt_dt, "slot_dtype": slot_dtype}
+        specs.append(spec_for(**shape, dtypes=dtypes, new_rows=new_rows, philox_rounds=philox_rounds))
+        specs += table_specs_for(**shape, dtypes=dtypes, new_rows=new_rows, philox_rounds=philox_rounds, pdl=pdl)
+    specs = list(dict.fromkeys(specs))  # (the rows kernel reads no dt: one for both)
     tables = {"state_dtype": state_dtype, "io_dtype": io_dtype, "index_dtype": slot_dtype}
     return specs + [
         materialize_spec_for(**shape, dtypes=tables, philox_rounds=r) for r in dict.fromkeys((0, philox_rounds))
     ]
 
 
-__all__ = ["MAX_RING", "TUNING", "Tuning", "plan", "plan_materialize", "materialize_spec_for",
-           "plan_materialize_layers", "materialize_layers_spec_for", "spec_for",
-           "staged_rows", "serving_specs", "tuning"]  # fmt: skip
+__all__ = ["DESIGNS", "MAX_RING", "ROWS_TUNING", "TABLE_HEADS_PER_CTA", "TABLE_MAX_SEQUENCES", "TABLE_WARPS", "TUNING",
+           "Tuning", "forcing", "grid", "plan", "plan_materialize", "materialize_spec_for", "plan_materialize_layers",
+           "materialize_layers_spec_for", "spec_for", "staged_rows", "serving_specs", "table_heads_per_cta",
+           "table_pdl", "table_specs_for", "table_workspace", "tuning", "uses_table"]  # fmt: skip

@@ -138,6 +138,59 @@ class ReplaySpec(KernelSpec):
 
 
 @dataclass(frozen=True)
+class ReplayTableSpec(KernelSpec):
+    """``mate_kernels.ssu_replay_table.replay_table_kernel``: the table design's first kernel, each head's token
+    table of a ReplaySSM step into the workspace."""
+
+    module: ClassVar[str] = "mate_kernels.ssu_replay_table"
+    factory: ClassVar[str] = "replay_table_kernel"
+    family: ClassVar[str] = "replay"
+
+    dstate: int
+    heads_per_group: int
+    io_dtype: str
+    dt_dtype: str
+    slot_dtype: str
+    ring_rows: int
+    new_rows: int
+    heads_per_cta: int
+    warps: int
+    vector_io: bool
+    pdl: bool
+
+    def pass_configs(self) -> dict:
+        return ssu_pass_configs()
+
+
+@dataclass(frozen=True)
+class ReplayRowsSpec(KernelSpec):
+    """``mate_kernels.ssu_replay.replay_rows_kernel``: the table design's second kernel, the state rows' work of a
+    ReplaySSM step with the table read from the workspace."""
+
+    module: ClassVar[str] = "mate_kernels.ssu_replay"
+    factory: ClassVar[str] = "replay_rows_kernel"
+    family: ClassVar[str] = "replay"
+
+    dim: int
+    dstate: int
+    heads_per_group: int
+    state_dtype: str
+    io_dtype: str
+    slot_dtype: str
+    ring_rows: int
+    new_rows: int
+    tiling: SSUTiling
+    min_blocks: int
+    philox_rounds: int
+    vector_state: bool
+    vector_io: bool
+    pdl: bool
+
+    def pass_configs(self) -> dict:
+        return ssu_pass_configs()
+
+
+@dataclass(frozen=True)
 class MaterializeSpec(KernelSpec):
     """``mate_kernels.ssu_materialize.materialize_kernel``: a slot's replayed state written into another slot
     (``materialize_replayed_state``)."""
@@ -329,7 +382,9 @@ __all__ = [
     "NormSpec",
     "MaterializeSpec",
     "MaterializeLayersSpec",
+    "ReplayRowsSpec",
     "ReplaySpec",
+    "ReplayTableSpec",
     "SSDCombineSpec",
     "SSDDtSpec",
     "SSDStatesSpec",
