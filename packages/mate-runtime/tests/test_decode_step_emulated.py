@@ -179,3 +179,21 @@ def test_three_launches_above_the_fused_batch(monkeypatch, c):
         check((out, a["conv_state"], a["ssm_state"]), (mamba2_decode_step(**r, backend="torch"), r["conv_state"],
                                                       r["ssm_state"]))  # fmt: skip
     assert out is a.get("out", out) and tuple(ran[:3]) == plan_mamba2_decode_step(**clone(kw))
+
+
+def test_prewarm_compiles_what_the_three_launches_plan():
+    """``prewarm_mamba2_decode_step``'s specs above the fused batch (``decode_step.sequence_specs``) hold the three
+    kernels a call of that configuration plans (dt in the io dtype, fp32 parameters)."""
+    from mate.mamba._tilelang import decode_step as launcher
+
+    c = Case(batch=decode_step_plan.FUSED_MAX_BATCH + 8, heads=16, dstate=128, groups=2, norm_groups=2)
+    kw = build(c, "cpu")
+    kw["norm_weight"] = kw["norm_weight"].float()
+    planned = plan_mamba2_decode_step(**kw)
+    assert len(planned) == 3
+    config = dict(heads=c.heads, dim=c.dim, dstate=c.dstate, ngroups=c.groups, width=c.width,
+                  norm_group_size=c.heads * c.dim // c.norm_groups, io_dtype=c.io, state_dtype=c.state,
+                  dt_dtype=c.io, param_dtype=torch.float32, weight_dtype=c.io, index_dtype=c.index,
+                  has_conv_bias=c.has_bias)  # fmt: skip
+    prewarmed = {spec for _, spec in launcher.sequence_specs("cpu", **config)}
+    assert set(planned) <= prewarmed, set(planned) - prewarmed

@@ -123,7 +123,7 @@ def sequence_specs(device, *, heads, dim, dstate, ngroups, width, norm_group_siz
             has_bias=has_conv_bias,
             silu=True,
         )  # fmt: skip
-        if isinstance(s, Conv1dUpdateSpec) and not (s.varlen or s.spec_decode or s.round_via_state)
+        if isinstance(s, Conv1dUpdateSpec) and s.round_via_state and not (s.varlen or s.spec_decode)
     ]
     ssus = ssu.serving_specs(state_dtype=state_dtype, io_dtype=io_dtype, heads=heads, dim=dim, dstate=dstate,
                              groups=ngroups, slot_dtype=index_dtype, packed=False, meta_dtype=torch.int32,
