@@ -182,4 +182,34 @@ def check_index_data(call: DecodeStepCall) -> None:
         bad_arg("state_indices", values(idx), f"entries in [0, {S}) (slots of both pools) or pad_slot_id")
 
 
-__all__ = ["DecodeStepCall", "check_index_data", "normalize_decode_step"]
+def three_ops(call: DecodeStepCall, xbc: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> tuple:
+    """The contract's sequence (the module docstring) as the three ops' normalised calls, for every backend:
+    ``causal_conv1d_update`` in place on ``xbc`` (``[batch, CD]`` in xBC's dtype, holding a copy of xBC: a
+    sequence on the sentinel keeps its raw row; the pool has that dtype, so the in-place result rounds as vLLM's),
+    ``selective_state_update`` from its split into ``y`` (``[batch, H, P]``), ``rms_norm_gated`` of y into ``out``
+    (``[batch, HP]`` contiguous, the norm's canonical form). Returns ``(conv, ssu, norm)``."""
+    from mate.mamba._contract.conv1d import normalize_conv1d_update
+    from mate.mamba._contract.norm import NormCall
+    from mate.mamba._contract.ssu import normalize_ssu
+
+    H, P, N, G, hp = call.heads, call.dim, call.dstate, call.ngroups, call.heads * call.dim
+    batch = call.batch
+    conv = normalize_conv1d_update(xbc, call.conv_state, call.conv_weight, call.conv_bias, "silu", call.slots,
+                                   null_block_id=call.pad_slot_id)  # fmt: skip
+    x = xbc[:, :hp].view(batch, H, P)
+    B = xbc[:, hp : hp + G * N].view(batch, G, N)
+    C = xbc[:, hp + G * N :].view(batch, G, N)
+    ssu = normalize_ssu(
+        call.ssm_state, x, call.dt[:, :, None].expand(-1, -1, P), call.A[:, None, None].expand(H, P, N), B, C,
+        None if call.D is None else call.D[:, None].expand(H, P), None,
+        None if call.dt_bias is None else call.dt_bias[:, None].expand(H, P), True, call.slots, call.pad_slot_id,
+        out=y,
+    )  # fmt: skip
+    # (z has a dense last dim, checked above; the weight made dense as rms_norm_gated's normaliser makes it)
+    norm = NormCall(x=y.view(batch, hp), weight=call.norm_weight.contiguous(), bias=None, z=call.z, out=out,
+                    eps=call.eps, group_size=call.norm_group_size, norm_before_gate=False,
+                    shape=(batch, hp))  # fmt: skip
+    return conv, ssu, norm
+
+
+__all__ = ["DecodeStepCall", "check_index_data", "normalize_decode_step", "three_ops"]

@@ -13,7 +13,7 @@ device.
 from __future__ import annotations
 
 import torch
-from mate.mamba._contract.decode_step import DecodeStepCall, check_index_data
+from mate.mamba._contract.decode_step import DecodeStepCall, check_index_data, three_ops
 from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
@@ -24,7 +24,6 @@ from mate.mamba._tilelang.decode_step_plan import (
     call_spec,
     fused,
     launch_args,
-    sequence_calls,
     spec_for,
     vector_ok,
     workspace_sizes,
@@ -75,15 +74,15 @@ def _launch(call: DecodeStepCall, specs: dict) -> torch.Tensor:
 
 
 def _sequence(call: DecodeStepCall) -> None:
-    """The step as three launches (:func:`.decode_step_plan.sequence_calls`) after a copy of xBC, each op's own
-    launcher deciding its kernel."""
+    """The step as three launches (the contract's ``three_ops``) after a copy of xBC, each op's own launcher
+    deciding its kernel."""
     dev, io = call.xBC.device, call.xBC.dtype
     xbc = WORKSPACE.get("decode_step_sequence", "xBC", tuple(call.xBC.shape), io, dev)
     y = WORKSPACE.get("decode_step_sequence", "y", (call.batch, call.heads, call.dim), io, dev)
     dense = call.out.is_contiguous()
     out = call.out if dense else WORKSPACE.get("decode_step_sequence", "out", tuple(call.out.shape), io, dev)
     xbc.copy_(call.xBC)
-    conv_call, ssu_call, norm_call = sequence_calls(call, xbc, y, out)
+    conv_call, ssu_call, norm_call = three_ops(call, xbc, y, out)
     conv1d.run_update(conv_call)
     ssu.run(ssu_call)
     norm.run(norm_call)

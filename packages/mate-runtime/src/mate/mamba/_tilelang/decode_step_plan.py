@@ -2,10 +2,10 @@
 kernel spec (:class:`~mate.mamba._tilelang.specs.DecodeStepSpec`) and launch arguments.
 
 Two designs, chosen by the batch (:data:`FUSED_MAX_BATCH`): the fused kernel (one launch), or the step as MATE's
-three ops in sequence (conv1d update, SSU, gated norm: three launches over two scratch buffers,
-:func:`sequence_calls`). The fused kernel's choice: the one-token SSU kernel's tiling of (P, N, state dtype)
-(:func:`mate_kernels.ssu_common.choose_tiling`), 16-byte state accesses where the pool's slot stride and pointer allow
-them. What the fused kernel does not serve raises ``NotImplementedError`` naming the argument at every batch, so a
+three ops in sequence (conv1d update, SSU, gated norm: three launches over two scratch buffers, the contract's
+``three_ops``). The fused kernel's choice: the one-token SSU kernel's tiling of (P, N, state dtype)
+(:func:`mate_kernels.ssu_common.choose_tiling`), 16-byte state accesses where the pool's slot stride and pointer
+allow them. What the fused kernel does not serve raises ``NotImplementedError`` naming the argument at every batch, so a
 call's validity does not depend on its batch (``backend='torch'`` serves every valid call). Absent optional tensors
 are passed as ones the kernel never reads (conv_bias as a column of conv_weight, D and dt_bias as A).
 """
@@ -13,11 +13,8 @@ are passed as ones the kernel never reads (conv_bias as a column of conv_weight,
 from __future__ import annotations
 
 import torch
-from mate.mamba._contract.conv1d import Conv1dUpdateCall, normalize_conv1d_update
-from mate.mamba._contract.decode_step import DecodeStepCall
+from mate.mamba._contract.decode_step import DecodeStepCall, three_ops
 from mate.mamba._contract.dtypes import DTYPE_NAMES
-from mate.mamba._contract.norm import NormCall
-from mate.mamba._contract.ssu import SSUCall, normalize_ssu
 from mate.mamba._tilelang import conv1d_plan, norm_plan, ssu_plan
 from mate.mamba._tilelang.specs import DecodeStepSpec
 from mate_kernels.ssu_common import choose_tiling
@@ -118,33 +115,8 @@ def launch_args(call: DecodeStepCall, y_ws, partials, counters) -> tuple:
 
 
 def fused(call: DecodeStepCall) -> bool:
-    """Whether a call runs as the fused kernel (else as three launches: :func:`sequence_calls`)."""
+    """Whether a call runs as the fused kernel (else as three launches: the contract's ``three_ops``)."""
     return call.batch <= FUSED_MAX_BATCH
-
-
-def sequence_calls(call: DecodeStepCall, xbc: torch.Tensor, y: torch.Tensor,
-                   out: torch.Tensor) -> tuple[Conv1dUpdateCall, SSUCall, NormCall]:  # fmt: skip
-    """The step's three ops as normalised calls, the contract's sequence (``mate.mamba._contract.decode_step``):
-    the conv1d update in place on ``xbc`` (``[batch, CD]`` in xBC's dtype, holding a copy of xBC: a sequence on
-    the sentinel keeps its raw row, as in vLLM's mixer), the SSU from its split into ``y`` (``[batch, H, P]``), the
-    gated norm of y into ``out`` (``call.out`` itself where it is contiguous, the norm's canonical form; else a
-    contiguous tensor the launcher copies to it)."""
-    H, P, N, G, hp = call.heads, call.dim, call.dstate, call.ngroups, call.heads * call.dim
-    batch = call.batch
-    conv = normalize_conv1d_update(xbc, call.conv_state, call.conv_weight, call.conv_bias, "silu", call.slots,
-                                   null_block_id=call.pad_slot_id)  # fmt: skip
-    x = xbc[:, :hp].view(batch, H, P)
-    B = xbc[:, hp : hp + G * N].view(batch, G, N)
-    C = xbc[:, hp + G * N :].view(batch, G, N)
-    ssu = normalize_ssu(
-        call.ssm_state, x, call.dt[:, :, None].expand(-1, -1, P), call.A[:, None, None].expand(H, P, N), B, C,
-        None if call.D is None else call.D[:, None].expand(H, P), None,
-        None if call.dt_bias is None else call.dt_bias[:, None].expand(H, P), True, call.slots, call.pad_slot_id,
-        out=y,
-    )  # fmt: skip
-    norm = NormCall(x=y.view(batch, hp), weight=call.norm_weight, bias=None, z=call.z, out=out, eps=call.eps,
-                    group_size=call.norm_group_size, norm_before_gate=False, shape=(batch, hp))  # fmt: skip
-    return conv, ssu, norm
 
 
 def plan(call: DecodeStepCall) -> tuple:
@@ -157,9 +129,9 @@ def plan(call: DecodeStepCall) -> tuple:
         return (spec,)
     xbc = torch.empty(call.xBC.shape, dtype=call.xBC.dtype, device=call.xBC.device)
     y = torch.empty((call.batch, call.heads, call.dim), dtype=call.xBC.dtype, device=call.xBC.device)
-    conv, ssu, norm = sequence_calls(call, xbc, y, call.out.contiguous())
+    conv, ssu, norm = three_ops(call, xbc, y, call.out.contiguous())
     return conv1d_plan.plan_update(conv)[0], ssu_plan.plan(ssu)[0], norm_plan.plan(norm)[0]
 
 
-__all__ = ["FUSED_MAX_BATCH", "call_spec", "fused", "grid", "launch_args", "plan", "sequence_calls",
+__all__ = ["FUSED_MAX_BATCH", "call_spec", "fused", "grid", "launch_args", "plan",
            "spec_for", "vector_ok", "workspace_sizes"]  # fmt: skip
