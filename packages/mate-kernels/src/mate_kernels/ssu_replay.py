@@ -450,19 +450,7 @@ def _replay(*, dim, dstate, heads_per_group, state_dtype, io_dtype, dt_dtype, sl
                 if not rows:
                     if pb == 0:
                         if h % ratio == 0:
-                            for it in T.unroll(NB_ITERS):
-                                idx = it * TH + tx
-                                ti = idx // NCB
-                                n0 = (idx % NCB) * IOV
-                                if ti < tb:
-                                    for i in T.unroll(IOV):
-                                        stg[i] = Bn[ti, n0 + i]
-                                    if vector_io:
-                                        for i in T.vectorized(IOV):
-                                            ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
-                                    else:
-                                        for i in T.unroll(IOV):
-                                            ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
+                            rops.append_b(Bn, stg, ring_b, slot, g, rs, pk, tb, tx, L)
                         for it in T.unroll(ND_ITERS):
                             ti = it * TH + tx
                             if ti < tb:

@@ -27,7 +27,6 @@ the sentinel or an empty sequence writes nothing. The kernel allows the rows ker
 from types import SimpleNamespace
 
 from .abi import REPLAY_TABLE, REPLAY_TABLE_ARGS, prim_func
-from .formats import BYTES
 from .ssu_common import FLAG_CU, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC
 
 
@@ -59,7 +58,7 @@ def replay_table_kernel(
     """
     import tilelang.language as T
 
-    from .ssu_ring import table_layout
+    from .ssu_ring import b_ring_ops, table_layout
 
     N, ratio, HC, W = int(dstate), int(heads_per_group), int(heads_per_cta), int(warps)
     CH, TN = int(ring_rows), int(new_rows)
@@ -74,10 +73,8 @@ def replay_table_kernel(
     lay = table_layout(CH, TN)
     REC, FOLD, DECAY, FDECAY = lay.rec, lay.fold, lay.decay, lay.fdecay
     TH = 32 * W
-    IOV = max(1, 16 // BYTES[io_dtype])  # io values per 16-byte piece of a B / C row
-    while N % IOV:
-        IOV //= 2
-    NCB = N // IOV
+    bops = b_ring_ops(T, io_dtype=io_dtype, dstate=N, ring_rows=CH, new_rows=TN, threads=TH, vector_io=vector_io)
+    IOV, NCB, wrap = bops.IOV, bops.NCB, bops.wrap  # io values per 16-byte piece of a B / C row, pieces a row
     DL = 1  # lanes per dot product (a row's pieces over them)
     while DL < 32 and NCB % (DL * 2) == 0:
         DL *= 2
@@ -114,10 +111,6 @@ def replay_table_kernel(
 
     def softplus(d):
         return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
-
-    def wrap(v, L):
-        """``v % L`` for ``0 <= v < 2 L`` (a compare and subtract: a runtime modulo is an integer division)."""
-        return T.if_then_else(v >= L, v - L, v)
 
     @T.macro
     def lane_vals(dst, rb, src, q, lane):
@@ -213,18 +206,7 @@ def replay_table_kernel(
                 rs = ((ring_start[slot] % L) + L) % L
                 pk = T.min(T.max(pnat[slot], 0), T.min(window, L - tb))
                 # the whole ring by physical row (a row past the live ones is staged and never read)
-                for it in T.unroll(-(-CH * NCB // TH)):
-                    idx = it * TH + tx
-                    ri = idx // NCB
-                    n0 = (idx % NCB) * IOV
-                    if ri < L:
-                        if vector_io:
-                            for i in T.vectorized(IOV):
-                                stg[i] = ring_b[slot, g, ri, n0 + i]
-                        else:
-                            for i in T.unroll(IOV):
-                                stg[i] = ring_b[slot, g, ri, n0 + i]
-                        put(Bs, ri, n0, stg)
+                bops.stage_ring_b(Bs, stg, ring_b, slot, g, tx, L)
                 for it in T.unroll(-(-HC * CH // TH)):
                     e = it * TH + tx
                     hh = e // CH
@@ -307,19 +289,7 @@ def replay_table_kernel(
                             table[b, h0 + hh, FDECAY] = T.exp(cum[hh, pk - 1])
                 # the new tokens into the rings after the live ones: B by the group's first CTA, dt' of each head
                 if gc % CHUNKS == 0:
-                    for it in T.unroll(-(-TN * NCB // TH)):
-                        idx = it * TH + tx
-                        ti = idx // NCB
-                        n0 = (idx % NCB) * IOV
-                        if ti < tb:
-                            for i in T.unroll(IOV):
-                                stg[i] = Bn[ti, n0 + i]
-                            if vector_io:
-                                for i in T.vectorized(IOV):
-                                    ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
-                            else:
-                                for i in T.unroll(IOV):
-                                    ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
+                    bops.append_b(Bn, stg, ring_b, slot, g, rs, pk, tb, tx, L)
                 for it in T.unroll(-(-HC * TN // TH)):
                     e = it * TH + tx
                     hh = e // TN

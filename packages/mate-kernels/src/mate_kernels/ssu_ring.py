@@ -61,6 +61,60 @@ def table_layout(ring_rows: int, new_rows: int) -> SimpleNamespace:
     return SimpleNamespace(coef=0, fold=fold, decay=decay, fdecay=fdecay, rec=-(-(fdecay + 1) // 4) * 4)
 
 
+def b_ring_ops(T, *, io_dtype: str, dstate: int, ring_rows: int, new_rows: int, threads: int, vector_io: bool):
+    """What every kernel that touches the B ring shares, whatever its state tiling (the fused and rows kernels
+    through :func:`ring_ops`, the table kernel directly): the row pieces of a B / C row (``IOV`` io values, the
+    widest power of two <= 16 bytes dividing ``dstate``; ``NCB`` of them), the ring row wrap, the staging of a
+    slot's whole B ring and the append of the new tokens' B rows. ``threads``: the CTA's."""
+    CH, TN, TH, N = int(ring_rows), int(new_rows), int(threads), int(dstate)
+    IOV = max(1, 16 // BYTES[io_dtype])
+    while N % IOV:
+        IOV //= 2
+    NCB = N // IOV
+
+    def wrap(v, L):
+        """``v % L`` for ``0 <= v < 2 L`` (a ring row ``rs + j`` with ``rs < L`` and ``j < L``): a runtime modulo is
+        an integer division, some 20 instructions per use in the token loops."""
+        return T.if_then_else(v >= L, v - L, v)
+
+    @T.macro
+    def stage_ring_b(Bs, stg, ring_b, slot, g, tx, L):
+        """The slot's whole B ring of group ``g`` by physical row (a staged row past the ring's ``L`` rows is not
+        loaded); ``stg``: io registers of a piece."""
+        for it in T.unroll(-(-CH * NCB // TH)):
+            idx = it * TH + tx
+            ri = idx // NCB
+            n0 = (idx % NCB) * IOV
+            if ri < L:
+                if vector_io:
+                    for i in T.vectorized(IOV):
+                        stg[i] = ring_b[slot, g, ri, n0 + i]
+                else:
+                    for i in T.unroll(IOV):
+                        stg[i] = ring_b[slot, g, ri, n0 + i]
+                for i in T.vectorized(IOV):
+                    Bs[ri, n0 + i] = stg[i]
+
+    @T.macro
+    def append_b(Bn, stg, ring_b, slot, g, rs, pk, tb, tx, L):
+        """The ``tb`` new tokens' B rows (staged in ``Bn``) into the ring after its ``pk`` live rows from row ``rs``."""
+        for it in T.unroll(-(-TN * NCB // TH)):
+            idx = it * TH + tx
+            ti = idx // NCB
+            n0 = (idx % NCB) * IOV
+            if ti < tb:
+                for i in T.unroll(IOV):
+                    stg[i] = Bn[ti, n0 + i]
+                if vector_io:
+                    for i in T.vectorized(IOV):
+                        ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
+                else:
+                    for i in T.unroll(IOV):
+                        ring_b[slot, g, wrap(rs + pk + ti, L), n0 + i] = stg[i]
+
+    return SimpleNamespace(IOV=IOV, NCB=NCB, wrap=wrap, stage_ring_b=stage_ring_b, append_b=append_b)
+
+
 def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector_io: bool = True):
     """The staging sizes and macros of one build (``ops``: its :func:`.ssu_parts.row_ops`). ``ring_rows`` /
     ``new_rows``: the staged ring rows and new tokens (powers of two); ``vector_io``: the rings' rows in 16-byte
@@ -82,9 +136,11 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
             v //= 2
         return v
 
-    IOV, XV = piece(N), piece(BP)  # B/C and x row pieces (of io values) of the staging loads
+    bops = b_ring_ops(T, io_dtype=io_dtype, dstate=N, ring_rows=CH, new_rows=TN, threads=TH, vector_io=vector_io)
+    IOV, XV = bops.IOV, piece(BP)  # B/C and x row pieces (of io values) of the staging loads
     LV = piece(VEC)  # a lane's chunk of a staged row, in 16-byte pieces
-    NCB, NCX = N // IOV, BP // XV
+    NCB, NCX = bops.NCB, BP // XV
+    wrap, stage_ring_b = bops.wrap, bops.stage_ring_b
 
     @T.macro
     def lane_row(dst, rb, src, q, lane):
@@ -97,33 +153,11 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
         for k in T.unroll(NV * VEC):
             dst[k] = T.cast(rb[k], f32)
 
-    def wrap(v, L):
-        """``v % L`` for ``0 <= v < 2 L`` (a ring row ``rs + j`` with ``rs < L`` and ``j < L``): a runtime modulo is
-        an integer division, some 20 instructions per use in the token loops."""
-        return T.if_then_else(v >= L, v - L, v)
-
     @T.macro
     def put(dst, q, j0, stg, width):
         """dst[q, j0 : j0 + width] = the io registers ``stg`` (one shared store of ``width`` values)."""
         for i in T.vectorized(width):
             dst[q, j0 + i] = stg[i]
-
-    @T.macro
-    def stage_ring_b(Bs, stg, ring_b, slot, g, tx, L):
-        """The slot's whole B ring of group ``g`` by physical row (a staged row past the ring's ``L`` rows is not
-        loaded); ``stg``: io registers of a piece."""
-        for it in T.unroll(-(-CH * NCB // TH)):
-            idx = it * TH + tx
-            ri = idx // NCB
-            n0 = (idx % NCB) * IOV
-            if ri < L:
-                if vector_io:
-                    for i in T.vectorized(IOV):
-                        stg[i] = ring_b[slot, g, ri, n0 + i]
-                else:
-                    for i in T.unroll(IOV):
-                        stg[i] = ring_b[slot, g, ri, n0 + i]
-                put(Bs, ri, n0, stg, IOV)
 
     @T.macro
     def stage_ring_x(Xs, stg, ring_x, slot, h, pb, tx, L):
@@ -159,8 +193,8 @@ def ring_ops(T, ops, *, io_dtype: str, ring_rows: int, new_rows: int = 1, vector
         CH=CH, TN=TN, IOB=IOB, IOV=IOV, XV=XV, LV=LV, NCB=NCB, NCX=NCX, D_ITERS=-(-CH // TH),
         NB_ITERS=-(-TN * NCB // TH), NX_ITERS=-(-TN * NCX // TH), ND_ITERS=-(-TN // TH),
         lane_row=lane_row, put=put, wrap=wrap, stage_ring=stage_ring, stage_ring_b=stage_ring_b,
-        stage_ring_x=stage_ring_x,
+        stage_ring_x=stage_ring_x, append_b=bops.append_b,
     )  # fmt: skip
 
 
-__all__ = ["checkpoint_ops", "checkpoint_variant", "ring_ops", "table_layout"]
+__all__ = ["b_ring_ops", "checkpoint_ops", "checkpoint_variant", "ring_ops", "table_layout"]
