@@ -25,6 +25,24 @@ MODE_PER_TOKEN = 2
 MODE_INTERMEDIATE = 3
 
 
+def softplus(T, d):
+    """``log(1 + e^d)`` of an fp32 TIR expression, ``d`` itself above 20 (where fp32 cannot tell them apart)."""
+    return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
+
+
+def flag_bit(T, flags, flag):
+    """1 when ``flag`` is set in ``flags``, else 0 (int32): absent inputs are read at index 0 of their dummy and
+    masked arithmetically, so every input load is issued without a branch."""
+    return T.shift_right(flags, flag.bit_length() - 1) & 1
+
+
+def ring_dt(T, raw, bias, hb, flags):
+    """A new token's processed dt, what a ReplaySSM ring caches: ``raw + bias`` (``bias`` counted where ``hb``,
+    :func:`flag_bit` of ``FLAG_DT_BIAS``, is 1), softplus where ``flags`` ask for it."""
+    d = T.cast(raw, "float32") + bias * T.cast(hb, "float32")
+    return T.if_then_else((flags & FLAG_SOFTPLUS) != 0, softplus(T, d), d)
+
+
 @dataclass(frozen=True)
 class SSUTiling:
     """How one CTA holds its ``block_p`` state rows: each row's ``N`` values over ``lanes`` consecutive lanes of a

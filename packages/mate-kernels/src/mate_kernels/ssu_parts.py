@@ -14,8 +14,10 @@ rounded to nearest even (integers) or by the fp8 conversion (fp8), within +-QMAX
 writes the new scale ``max / QMAX`` (:func:`row_ops`' ``quant_ops``).
 """
 
+import functools
 from types import SimpleNamespace
 
+from . import ssu_common
 from .formats import BYTES, FORMATS, QMAX
 from .ssu_common import FLAG_D, FLAG_SOFTPLUS, FLAG_Z
 
@@ -91,13 +93,8 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         p = pb * BP + r * RP + rg
         return T.min(p, P - 1) if guard_p else p
 
-    def softplus(d):
-        return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
-
-    def bit(flags, flag):
-        """1 when ``flag`` is set, else 0 (int32): absent inputs are read at index 0 of their dummy and
-        masked arithmetically, so every input load is issued without a branch."""
-        return T.shift_right(flags, flag.bit_length() - 1) & 1
+    softplus = functools.partial(ssu_common.softplus, T)
+    bit = functools.partial(ssu_common.flag_bit, T)
 
     def aligned(buf, vector, multiple=None):
         """A view of ``buf`` whose dynamic outer strides are written as multiples of ``multiple`` (default

@@ -45,7 +45,7 @@ of at most ``ring_rows`` rows and at most ``new_rows`` tokens per sequence).
 from types import SimpleNamespace
 
 from .abi import REPLAY, REPLAY_ARGS, REPLAY_ROWS, REPLAY_ROWS_ARGS, prim_func
-from .ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC, FLAG_Z, SSUTiling, choose_tiling
+from .ssu_common import FLAG_CU, FLAG_D, FLAG_DT_BIAS, FLAG_SRC, FLAG_Z, SSUTiling, choose_tiling, ring_dt
 
 
 def replay_kernel(
@@ -184,14 +184,10 @@ def _replay(*, dim, dstate, heads_per_group, state_dtype, io_dtype, dt_dtype, sl
         table=T.Tensor((TS, H, REC), f32),
     )
 
-    def softplus(d):
-        return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
-
     def dt_of(dt, dt_bias, xb, tok, h, flags):
-        """The processed dt of a new token: ``dt + dt_bias``, softplus where asked (what the ring caches)."""
+        """The processed dt of a new token (what the ring caches)."""
         hb = bit(flags, FLAG_DT_BIAS)
-        d = T.cast(dt[xb, tok, h], f32) + dt_bias[h * hb] * T.cast(hb, f32)
-        return T.if_then_else((flags & FLAG_SOFTPLUS) != 0, softplus(d), d)
+        return ring_dt(T, dt[xb, tok, h], dt_bias[h * hb], hb, flags)
 
     @T.macro
     def write_row(out, z, Xn, total, r, pb, rg, xb, t0, t, h, dv, hz):

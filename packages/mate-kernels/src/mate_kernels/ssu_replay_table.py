@@ -27,7 +27,7 @@ the sentinel or an empty sequence writes nothing. The kernel allows the rows ker
 from types import SimpleNamespace
 
 from .abi import REPLAY_TABLE, REPLAY_TABLE_ARGS, prim_func
-from .ssu_common import FLAG_CU, FLAG_DT_BIAS, FLAG_SOFTPLUS, FLAG_SRC
+from .ssu_common import FLAG_CU, FLAG_DT_BIAS, FLAG_SRC, flag_bit, ring_dt
 
 
 def replay_table_kernel(
@@ -107,10 +107,7 @@ def replay_table_kernel(
     )
 
     def bit(flags, flag):
-        return T.shift_right(flags, flag.bit_length() - 1) & 1
-
-    def softplus(d):
-        return T.if_then_else(d > 20.0, d, T.log1p(T.exp(T.min(d, 20.0))))
+        return flag_bit(T, flags, flag)
 
     @T.macro
     def lane_vals(dst, rb, src, q, lane):
@@ -193,8 +190,7 @@ def replay_table_kernel(
                 hh = e // TN
                 td = e % TN  # (a name of its own per loop: TileLang binds a constant, TN 1's, to the old one)
                 if T.And(hh < HC, td < tb):
-                    dq[0] = T.cast(dt[xb, t0 + td, h0 + hh], f32) + dt_bias[(h0 + hh) * hb] * T.cast(hb, f32)
-                    dtn[hh, td] = T.if_then_else((flags & FLAG_SOFTPLUS) != 0, softplus(dq[0]), dq[0])
+                    dtn[hh, td] = ring_dt(T, dt[xb, t0 + td, h0 + hh], dt_bias[(h0 + hh) * hb], hb, flags)
             for it in T.unroll(-(-HC // TH)):
                 hh = it * TH + tx
                 if hh < HC:
