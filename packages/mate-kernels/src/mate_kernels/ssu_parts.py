@@ -334,7 +334,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             out[row, h, p] = T.cast(acc[r], io_dtype)
 
     @T.macro
-    def write_y(acc, xv, dv, zv, out, row, h, pb, tx, flags):
+    def write_y_as(acc, xv, dv, zv, out, row, h, pb, tx, flags, transposed):
         lane = tx % L
         rg = tx // L
         if transposed:
@@ -354,6 +354,10 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
         elif lane == 0:
             for r in T.unroll(R):
                 write_row_y(acc, xv, dv, zv, r, out, row, h, pb * BP + r * RP + rg, flags)
+
+    @T.macro
+    def write_y(acc, xv, dv, zv, out, row, h, pb, tx, flags):
+        write_y_as(acc, xv, dv, zv, out, row, h, pb, tx, flags, transposed)
 
     def quant_ops(qdtype, rounds=0):
         """The helpers of one block-scaled quantised dtype (see the module docstring). ``qs``: ``R`` fp32
@@ -566,9 +570,11 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                         store, h, pb, tx, flags):  # fmt: skip
             """The staged design's update (the state in shared memory, see ``stage_state``), one row at a time:
             the row's values updated into ``sv`` (``NV * VEC`` fp32), its y and its max |value| reduced over its
-            lanes, y written, and, where ``store``, the row quantised into ``dst[wslot]`` at once. No more than one
-            row's values are live, so a thread's registers do not grow with the rows it holds (the bytes in flight
-            are the stage's)."""
+            lanes and, where ``store``, the row quantised into ``dst[wslot]`` at once. No more than one row's values
+            are live, so a thread's registers do not grow with the rows it holds (the bytes in flight are the
+            stage's). The y are written after the last row, one row per lane (``write_y``'s transposed form: R
+            lanes each write one), not by lane 0 after each row with the warp waiting on it (~35 instructions
+            a row: the gate, the address, the precise division of silu)."""
             lane = tx % L
             rg = tx // L
             if tied:
@@ -579,6 +585,10 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 mx[r] = T.float32(0)
                 if tied:
                     qs[r] = qs[r] * dtv[1]  # the decay folded into the scale: one multiply-add per value
+                if r > 0:
+                    # no read of this row's stage before the last row's stores: else the compiler hoists every
+                    # row's update for its y partial and computes it again for the store
+                    T.call_extern("void", "__syncwarp")
                 for v in T.unroll(NV):
                     unstage_numbers(sv, cb, cw, stage, r, v, tx, v * VEC)
                     for i in T.unroll(VEC):
@@ -594,8 +604,6 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                 for j in T.unroll(LOG_L):
                     acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
                     mx[r] = T.max(mx[r], T.shfl_xor(mx[r], L >> (j + 1)))
-                if lane == 0:
-                    write_row_y(acc, xv, dv, zv, r, out, row, h, p, flags)
                 if store:
                     mx[r] = T.if_then_else(mx[r] == T.float32(0), T.float32(1), T.float32(qmax) / mx[r])
                     for v in T.unroll(NV):
@@ -609,6 +617,9 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                             encode(buf, sv, v * VEC)
                         store_chunk(buf, dst, wslot, h, p, (v * L + lane) * VEC)
                     write_scale(scale, wslot, h, p, mx, r)
+            if R <= L:  # every lane holds every row's y: row ``lane // (L / R)`` written by its group's first lane
+                acc[0] = pick(acc, lane // (L // R))
+            write_y_as(acc, xv, dv, zv, out, row, h, pb, tx, flags, R <= L)
 
         return SimpleNamespace(
             fetch_scales=fetch_scales, dequantize=dequantize, reload=reload, store=store,

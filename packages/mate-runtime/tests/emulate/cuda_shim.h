@@ -256,6 +256,9 @@ inline thread_local Cta* cta_ = nullptr;
 // the CTA's dynamic shared memory (``extern __shared__ ... buf_dyn_shmem[]`` is rewritten to point here)
 alignas(1024) inline unsigned char mate_dyn_smem[1 << 18];
 #define __syncthreads() cta_->bar.arrive_and_wait()
+// every thread of the CTA reaches a __syncwarp (the kernels call it outside lane-dependent branches): the CTA's barrier
+// orders at least what the warp's would
+#define __syncwarp(...) cta_->bar.arrive_and_wait()
 
 // a shuffle: every thread of the CTA publishes its value, then reads the one of lane ``src(lane)`` of its
 // ``width``-lane segment (a source outside the segment reads the thread's own value, as on the GPU)
