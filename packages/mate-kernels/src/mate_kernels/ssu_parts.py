@@ -86,7 +86,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
     i64 = "int64"
     LOG_L = L.bit_length() - 1
     transposed = bool(transposed) and R <= L
-    TR = R.bit_length() - 1 if transposed else 0
+    TR = R.bit_length() - 1  # the transposed reduction's halving steps (where it is used)
 
     def prow(pb, r, rg):
         """State row of unrolled row ``r`` (clamped into range for loads when P is not a multiple of block_p)."""
@@ -256,7 +256,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             dv[r] = T.cast(D[h * hd, prow(pb, r, rg) * hd], f32) * T.cast(hd, f32)
 
     @T.macro
-    def reduce_rows(acc, tx):
+    def reduce_rows_as(acc, tx, transposed):
         """Sum each of the thread's ``R`` row partials over the row's ``L`` lanes. Transposed (``R <= L``): each
         of the first log2(R) butterfly steps halves the values a lane holds (it keeps one half of its rows, sends
         the other half to its partner, which keeps the opposite half), so R rows take R - 1 + log2(L / R)
@@ -278,6 +278,10 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             for j in T.unroll(LOG_L):
                 for r in T.unroll(R):
                     acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
+
+    @T.macro
+    def reduce_rows(acc, tx):
+        reduce_rows_as(acc, tx, transposed)
 
     @T.macro
     def recur_and_reduce(s, Av, acc, xv, dtv, bv, cv, tx, packed=False):
@@ -572,9 +576,10 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
             the row's values updated into ``sv`` (``NV * VEC`` fp32), its y and its max |value| reduced over its
             lanes and, where ``store``, the row quantised into ``dst[wslot]`` at once. No more than one row's values
             are live, so a thread's registers do not grow with the rows it holds (the bytes in flight are the
-            stage's). The y are written after the last row, one row per lane (``write_y``'s transposed form: R
-            lanes each write one), not by lane 0 after each row with the warp waiting on it (~35 instructions
-            a row: the gate, the address, the precise division of silu)."""
+            stage's). The rows' y partials wait for the last row: one transposed reduction (``reduce_rows``: R - 1 +
+            log2(L / R) shuffles where each row took log2(L); the same sums, paired in the same order) and one y
+            per row written by the lanes it ends on, where lane 0 wrote each row's after it with its warp waiting
+            (~35 instructions a row: the address, silu's precise division)."""
             lane = tx % L
             rg = tx // L
             if tied:
@@ -602,7 +607,6 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                         mx[r] = T.max(mx[r], T.abs(s1))
                         sv[k] = s1
                 for j in T.unroll(LOG_L):
-                    acc[r] = acc[r] + T.shfl_xor(acc[r], L >> (j + 1))
                     mx[r] = T.max(mx[r], T.shfl_xor(mx[r], L >> (j + 1)))
                 if store:
                     mx[r] = T.if_then_else(mx[r] == T.float32(0), T.float32(1), T.float32(qmax) / mx[r])
@@ -617,8 +621,7 @@ def row_ops(T, *, dim, dstate, tiling, state_dtype, io_dtype, tied, vector_state
                             encode(buf, sv, v * VEC)
                         store_chunk(buf, dst, wslot, h, p, (v * L + lane) * VEC)
                     write_scale(scale, wslot, h, p, mx, r)
-            if R <= L:  # every lane holds every row's y: row ``lane // (L / R)`` written by its group's first lane
-                acc[0] = pick(acc, lane // (L // R))
+            reduce_rows_as(acc, tx, R <= L)
             write_y_as(acc, xv, dv, zv, out, row, h, pb, tx, flags, R <= L)
 
         return SimpleNamespace(
