@@ -196,26 +196,40 @@ def causal_conv1d_fn(
     return _or_vllms("causal_conv1d_fn", lambda: adapter().runtime().causal_conv1d_fn(*args), args)
 
 
-def causal_conv1d_update(
-    x,
-    conv_state,
-    weight,
-    bias=None,
-    activation=None,
-    conv_state_indices=None,
-    num_accepted_tokens=None,
-    query_start_loc=None,
-    max_query_len=-1,
-    null_block_id=NULL_BLOCK_ID,
-    validate_data=False,
-    out=None,
-):
-    """vLLM 0.33's ``causal_conv1d_update`` (the decode step, one token or MTP), the same signature and result, the
-    pool updated in place: ``mate.mamba.causal_conv1d_update``."""
-    args = (x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens, query_start_loc,
-            max_query_len, null_block_id, validate_data, out)  # fmt: skip
+def _update_entry(route, doc):
+    """vLLM 0.33's ``causal_conv1d_update`` signature (written once) over ``route(args)``, the arguments as one
+    positional tuple."""
+
+    def causal_conv1d_update(
+        x,
+        conv_state,
+        weight,
+        bias=None,
+        activation=None,
+        conv_state_indices=None,
+        num_accepted_tokens=None,
+        query_start_loc=None,
+        max_query_len=-1,
+        null_block_id=NULL_BLOCK_ID,
+        validate_data=False,
+        out=None,
+    ):
+        return route((x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens,
+                      query_start_loc, max_query_len, null_block_id, validate_data, out))  # fmt: skip
+
+    causal_conv1d_update.__doc__ = doc
+    return causal_conv1d_update
+
+
+def _mate_update(args):
     return _or_vllms("causal_conv1d_update", lambda: adapter().runtime().causal_conv1d_update(*args), args)
 
+
+causal_conv1d_update = _update_entry(
+    _mate_update,
+    """vLLM 0.33's ``causal_conv1d_update`` (the decode step, one token or MTP), the same signature and result, the
+    pool updated in place: ``mate.mamba.causal_conv1d_update``.""",
+)
 
 # MATE_VLLM_CONV1D=auto: MATE's causal_conv1d_update serves one-token calls (no num_accepted_tokens, no
 # query_start_loc) of at least this many sequences, vLLM's the rest. Measured against vLLM 0.33's Triton kernel,
@@ -232,28 +246,19 @@ def serves_conv1d_update(x, num_accepted_tokens, query_start_loc) -> bool:
     return one_token and isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] >= CONV1D_UPDATE_MIN_BATCH
 
 
-def causal_conv1d_update_auto(
-    x,
-    conv_state,
-    weight,
-    bias=None,
-    activation=None,
-    conv_state_indices=None,
-    num_accepted_tokens=None,
-    query_start_loc=None,
-    max_query_len=-1,
-    null_block_id=NULL_BLOCK_ID,
-    validate_data=False,
-    out=None,
-):
-    """vLLM 0.33's ``causal_conv1d_update`` under ``MATE_VLLM_CONV1D=auto`` (its signature):
-    :func:`causal_conv1d_update` (MATE) for the calls :func:`serves_conv1d_update` names, vLLM's own function for
-    the rest."""
-    args = (x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens, query_start_loc,
-            max_query_len, null_block_id, validate_data, out)  # fmt: skip
-    if serves_conv1d_update(x, num_accepted_tokens, query_start_loc):
-        return causal_conv1d_update(*args)
+def _auto_update(args):
+    if serves_conv1d_update(args[0], args[6], args[7]):
+        return _mate_update(args)
     return ENGINE_CONV1D["causal_conv1d_update"](*args)
+
+
+causal_conv1d_update_auto = _update_entry(
+    _auto_update,
+    """vLLM 0.33's ``causal_conv1d_update`` under ``MATE_VLLM_CONV1D=auto`` (its signature): MATE's
+    (:func:`causal_conv1d_update`) for the calls :func:`serves_conv1d_update` names, vLLM's own function for the
+    rest.""",
+)
+causal_conv1d_update_auto.__name__ = causal_conv1d_update_auto.__qualname__ = "causal_conv1d_update_auto"
 
 
 def checkpointing_ssu(*args, **kwargs) -> torch.Tensor:
