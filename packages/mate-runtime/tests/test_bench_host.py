@@ -73,3 +73,14 @@ def test_prefill_recipe_calls_tvm_ffi_functions():
         assert launcher.launch_object.p.design == "split"
         constants = [v for k, v in launcher.__globals__.items() if k.startswith("_c")]
         assert any(type(v).__module__.startswith("tvm_ffi") for v in constants)
+
+
+@pytest.mark.parametrize("batch", [2, 12], ids=["fused", "three-ops"])
+def test_decode_step_measure_reaches_the_stubbed_launch(batch):
+    from mate.mamba import decode_step as step_api
+
+    r = host.measure_decode_step(host.vllm_decode_step(batch), iters=3, repeats=1)  # raises: no launch reached
+    for col in ("normalise", "slow", "hit"):
+        assert r[col] > 0
+    assert (r["copy"] > 0) == (batch > 8)
+    assert step_api.FAST.enabled is True and not step_api.FAST.cache

@@ -29,8 +29,14 @@ runtime: its time is counted), and ``mate-mamba bench ssd``'s public call, whose
 allocate on a CPU than from a GPU's caching allocator. Columns: ``normalise``, ``plan``, the call with the fast
 path off (``slow``) and on (``hit``); ``--breakdown`` adds the parts of a hit.
 
+``mamba2_decode_step`` (``--ops decode_step``) is timed as vLLM 0.33's mixer would call it at Nemotron-H 8B TP1
+(z / xBC / dt row views of one in_proj output, both states in one strided page pool, the mixer's ``out``) at batch
+1 and 8 (the fused kernel) and 16, 64, 256 (xBC's copy and the three ops' launches): ``normalise``, ``slow``,
+``hit``, and ``copy``, xBC's copy alone (a real copy of its rows on a CPU; one launch on a GPU), left out of
+``hit - copy``.
+
 Run ``python -m mate.mamba.bench.host [--iters N] [--repeats R] [--stat median|min] [--ffi | --tilelang-wrapper]
-[--breakdown]``. Numbers
+[--breakdown] [--ops ssu,ssd,decode_step]``. Numbers
 depend on the CPU: compare runs made on one machine (on a shared machine the minimum is the steadier figure).
 """
 
@@ -472,6 +478,125 @@ def prefill_breakdown(call: PrefillCall, iters: int = 2000, repeats: int = 7, ff
         return res
 
 
+# ------------------------------------------------------------------------------------------------ decode step
+
+W = 4  # Nemotron-H's conv width
+DECODE_STEP_BATCHES = (1, 8, 16, 64, 256)  # 1 and 8: the fused kernel; above FUSED_MAX_BATCH: three launches
+
+
+def vllm_decode_step(batch: int, slots: int = 16) -> PrefillCall:
+    """``mate.mamba.mamba2_decode_step`` as vLLM 0.33's mixer would call it at Nemotron-H 8B TP1: z / xBC / dt as row
+    views of one bf16 in_proj output, the conv and SSM states in one strided page pool (the conv state
+    channel-contiguous, ``[S, CD, W - 1]`` with strides (page, 1, CD); the SSM state ``[S, H, P, N]`` at an offset),
+    bf16 conv weight / bias and norm weight, fp32 A / D / dt_bias, an int32 slot table, the mixer's ``out``, norm
+    groups of ``H * P / G``."""
+    from mate.mamba import mamba2_decode_step
+
+    hp, cd = H * P, H * P + 2 * G * N
+    slots = max(slots, batch + 1)
+    conv = (W - 1) * cd
+    page = conv + H * P * N + 256
+    buf = torch.zeros(slots, page, dtype=torch.bfloat16)
+    conv_state = buf[:, :conv].view(slots, W - 1, cd).transpose(1, 2)
+    ssm_state = buf[:, conv : conv + H * P * N].view(slots, H, P, N)
+    proj = torch.randn(batch, hp + cd + H).to(torch.bfloat16)
+    z, xBC, dt = proj[:, :hp], proj[:, hp : hp + cd], proj[:, hp + cd :]
+    kw = dict(xBC=xBC, z=z, dt=dt, conv_state=conv_state, conv_weight=torch.randn(cd, W).to(torch.bfloat16),
+              conv_bias=torch.randn(cd).to(torch.bfloat16), ssm_state=ssm_state, A=-torch.rand(H), D=torch.randn(H),
+              dt_bias=torch.randn(H), norm_weight=torch.ones(hp, dtype=torch.bfloat16),
+              state_indices=torch.arange(1, batch + 1, dtype=torch.int32), ngroups=G, pad_slot_id=NULL_BLOCK,
+              norm_group_size=hp // G, eps=1e-5, out=torch.empty(batch, hp, dtype=torch.bfloat16))  # fmt: skip
+    pos = tuple(kw[k] for k in ("xBC", "z", "dt", "conv_state", "conv_weight", "conv_bias", "ssm_state", "A", "D",
+                                "dt_bias", "norm_weight"))  # fmt: skip
+    rest = {k: v for k, v in kw.items() if k not in ("xBC", "z", "dt", "conv_state", "conv_weight", "conv_bias",
+                                                       "ssm_state", "A", "D", "dt_bias", "norm_weight")}  # fmt: skip
+
+    def run():
+        return mamba2_decode_step(*pos, **rest)
+
+    return PrefillCall(f"vLLM mixer step, batch {batch}", run, kw)
+
+
+@contextmanager
+def stubbed_decode_step(ffi: bool = False):
+    """:func:`stubbed_launch` for ``mamba2_decode_step``: the TileLang launcher picked for CPU tensors, the fused
+    kernel and the three ops' kernels (conv1d update, SSU, gated norm) no-ops (``ffi``: tvm_ffi's no-op function)."""
+    from mate.mamba import decode_step as api
+    from mate.mamba._tilelang import conv1d as tl_conv1d
+    from mate.mamba._tilelang import decode_step as tl_step
+    from mate.mamba._tilelang import norm as tl_norm
+    from mate.mamba._tilelang import ssu as tl_ssu
+
+    launched = []
+    mods = (tl_step, tl_conv1d, tl_ssu, tl_norm)
+    saved = (dispatch.resolve_backend, [(m.kernel, dict(m._kernels)) for m in mods])
+    ffi_nop = _ffi_nop() if ffi else None
+
+    def noop(*args):
+        launched.append(len(args))
+
+    def fake_get(spec, device):
+        if ffi:
+            launched.append(spec)
+            return ffi_nop
+        return noop
+
+    def fake_resolve(requested, device):
+        if requested not in ("auto", "tilelang", "torch"):
+            return saved[0](requested, device)
+        return "torch" if requested == "torch" else "tilelang"
+
+    dispatch.resolve_backend = fake_resolve
+    for m in mods:
+        m.kernel = fake_get
+        m._kernels.clear()
+    api.FAST.clear()
+    try:
+        with settings.override(MATE_CHECK_INPUTS="0"):
+            yield launched
+    finally:
+        dispatch.resolve_backend = saved[0]
+        for m, (kern, memo) in zip(mods, saved[1], strict=True):
+            m.kernel = kern
+            m._kernels.clear()
+            m._kernels.update(memo)
+        api.FAST.clear()
+
+
+def measure_decode_step(call: PrefillCall, iters: int = 2000, repeats: int = 7, ffi: bool = False) -> dict:
+    """Like :func:`measure` for a decode step: ``normalise`` (``normalize_decode_step``), the call with the fast path
+    off (``slow``) and on (``hit``), and ``copy``: above the fused kernel's batch, xBC copied into a buffer of its
+    shape alone (on a CPU a real copy of the rows, growing with the batch; a GPU's host pays one launch), which
+    ``hit - copy`` leaves out."""
+    from mate.mamba import decode_step as api
+    from mate.mamba._contract.decode_step import normalize_decode_step
+    from mate.mamba._tilelang.decode_step_plan import FUSED_MAX_BATCH
+
+    kw = {k: v for k, v in call.kwargs.items() if k != "backend"}
+    res = {"call": call.label}
+    with stubbed_decode_step(ffi) as launched:
+        res["normalise"] = median_us(lambda: normalize_decode_step(**kw), iters, repeats)
+        res["copy"] = 0.0
+        if kw["xBC"].shape[0] > FUSED_MAX_BATCH:
+            ws = torch.empty(kw["xBC"].shape, dtype=kw["xBC"].dtype)
+            res["copy"] = median_us(lambda: ws.copy_(kw["xBC"]), iters, repeats)
+        res["hit"] = median_us(call.run, iters, repeats)
+        res["hit - copy"] = res["hit"] - res["copy"]
+        if not launched:
+            raise RuntimeError("the stubbed kernel was never called: the measurement did not reach the launch")
+        saved = api.FAST.enabled
+        api.FAST.enabled = False
+        try:
+            res["slow"] = median_us(call.run, max(1, iters // 10), repeats)
+        finally:
+            api.FAST.enabled = saved
+    return res
+
+
+def decode_step_calls() -> list[PrefillCall]:
+    return [vllm_decode_step(b) for b in DECODE_STEP_BATCHES]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mate.mamba.bench.host", description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=2000, help="calls per timed repeat")
@@ -491,10 +616,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--breakdown", action="store_true", help="also time the parts of a fast-path hit")
     ap.add_argument(
         "--ops",
-        type=lambda v: arglists.names(v, ("ssu", "ssd"), "ops"),
+        type=lambda v: arglists.names(v, ("ssu", "ssd", "decode_step"), "ops"),
         default=None,
         metavar="LIST",
-        help="comma list of ssu, ssd: the ops timed (default both; with --tilelang-wrapper the SSU)",
+        help="comma list of ssu, ssd, decode_step: the ops timed (default all; with --tilelang-wrapper the SSU)",
     )
     args = ap.parse_args(argv)
     global STAT
@@ -503,9 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ffi and args.tilelang_wrapper:
         ap.error("--ffi and --tilelang-wrapper stub the launch in two different places: pass one")
     if args.ops is None:
-        args.ops = ["ssu"] if args.tilelang_wrapper else ["ssu", "ssd"]
-    if args.tilelang_wrapper and "ssd" in args.ops:
-        ap.error("--tilelang-wrapper times the SSU only (the SSD kernels compile for minutes): pass --ops ssu")
+        args.ops = ["ssu"] if args.tilelang_wrapper else ["ssu", "ssd", "decode_step"]
+    if args.tilelang_wrapper and set(args.ops) - {"ssu"}:
+        ap.error("--tilelang-wrapper times the SSU only (the other kernels compile for minutes): pass --ops ssu")
     how = (
         "TileLang wrapper kept, module stubbed"
         if args.tilelang_wrapper
@@ -517,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
         _ssu_tables(args, how)
     if "ssd" in args.ops:
         _ssd_tables(args, how)
+    if "decode_step" in args.ops:
+        _decode_step_tables(args, how)
     return 0
 
 
@@ -556,6 +683,20 @@ def _ssd_tables(args, how: str) -> None:
             r = prefill_breakdown(call, args.iters, args.repeats, args.ffi)
             print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in parts) + " |",
                   flush=True)  # fmt: skip
+
+
+def _decode_step_tables(args, how: str) -> None:
+    from mate.mamba._tilelang.decode_step_plan import FUSED_MAX_BATCH
+
+    cols = ("normalise", "copy", "slow", "hit", "hit - copy")
+    print(f"\nmamba2_decode_step ({how}); {STAT} µs per call (H {H}, P {P}, N {N}, G {G}, W {W}, bf16 pools and io)")
+    print(f"| call | {' | '.join(cols)} |\n|---|{'---:|' * len(cols)}")
+    for call in decode_step_calls():
+        r = measure_decode_step(call, args.iters, args.repeats, args.ffi)
+        print(f"| {r['call']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |", flush=True)
+    print(f"batch <= {FUSED_MAX_BATCH}: the fused kernel; above: xBC's copy and three launches (conv1d update, SSU, "
+          "gated norm); copy: xBC's rows copied alone (on a CPU a real copy), left out of hit - copy; slow: a tenth of "
+          "--iters per repeat")  # fmt: skip
 
 
 if __name__ == "__main__":
