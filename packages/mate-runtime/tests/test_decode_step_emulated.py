@@ -197,3 +197,175 @@ def test_prewarm_compiles_what_the_three_launches_plan():
                   has_conv_bias=c.has_bias)  # fmt: skip
     prewarmed = {spec for _, spec in launcher.sequence_specs("cpu", **config)}
     assert set(planned) <= prewarmed, set(planned) - prewarmed
+
+
+# ------------------------------------------------------------------------------------- the three launches' recipe
+
+
+def _ops_kernels(monkeypatch, ran: list, emulate: bool = True):
+    """The three ops' kernel lookups (conv1d update, SSU, gated norm) as the emulated kernels (``emulate=False``:
+    no-ops), each launch recorded in ``ran`` as ``(spec, args)``; the launcher modules' memos emptied."""
+    from mate.mamba._tilelang import conv1d, norm, ssu, ssu_plan
+
+    def grid_conv(spec, a):
+        return (-(-a[2].shape[0] // (spec.threads * spec.vec)), a[8], 1), spec.threads  # weight [CD, W], batch
+
+    def grid_ssu(spec, a):
+        nseq = a[ssu_plan.arg_names(spec).index("nseq")]
+        t = spec.tiling
+        return (-(-a[0].shape[2] // t.block_p), a[0].shape[1], nseq), t.threads
+
+    def grid_norm(spec, a):
+        return (a[0].shape[0], a[0].shape[1] // spec.group_size, 1), spec.threads
+
+    def lookup(grid):
+        def kernel(spec, device):
+            def launch(*a):
+                ran.append((spec, a))
+                if emulate:
+                    _emulate(spec, a, *grid(spec, a))
+
+            return launch
+
+        return kernel
+
+    for mod, grid in ((conv1d, grid_conv), (ssu, grid_ssu), (norm, grid_norm)):
+        monkeypatch.setattr(mod, "kernel", lookup(grid))
+        monkeypatch.setattr(mod, "_kernels", {})
+
+
+def _same_args(x, y) -> bool:
+    if isinstance(x, torch.Tensor):
+        return (isinstance(y, torch.Tensor) and x.data_ptr() == y.data_ptr() and x.shape == y.shape
+                and x.stride() == y.stride() and x.dtype == y.dtype)  # fmt: skip
+    return type(x) is type(y) and x == y
+
+
+def _tensors(kw):
+    from mate.mamba._ops import DECODE_STEP
+
+    return tuple(kw.get(n) for n in DECODE_STEP.tensor_names)
+
+
+RECIPE_CASES = [
+    pytest.param(Case(batch=12, pads=(0, 7), pad_slot_id=0, strided=True), id="b12-null-0-strided"),
+    pytest.param(Case(batch=40, pads=(1, 20, 39), heads=4, groups=1, norm_groups=1), id="b40-pads"),
+    pytest.param(
+        Case(batch=12, pads=(3,), state=torch.float32, index=torch.int64, table_2d=True, out_rows=True),
+        id="b12-f32-int64-2d-out-rows",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("fresh_out", [False, True], ids=["out", "no-out"])
+@pytest.mark.parametrize("c", RECIPE_CASES)
+def test_three_launch_recipe_matches_the_slow_path_and_the_reference(monkeypatch, c, fresh_out):
+    """Above ``FUSED_MAX_BATCH`` the launcher leaves a recipe of the three launches (no call rebuilt, no sub-call
+    normalised): a hit on new data equals the slow path (bit for bit) and the reference step, three calls in a row."""
+    from mate.mamba import settings
+    from mate.mamba._tilelang import decode_step as launcher
+
+    ran: list = []
+    _ops_kernels(monkeypatch, ran)
+    kw = build(c, "cpu")
+    if fresh_out:
+        kw.pop("out", None)
+    elif "out" not in kw:
+        kw["out"] = torch.zeros_like(kw["z"])
+    a, s, r = clone(kw), clone(kw), clone(kw)
+    if "out" in kw:  # each run its own, of the same strides
+        o = kw["out"]
+        s["out"], r["out"] = (torch.empty_strided(o.shape, o.stride(), dtype=o.dtype).zero_() for _ in range(2))
+    with settings.override(MATE_CHECK_INPUTS="0"):
+        for step in range(3):
+            if step:
+                kw["dt"].mul_(0.5)  # (one dt tensor in the three: new data, the same metadata)
+            if step == 0:
+                got, recipe = launcher.run(normalize_decode_step(**a), dict(zip(_names(), _tensors(a), strict=True)))
+                assert recipe is not None and len(recipe.launches) == 3, "a recipe of the three launches"
+            else:
+                got = recipe(_tensors(a))
+            slow, _ = launcher.run(normalize_decode_step(**s))
+            for x, y in ((got, slow), (a["conv_state"], s["conv_state"]), (a["ssm_state"], s["ssm_state"])):
+                assert torch.equal(x, y)
+            check((got, a["conv_state"], a["ssm_state"]),
+                  (mamba2_decode_step(**r, backend="torch"), r["conv_state"], r["ssm_state"]))  # fmt: skip
+            assert fresh_out or got is a["out"]
+
+
+def _names():
+    from mate.mamba._ops import DECODE_STEP
+
+    return DECODE_STEP.tensor_names
+
+
+def test_three_launch_recipe_launches_what_the_three_ops_launch(monkeypatch):
+    """The recipe's kernels and arguments are the three ops' launchers' (the same specs, the same arguments in the
+    same order, the same workspace buffers), on the same tensors."""
+    from mate.mamba import settings
+    from mate.mamba._tilelang import decode_step as launcher
+
+    ran: list = []
+    _ops_kernels(monkeypatch, ran, emulate=False)
+    kw = build(Case(batch=12, pads=(2,), strided=True, table_2d=True, index=torch.int64, out_rows=True), "cpu")
+    with settings.override(MATE_CHECK_INPUTS="0"):
+        _, recipe = launcher.run(normalize_decode_step(**kw), dict(zip(_names(), _tensors(kw), strict=True)))
+        slow = ran[:]
+        ran.clear()
+        recipe(_tensors(kw))
+    assert len(slow) == len(ran) == 3
+    for (spec, args), (rspec, rargs) in zip(slow, ran, strict=True):
+        assert spec == rspec and len(args) == len(rargs)
+        assert all(_same_args(x, y) for x, y in zip(args, rargs, strict=True)), spec
+
+
+def test_three_launch_recipe_through_the_fast_path(monkeypatch):
+    """Through ``mamba2_decode_step``'s eager fast path: a changed stride, dtype or shape misses the remembered
+    recipe (the call normalises again), the first form hits its recipe after those misses, and a call of equal
+    metadata at another pointer alignment takes the general launcher; every result equals the reference."""
+    from mate.mamba import _dispatch, settings
+    from mate.mamba import decode_step as api
+    from mate.mamba._tilelang import decode_step as launcher
+
+    ran: list = []
+    _ops_kernels(monkeypatch, ran)
+    monkeypatch.setattr(_dispatch, "resolve_backend", lambda requested, device: requested.replace("auto", "tilelang"))
+    slow_calls = []
+    real = launcher._launch
+    monkeypatch.setattr(launcher, "_launch", lambda call, specs: (slow_calls.append(call.batch), real(call, specs))[1])
+    api.FAST.clear()
+
+    def variant(c, **over):
+        kw = build(c, "cpu")
+        kw.update(over)
+        return kw
+
+    base = Case(batch=12, pads=(4,))
+    misaligned = build(base, "cpu")
+    proj = torch.cat([misaligned["z"], misaligned["xBC"], misaligned["dt"]], 1)
+    shifted = torch.empty(proj.numel() + 1, dtype=proj.dtype)[1:].view(proj.shape)  # every row 2 bytes off
+    shifted.copy_(proj)
+    hp, cd = misaligned["z"].shape[1], misaligned["xBC"].shape[1]
+    misaligned.update(z=shifted[:, :hp], xBC=shifted[:, hp : hp + cd], dt=shifted[:, hp + cd :])
+    calls = [  # (arguments, whether the call normalises)
+        (variant(base), True),
+        (build(base, "cpu", seed=1), False),  # new data: a hit
+        (variant(Case(batch=12, pads=(4,), strided=True)), True),  # the pools' strides
+        (variant(Case(batch=12, pads=(4,), index=torch.int64)), True),  # the slots' dtype
+        (variant(Case(batch=40, pads=(4,))), True),  # the batch
+        (variant(base), False),  # the first form again: its recipe
+        (misaligned, True),  # equal metadata, z / xBC / dt 2 bytes off: the general launcher
+    ]
+    try:
+        with settings.override(MATE_CHECK_INPUTS="0"):
+            for i, (kw, normalises) in enumerate(calls):
+                a, r = clone(kw), clone(kw)
+                before = len(slow_calls)
+                got = mamba2_decode_step(**a)
+                assert (len(slow_calls) > before) == normalises, i
+                check((got, a["conv_state"], a["ssm_state"]),
+                      (mamba2_decode_step(**r, backend="torch"), r["conv_state"], r["ssm_state"]))  # fmt: skip
+        recipes = [v for v in api.FAST.cache.values() if v is not api.FAST.SLOW]  # (SLOW: the reference's calls)
+        assert len(recipes) == 4 and all(hasattr(v, "launches") for v in recipes)
+    finally:
+        api.FAST.clear()

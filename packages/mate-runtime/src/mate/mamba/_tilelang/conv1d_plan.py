@@ -58,6 +58,11 @@ def _dummy(device, dtype=torch.int32) -> torch.Tensor:
     return t
 
 
+def dummies() -> tuple:
+    """The stand-ins made so far (fixed buffers: the eager fast path passes them on as constants)."""
+    return tuple(_dummies.values())
+
+
 def _index_dtype(t: torch.Tensor | None) -> str:
     return _name(t.dtype) if t is not None else "int32"
 
@@ -178,5 +183,5 @@ def grid_fn(spec: Conv1dFnSpec, call: Conv1dFnCall) -> tuple[int, int, int]:
     return (-(-call.x.shape[1] // spec.block_t), -(-call.x.shape[0] // (spec.threads * spec.vec)), 1)
 
 
-__all__ = ["TUNING", "args_fn", "args_update", "grid_fn", "grid_update", "plan_fn", "plan_update", "pointers",
-           "spec_fn", "spec_update", "update_group", "vector_width"]  # fmt: skip
+__all__ = ["TUNING", "args_fn", "args_update", "dummies", "grid_fn", "grid_update", "plan_fn", "plan_update",
+           "pointers", "spec_fn", "spec_update", "update_group", "vector_width"]  # fmt: skip

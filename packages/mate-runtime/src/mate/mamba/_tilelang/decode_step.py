@@ -18,7 +18,7 @@ from mate.mamba._contract.dtypes import DTYPE_NAMES
 from mate.mamba._contract.template import CallTemplate
 from mate.mamba._platform import settings
 from mate.mamba._platform.device import hardware, is_capturing, pdl_for_capability, tilelang_target
-from mate.mamba._tilelang import conv1d, norm, ssu
+from mate.mamba._tilelang import conv1d, conv1d_plan, norm, norm_plan, ssu, ssu_plan
 from mate.mamba._tilelang.cache import compile_missing, kernel_lookup
 from mate.mamba._tilelang.decode_step_plan import (
     call_spec,
@@ -28,6 +28,7 @@ from mate.mamba._tilelang.decode_step_plan import (
     vector_ok,
     workspace_sizes,
 )
+from mate.mamba._tilelang.decode_step_recipe import make_recipe
 from mate.mamba._tilelang.specs import Conv1dUpdateSpec
 from mate.mamba._tilelang.workspace import WORKSPACE
 
@@ -45,12 +46,22 @@ def counters(n: int, device: torch.device) -> torch.Tensor:
 def run(call: DecodeStepCall, sources: dict | None = None):
     """``(out, launcher)``; the launcher (None without ``sources``, with ``MATE_CHECK_INPUTS=1`` (the slots read back
     and checked first, outside graph capture) or for a call whose fields are not the caller's tensors or views of
-    them) runs a call of the same metadata from the caller's tensors."""
+    them) runs a call of the same metadata from the caller's tensors: above the fused kernel's batch the three
+    launches' recipe (:mod:`.decode_step_recipe`), falling back to the call rebuilt and run as here for a pointer
+    alignment it was not made for."""
     if settings.get("MATE_CHECK_INPUTS") and not is_capturing(call.state.device):
         check_index_data(call)
         sources = None
     specs: dict = {}  # vector state accesses allowed? -> spec
-    return _launch(call, specs), CallTemplate.launcher(call, sources, lambda c: _launch(c, specs), fresh=("out",))
+    out = _launch(call, specs)
+    general = CallTemplate.launcher(call, sources, lambda c: _launch(c, specs), fresh=("out",))
+    if general is not None and call.batch and not fused(call):
+        xbc, y, norm_out = _scratch(call)
+        recipe = make_recipe(call, sources, general, xbc, norm_out, sequence_plan(call, xbc, y, norm_out),
+                             constants=(xbc, y, norm_out, *ssu_plan.dummies(), *conv1d_plan.dummies()))  # fmt: skip
+        if recipe is not None:
+            return out, recipe
+    return out, general
 
 
 def _launch(call: DecodeStepCall, specs: dict) -> torch.Tensor:
@@ -76,18 +87,34 @@ def _launch(call: DecodeStepCall, specs: dict) -> torch.Tensor:
 def _sequence(call: DecodeStepCall) -> None:
     """The step as three launches (the contract's ``three_ops``) after a copy of xBC, each op's own launcher
     deciding its kernel."""
-    dev, io = call.xBC.device, call.xBC.dtype
-    xbc = WORKSPACE.get("decode_step_sequence", "xBC", tuple(call.xBC.shape), io, dev)
-    y = WORKSPACE.get("decode_step_sequence", "y", (call.batch, call.heads, call.dim), io, dev)
-    dense = call.out.is_contiguous()
-    out = call.out if dense else WORKSPACE.get("decode_step_sequence", "out", tuple(call.out.shape), io, dev)
+    xbc, y, out = _scratch(call)
     xbc.copy_(call.xBC)
     conv_call, ssu_call, norm_call = three_ops(call, xbc, y, out)
     conv1d.run_update(conv_call)
     ssu.run(ssu_call)
     norm.run(norm_call)
-    if not dense:
+    if out is not call.out:
         call.out.copy_(out)
+
+
+def _scratch(call: DecodeStepCall) -> tuple:
+    """The three launches' scratch: xBC's copy, y, and the norm's output (``out`` itself when contiguous)."""
+    dev, io = call.xBC.device, call.xBC.dtype
+    xbc = WORKSPACE.get("decode_step_sequence", "xBC", tuple(call.xBC.shape), io, dev)
+    y = WORKSPACE.get("decode_step_sequence", "y", (call.batch, call.heads, call.dim), io, dev)
+    dense = call.out.is_contiguous()
+    out = call.out if dense else WORKSPACE.get("decode_step_sequence", "out", tuple(call.out.shape), io, dev)
+    return xbc, y, out
+
+
+def sequence_plan(call: DecodeStepCall, xbc, y, out) -> tuple:
+    """``(kernel lookup, planned)`` of the three launches over this scratch, in launch order: what the three ops'
+    launchers run on the contract's sub-calls, by their own planners (``planned``: ``(spec, args)``, or None for
+    nothing to launch). The SSU's out is y, dense: it never copies back after its launch (a scratch out would be
+    a per-call tensor, which leaves the call form without a recipe)."""
+    conv_call, ssu_call, norm_call = three_ops(call, xbc, y, out)
+    return ((conv1d.kernel, conv1d_plan.plan_update(conv_call)), (ssu.kernel, ssu_plan.plan(ssu_call)),
+            (norm.kernel, norm_plan.plan(norm_call)))  # fmt: skip
 
 
 def serving_specs(*, heads, dim, dstate, ngroups, width, norm_group_size, io_dtype, state_dtype, dt_dtype,
@@ -187,4 +214,5 @@ def compile_grid() -> list:
     ]
 
 
-__all__ = ["PREWARM_HINT", "compile_grid", "counters", "kernel", "prewarm", "run", "sequence_specs", "serving_specs"]
+__all__ = ["PREWARM_HINT", "compile_grid", "counters", "kernel", "prewarm", "run", "sequence_plan", "sequence_specs",
+           "serving_specs"]  # fmt: skip
