@@ -8,7 +8,7 @@
 # Variants (tools/gpu/ab.sh): head (this tree); k03 = 03cc070 (before the conv1d prefill rewrite and the packed
 # SSU's fp32 B/C staging); k606 = 606a573 (before the conv1d update rewrite, the ReplaySSM table design and the
 # decode step's three-launch route); q0 = 4a9eafd (before the staged int8 / fp8 kernel's rows wrote y after the
-# last row); cl = 5040ab1 (branch h4-cluster, not merged: the fused decode step's cluster design, whose bench layer
+# last row); cl = 40cc69c (branch h4-cluster, not merged: the fused decode step's cluster design, whose bench layer
 # times both of the fused kernel's designs). Stages, in this order by default, each under its own limit cut to what
 # is left of $BUDGET (default 570 s; the GPU machine's limit is 600 s a command, so two calls take the default set):
 #     cluster  bench layer of variant cl --batches 1,2,4,8,16,64 --impls mate,mate-counters,three-ops: the cluster
@@ -26,7 +26,7 @@
 set -uo pipefail
 if [ "${1:-}" = prepare ]; then
     bash tools/gpu/ab.sh prepare k03 03cc070 && bash tools/gpu/ab.sh prepare k606 606a573 &&
-        bash tools/gpu/ab.sh prepare q0 4a9eafd && bash tools/gpu/ab.sh prepare cl 5040ab1 || exit $?
+        bash tools/gpu/ab.sh prepare q0 4a9eafd && bash tools/gpu/ab.sh prepare cl 40cc69c || exit $?
     # only the packages the benchmarks import travel (the working tree's carry is 64 MiB with the .gpu bundles)
     rm -rf .gpu-run/ab/*/packages/mate-{flashinfer-compat,sglang,vllm}
     exit $?
