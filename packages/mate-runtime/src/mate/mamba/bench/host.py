@@ -153,6 +153,56 @@ class _NoopModule:
 
 
 @contextmanager
+def _stubbed(mods, clear_fast, *, ffi: bool = False, make=None):
+    """What every stub below does: the TileLang launcher picked for CPU tensors, the kernels of ``mods`` (TileLang
+    launcher modules: their ``kernel`` and its memo ``_kernels``) replaced and memoised as the real lookup memoises
+    them, the fast path emptied (``clear_fast()``) on entry and on exit, the host checks of the index data off (the
+    production path). A kernel is a plain no-op function (``launched`` gets its argument count per call), with
+    ``ffi`` tvm_ffi's no-op function (``launched`` gets the specs handed out), or ``make(spec, launched)``'s."""
+    launched = []
+    saved = (dispatch.resolve_backend, [(m.kernel, dict(m._kernels)) for m in mods])
+    ffi_nop = _ffi_nop() if ffi else None
+
+    def noop(*args):
+        launched.append(len(args))
+
+    def fake_resolve(requested, device):
+        if requested not in ("auto", "tilelang", "torch"):
+            return saved[0](requested, device)
+        return "torch" if requested == "torch" else "tilelang"
+
+    def stub(memo):
+        def fake_get(spec, device):
+            if make is not None:
+                kern = make(spec, launched)
+            elif ffi:
+                kern = ffi_nop
+                launched.append(spec)
+            else:
+                kern = noop
+            memo[spec] = kern
+            return kern
+
+        return fake_get
+
+    dispatch.resolve_backend = fake_resolve
+    for m in mods:
+        m.kernel = stub(m._kernels)
+        m._kernels.clear()
+    clear_fast()
+    try:
+        with settings.override(MATE_CHECK_INPUTS="0"):
+            yield launched
+    finally:
+        dispatch.resolve_backend = saved[0]
+        for m, (kern, memo) in zip(mods, saved[1], strict=True):
+            m.kernel = kern
+            m._kernels.clear()
+            m._kernels.update(memo)
+        clear_fast()
+
+
+@contextmanager
 def stubbed_launch(wrapper: bool = False, ffi: bool = False):
     """Pick the TileLang launcher for CPU tensors and make every kernel launch a no-op.
 
@@ -166,48 +216,22 @@ def stubbed_launch(wrapper: bool = False, ffi: bool = False):
     from mate.mamba._tilelang import ssu as tl_ssu
     from mate.mamba._tilelang.cache import CACHE
 
-    launched = []
     patched = []  # (adapter, executable) to restore
 
-    def noop(*args):
-        launched.append(len(args))
-
-    saved = (dispatch.resolve_backend, tl_ssu.kernel, dict(tl_ssu._kernels))
-
-    ffi_nop = _ffi_nop() if ffi else None
-
-    def fake_get(spec, device):
-        kern = noop
-        if ffi:
-            kern = ffi_nop
-            launched.append(spec)
-        elif wrapper:
-            target = {"kind": "cuda", "arch": "sm_90a"}
-            kern = CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
-            patched.append((kern.adapter, kern.adapter.executable))
-            kern.adapter.executable = _NoopModule(launched)
-        tl_ssu._kernels[spec] = kern
+    def compiled(spec, launched):
+        target = {"kind": "cuda", "arch": "sm_90a"}
+        kern = CACHE.compile_only(spec, spec.build, target=target, pass_configs=spec.pass_configs())
+        patched.append((kern.adapter, kern.adapter.executable))
+        kern.adapter.executable = _NoopModule(launched)
         return kern
 
-    def fake_resolve(requested, device):
-        if requested not in ("auto", "tilelang", "torch"):
-            return saved[0](requested, device)
-        return "torch" if requested == "torch" else "tilelang"
-
-    dispatch.resolve_backend = fake_resolve
-    tl_ssu.kernel = fake_get
-    tl_ssu._kernels.clear()
-    api.clear_fast_path_cache()
+    make = compiled if wrapper and not ffi else None
     try:
-        with settings.override(MATE_CHECK_INPUTS="0"):  # the production path: no host check of the index data
+        with _stubbed((tl_ssu,), api.clear_fast_path_cache, ffi=ffi, make=make) as launched:
             yield launched
     finally:
-        dispatch.resolve_backend, tl_ssu.kernel = saved[0], saved[1]
-        tl_ssu._kernels.clear()
-        tl_ssu._kernels.update(saved[2])
         for adapter, executable in patched:
             adapter.executable = executable
-        api.clear_fast_path_cache()
 
 
 def _ffi_nop():
@@ -389,34 +413,13 @@ def stubbed_prefill(ffi: bool = False):
     from mate.mamba._platform.device import Hardware
     from mate.mamba._tilelang import ssd as tl_ssd
 
-    launched = []
-    saved = (dispatch.resolve_backend, tl_ssd.kernel, tl_ssd.hardware)
-    ffi_nop = _ffi_nop() if ffi else None
-
-    def noop(*args):
-        launched.append(len(args))
-
-    def fake_get(spec, device):
-        if ffi:
-            launched.append(spec)
-            return ffi_nop
-        return noop
-
-    def fake_resolve(requested, device):
-        if requested not in ("auto", "tilelang", "torch"):
-            return saved[0](requested, device)
-        return "torch" if requested == "torch" else "tilelang"
-
-    dispatch.resolve_backend = fake_resolve
-    tl_ssd.kernel = fake_get
+    saved = tl_ssd.hardware
     tl_ssd.hardware = lambda device: Hardware("cuda", *H100)
-    api.FAST.clear()
     try:
-        with settings.override(MATE_CHECK_INPUTS="0"):
+        with _stubbed((tl_ssd,), api.FAST.clear, ffi=ffi) as launched:
             yield launched
     finally:
-        dispatch.resolve_backend, tl_ssd.kernel, tl_ssd.hardware = saved
-        api.FAST.clear()
+        tl_ssd.hardware = saved
 
 
 def measure_prefill(call: PrefillCall, iters: int = 2000, repeats: int = 7, ffi: bool = False) -> dict:
@@ -527,40 +530,8 @@ def stubbed_decode_step(ffi: bool = False):
     from mate.mamba._tilelang import norm as tl_norm
     from mate.mamba._tilelang import ssu as tl_ssu
 
-    launched = []
-    mods = (tl_step, tl_conv1d, tl_ssu, tl_norm)
-    saved = (dispatch.resolve_backend, [(m.kernel, dict(m._kernels)) for m in mods])
-    ffi_nop = _ffi_nop() if ffi else None
-
-    def noop(*args):
-        launched.append(len(args))
-
-    def fake_get(spec, device):
-        if ffi:
-            launched.append(spec)
-            return ffi_nop
-        return noop
-
-    def fake_resolve(requested, device):
-        if requested not in ("auto", "tilelang", "torch"):
-            return saved[0](requested, device)
-        return "torch" if requested == "torch" else "tilelang"
-
-    dispatch.resolve_backend = fake_resolve
-    for m in mods:
-        m.kernel = fake_get
-        m._kernels.clear()
-    api.FAST.clear()
-    try:
-        with settings.override(MATE_CHECK_INPUTS="0"):
-            yield launched
-    finally:
-        dispatch.resolve_backend = saved[0]
-        for m, (kern, memo) in zip(mods, saved[1], strict=True):
-            m.kernel = kern
-            m._kernels.clear()
-            m._kernels.update(memo)
-        api.FAST.clear()
+    with _stubbed((tl_step, tl_conv1d, tl_ssu, tl_norm), api.FAST.clear, ffi=ffi) as launched:
+        yield launched
 
 
 def measure_decode_step(call: PrefillCall, iters: int = 2000, repeats: int = 7, ffi: bool = False) -> dict:
