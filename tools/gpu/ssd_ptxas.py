@@ -42,14 +42,14 @@ def kernel_source(spec, arch: str = "sm_90a") -> str:
     return kern.get_kernel_source()
 
 
-def ptxas_info(cu_path: str, arch: str = "sm_90a") -> str:
-    """ptxas's register / spill lines for a TileLang ``.cu`` (the cubin is written beside it)."""
+def ptxas_info(cu_path: str, arch: str = "sm_90a", flags: tuple = ("-DENABLE_BF16", "--use_fast_math")) -> str:
+    """ptxas's register / spill lines for a TileLang ``.cu`` compiled with ``flags`` (the SSD kernels': fast
+    math) (the cubin is written beside it)."""
     import tilelang.env as tl_env
 
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    cmd = [nvcc, "-std=c++20", f"-arch={arch}", "-cubin", "-o", cu_path[:-3] + ".cubin", "-DENABLE_BF16",
-           "--use_fast_math", "-w", "-Xptxas", "-v", f"-I{tl_env.TILELANG_TEMPLATE_PATH}",
-           f"-I{tl_env.CUTLASS_INCLUDE_DIR}", cu_path]  # fmt: skip
+    cmd = [nvcc, "-std=c++20", f"-arch={arch}", "-cubin", "-o", cu_path[:-3] + ".cubin", *flags, "-w", "-Xptxas",
+           "-v", f"-I{tl_env.TILELANG_TEMPLATE_PATH}", f"-I{tl_env.CUTLASS_INCLUDE_DIR}", cu_path]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if re.search("registers|spill|error", ln)]
     return " | ".join(lines) if lines else f"nvcc rc={res.returncode}: {res.stderr[-300:]}"

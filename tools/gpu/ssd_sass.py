@@ -41,6 +41,14 @@ def instructions(sass: str) -> list[tuple[str, str]]:
     return out
 
 
+def disassemble(dis: str, cu: str) -> str:
+    """The SASS of the cubin beside ``cu`` (nvdisasm ``dis``), also written beside it as ``.sass``."""
+    sass = subprocess.run([dis, "-c", cu[:-3] + ".cubin"], capture_output=True, text=True).stdout
+    with open(cu[:-3] + ".sass", "w") as f:
+        f.write(sass)
+    return sass
+
+
 def segments(ins, min_len: int = 100):
     """Straight-line runs between GEMMs, barriers, TMA and branches: (start, length, top opcodes, end)."""
     prev = 0
@@ -75,9 +83,7 @@ def main(argv=None) -> int:
         with open(cu, "w") as f:
             f.write(kernel_source(spec))
         regs = ptxas_info(cu)
-        sass = subprocess.run([dis, "-c", cu[:-3] + ".cubin"], capture_output=True, text=True).stdout
-        with open(cu[:-3] + ".sass", "w") as f:
-            f.write(sass)
+        sass = disassemble(dis, cu)
         ins = instructions(sass)
         counts = Counter(op.split(".")[0] for op, _ in ins)
         print(f"== {spec.factory} ({args.shape}, {args.batch}, chunk {args.chunk}): {len(ins)} instructions; {regs}")

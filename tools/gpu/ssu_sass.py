@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections import Counter
 
-from ssd_ptxas import kernel_source
-from ssd_sass import instructions, nvdisasm
+from ssd_ptxas import kernel_source, ptxas_info
+from ssd_sass import disassemble, instructions, nvdisasm
 
 CLASSES = ("FFMA", "FMUL", "FADD", "FMNMX", "PRMT", "LOP3", "SHF", "IADD3", "IMAD", "F2FP", "HADD2", "MUFU", "SHFL",
            "LDS", "LDG", "STG", "LDL", "STL", "BRA")  # fmt: skip
@@ -46,18 +44,6 @@ def specs(state: str) -> list:
         t = spec.tiling
         out.append((f"{'one-token' if one_token else 'packed'}-{state}", spec, t.rows_per_thread * t.vecs * t.vec))
     return out
-
-
-def cubin(cu: str) -> str:
-    """ptxas's register / spill line for a TileLang ``.cu`` compiled as TileLang compiles it (the cubin beside it)."""
-    import tilelang.env as tl_env
-
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    cmd = [nvcc, "-std=c++20", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", cu[:-3] + ".cubin", "-w",
-           "-Xptxas", "-v", f"-I{tl_env.TILELANG_TEMPLATE_PATH}", f"-I{tl_env.CUTLASS_INCLUDE_DIR}", cu]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if re.search("registers|spill|error", ln)]
-    return " | ".join(lines) if lines else f"nvcc rc={res.returncode}: {res.stderr[-300:]}"
 
 
 def per_value_part(sass: str, one_token: bool) -> list[str]:
@@ -113,10 +99,8 @@ def main(argv=None) -> int:
             cu = os.path.join(args.out, f"{name}.cu")
             with open(cu, "w") as f:
                 f.write(kernel_source(spec))
-            regs = cubin(cu)
-            sass = subprocess.run([dis, "-c", cu[:-3] + ".cubin"], capture_output=True, text=True).stdout
-            with open(cu[:-3] + ".sass", "w") as f:
-                f.write(sass)
+            regs = ptxas_info(cu, flags=())  # as TileLang compiles the SSU kernels: no fast math
+            sass = disassemble(dis, cu)
             one_token = spec.one_token
             print(f"== {name}{' (staged)' if spec.staged else ''}, {per} values per thread; {regs}")
             print(f"   kernel: {row([op for op, _ in instructions(sass)], per)}")
